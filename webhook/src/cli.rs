@@ -1,0 +1,45 @@
+//! The command line. Each subcommand's flags live beside its code.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "trainwire-webhook", version, about = "Turns annotated StatefulSets and Jobs into torchrun worlds")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Render manifests offline: inject every annotated StatefulSet/Job.
+    Inject(crate::inject::InjectArgs),
+    /// Serve the mutating admission webhook over TLS.
+    Serve(crate::serve::ServeArgs),
+    /// Generate a CA and a serving certificate for a self-managed setup.
+    Certs(crate::certs::CertsArgs),
+    /// Platform policy tools.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Validate a policy file; errors give line, column and field path.
+    Check {
+        /// The policy file.
+        file: std::path::PathBuf,
+    },
+}
+
+impl Cli {
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Inject(args) => crate::inject::run(args),
+            Command::Serve(args) => crate::serve::run(args).await,
+            Command::Certs(args) => crate::certs::run(args),
+            Command::Policy(PolicyCommand::Check { file: _ }) => {
+                anyhow::bail!("policy check: not built yet")
+            }
+        }
+    }
+}

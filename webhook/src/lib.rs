@@ -1,0 +1,18 @@
+//! trainwire-webhook: a mutating admission webhook, and the same engine
+//! offline (`inject -f`), that turns annotated StatefulSets and Jobs into
+//! torchrun worlds.
+//!
+//! The mutation engine ([`mutation`]) is pure: a workload and a policy
+//! [`policy::Profile`] in, the mutated workload, a JSON Patch and warnings out.
+//! Everything with I/O (serving, certificates, the reconciler, the CLI) is
+//! built around it.
+
+pub mod certs;
+pub mod cli;
+pub mod error;
+pub mod inject;
+pub mod mutation;
+pub mod policy;
+pub mod serve;
+
+pub use error::{Error, Result};
