@@ -25,6 +25,9 @@ pub const RDZV_HOST_RANK: &str = "TRAINWIRE_RDZV_HOST_RANK";
 /// Port of the sidecar's plain-HTTP endpoints (`/healthz`, `/readyz`,
 /// `/status`, `/metrics`, and the heartbeat endpoint peers probe).
 pub const HEALTH_PORT: &str = "TRAINWIRE_HEALTH_PORT";
+/// Address the sidecar's HTTP endpoints bind to (default `0.0.0.0`; tests
+/// give each simulated node its own loopback address such as `127.0.0.11`).
+pub const BIND_ADDRESS: &str = "TRAINWIRE_BIND_ADDRESS";
 /// Checkpoint directory to watch (the trainer's `CHECKPOINT_DIR`).
 pub const CHECKPOINT_DIR: &str = "TRAINWIRE_CHECKPOINT_DIR";
 /// Age past which the newest checkpoint is reported stale (`30m`, `90s`, `2h`).
@@ -67,6 +70,7 @@ pub const ALL: &[&str] = &[
     PEER_HOSTS,
     RDZV_HOST_RANK,
     HEALTH_PORT,
+    BIND_ADDRESS,
     CHECKPOINT_DIR,
     CHECKPOINT_MAX_AGE,
     CHECKPOINT_POLL,

@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "trainwire-webhook", version, about = "Turns annotated StatefulSets and Jobs into torchrun worlds")]
+#[command(
+    name = "trainwire-webhook",
+    version,
+    about = "Turns annotated StatefulSets and Jobs into torchrun worlds"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -13,6 +13,7 @@ pub mod error;
 pub mod inject;
 pub mod mutation;
 pub mod policy;
+pub mod reconciler;
 pub mod serve;
 
 pub use error::{Error, Result};

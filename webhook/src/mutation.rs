@@ -34,8 +34,25 @@ pub struct Mutation {
 /// Why a workload is refused. The message is shown to the user by kubectl.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum Refusal {
+    /// A `trainwire.dev/*` annotation has a value that cannot be used.
+    #[error("annotation {annotation}: {value:?} is not valid: {reason}; accepted: {accepted}")]
+    Annotation {
+        annotation: String,
+        value: String,
+        reason: String,
+        accepted: String,
+    },
+    /// The platform policy forbids what the workload asks for.
+    #[error("policy profile {profile:?} rule {rule}: {detail}")]
+    Policy {
+        profile: String,
+        rule: String,
+        detail: String,
+    },
+    /// The workload's shape cannot become a torchrun world (a NonIndexed Job,
+    /// a StatefulSet without serviceName, no containers, ...).
     #[error("{0}")]
-    Invalid(String),
+    Workload(String),
 }
 
 /// Mutate one workload. See the module docs.

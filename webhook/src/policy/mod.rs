@@ -255,3 +255,95 @@ impl Policy {
         Cow::Owned(Profile::default())
     }
 }
+
+/// The policy in force, shared between the server's request handlers and the
+/// file watcher that swaps in a new one.
+#[derive(Clone, Debug)]
+pub struct SharedPolicy(std::sync::Arc<arc_swap::ArcSwap<Policy>>);
+
+impl SharedPolicy {
+    pub fn new(policy: Policy) -> Self {
+        SharedPolicy(std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(policy)))
+    }
+    /// The policy in force now.
+    pub fn current(&self) -> std::sync::Arc<Policy> {
+        self.0.load_full()
+    }
+    /// Put a new, already validated policy in force.
+    pub fn replace(&self, policy: Policy) {
+        self.0.store(std::sync::Arc::new(policy));
+    }
+}
+
+/// Flags shared by `inject` and `serve`: where the policy comes from.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct PolicyArgs {
+    /// Platform policy file (YAML). Without it the embedded defaults apply.
+    #[arg(long = "policy", env = "TRAINWIRE_POLICY", value_name = "FILE")]
+    pub policy: Option<std::path::PathBuf>,
+    /// Sidecar image, unless the policy enforces one.
+    #[arg(
+        long = "sidecar-image",
+        env = "TRAINWIRE_SIDECAR_IMAGE",
+        value_name = "IMAGE"
+    )]
+    pub sidecar_image: Option<String>,
+}
+
+/// A conflict between what the user set and what the policy says, resolved.
+#[derive(Debug, PartialEq)]
+pub struct Resolved<T> {
+    pub value: T,
+    /// An admission warning, when an enforced value overwrote the user's.
+    pub warning: Option<String>,
+}
+
+/// Resolve one setting: the user's value (if any, with a description of where
+/// it came from, e.g. `annotation trainwire.dev/shm-size` or `env NCCL_DEBUG of
+/// container "trainer"`) against the policy's.
+///
+/// - no user value: the policy value;
+/// - `Default`: the user's value wins;
+/// - `Refuse`: a different user value is refused, naming the profile and rule;
+/// - `Overwrite`: a different user value is replaced, with a warning.
+pub fn resolve<T>(
+    profile: &Profile,
+    rule: &str,
+    setting: &Setting<T>,
+    user: Option<(T, &str)>,
+) -> Result<Resolved<T>, crate::mutation::Refusal>
+where
+    T: Clone + PartialEq + std::fmt::Debug,
+{
+    match user {
+        None => Ok(Resolved {
+            value: setting.value.clone(),
+            warning: None,
+        }),
+        Some((value, _)) if value == setting.value => Ok(Resolved {
+            value,
+            warning: None,
+        }),
+        Some((value, source)) => match setting.enforce {
+            Enforce::Default => Ok(Resolved {
+                value,
+                warning: None,
+            }),
+            Enforce::Refuse => Err(crate::mutation::Refusal::Policy {
+                profile: profile.name.clone(),
+                rule: rule.to_string(),
+                detail: format!(
+                    "{source} is {value:?}, but the policy enforces {:?}; remove it or set it to that value",
+                    setting.value
+                ),
+            }),
+            Enforce::Overwrite => Ok(Resolved {
+                value: setting.value.clone(),
+                warning: Some(format!(
+                    "policy profile {:?} rule {rule}: {source} was {value:?}, overwritten with the enforced {:?}",
+                    profile.name, setting.value
+                )),
+            }),
+        },
+    }
+}
