@@ -120,3 +120,17 @@ fn check_command_reports_a_missing_file() {
         "{stderr}"
     );
 }
+
+/// The policy shipped in the kustomize base must load: a broken one would
+/// keep the webhook from starting.
+#[test]
+fn the_manifests_configmap_policy_is_valid() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let text = std::fs::read_to_string("../manifests/base/policy.yaml").expect("read manifest");
+    let cm: ConfigMap = serde_saphyr::from_str(&text).expect("a ConfigMap");
+    let data = cm.data.expect("data");
+    let policy_text = data.get("policy.yaml").expect("data[policy.yaml]");
+    let policy = policy::Policy::from_yaml(policy_text, "manifests/base/policy.yaml#policy.yaml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!policy.profiles.is_empty());
+}
