@@ -25,8 +25,8 @@ use tokio::net::TcpListener;
 use tower::Service as _;
 
 use crate::admission::{Admitter, Answer};
-use crate::metrics::{Metrics, Rejection, RejectionLabels};
-use crate::policy::{Policy, PolicyArgs, SharedPolicy};
+use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
+use crate::policy::{PolicyArgs, SharedPolicy};
 use crate::scale::{KubeStatefulSets, NoKubernetesApi, StatefulSetSource};
 use crate::telemetry::LogFormat;
 use crate::tls::CertStore;
@@ -361,7 +361,17 @@ async fn kube_client() -> Result<kube::Client, String> {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::init(args.log_format);
     let metrics = Arc::new(Metrics::new());
-    let policy = SharedPolicy::new(Policy::default());
+    let loaded = crate::policy::load(&args.policy).map_err(|e| {
+        anyhow::anyhow!(
+            "cannot load the platform policy{}: {e}",
+            args.policy
+                .policy
+                .as_ref()
+                .map(|p| format!(" {}", p.display()))
+                .unwrap_or_default()
+        )
+    })?;
+    let policy = SharedPolicy::new(loaded);
 
     let certs = Arc::new(CertStore::new(
         args.tls_cert.clone(),
@@ -371,7 +381,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     certs.reload();
     let cert_watch = tokio::spawn(crate::tls::watch(certs.clone()));
 
-    let mut background = vec![cert_watch];
+    let policy_watch = tokio::spawn({
+        let metrics = metrics.clone();
+        crate::policy::watch(
+            args.policy.clone(),
+            policy.clone(),
+            Box::new(move |result| {
+                let outcome = match result {
+                    Ok(()) => ReloadResult::success,
+                    Err(_) => ReloadResult::failure,
+                };
+                Metrics::reload(&metrics.policy_reloads, outcome);
+            }),
+        )
+    });
+    let mut background = vec![cert_watch, policy_watch];
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
             if args.reconcile {
