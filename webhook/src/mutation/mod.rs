@@ -246,3 +246,6 @@ pub fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refus
         "StatefulSet {name}: scaling to {new} replicas with the scale subresource (kubectl scale) is refused because {detail} and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers {new}"
     )))
 }
+
+#[cfg(test)]
+mod tests;
