@@ -1,0 +1,933 @@
+//! The kustomize manifests under `manifests/`, rendered by the real
+//! `kubectl kustomize` and checked object by object: the webhook
+//! configuration (rules, matchConditions evaluated with a CEL interpreter,
+//! namespaceSelector, failure policies), the Deployment's security settings,
+//! the wiring between Service, Deployment, Secret and webhook, and RBAC
+//! compared exactly with what the code calls.
+//!
+//! kubectl is required in CI (`CI` set): a missing kubectl fails there. On a
+//! developer machine without it the tests say so and pass.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use base64::Engine as _;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "trainwire-system";
+const SERVICE: &str = "trainwire-webhook";
+const TLS_SECRET: &str = "trainwire-webhook-tls";
+const INJECT: &str = "inject.trainwire.dev";
+const SCALE: &str = "scale.trainwire.dev";
+
+/// What the scale guard calls: it reads the StatefulSet behind a Scale.
+const SCALE_GUARD_PERMISSIONS: &[(&str, &str, &str)] = &[("apps", "statefulsets", "get")];
+
+/// What the sidecar calls in its Kubernetes-watch mode.
+const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+];
+
+fn manifests_dir() -> PathBuf {
+    trainwire_tests::repo_root().join("manifests")
+}
+
+/// `kubectl`, or `None` (with a message) when it is missing outside CI.
+fn kubectl() -> Option<PathBuf> {
+    let found = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if found {
+        return Some(PathBuf::from("kubectl"));
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!(
+            "kubectl is required in CI to render manifests/ (kubectl kustomize) and was not found"
+        );
+    }
+    eprintln!("SKIPPED: kubectl not found on PATH; manifests/ not rendered");
+    None
+}
+
+/// The objects of one rendered kustomization.
+struct Rendered {
+    overlay: String,
+    objects: Vec<Value>,
+}
+
+impl Rendered {
+    fn render(kubectl: &Path, dir: &Path) -> Result<Self> {
+        let out = Command::new(kubectl)
+            .arg("kustomize")
+            .arg(dir)
+            .output()
+            .with_context(|| format!("running kubectl kustomize {}", dir.display()))?;
+        ensure!(
+            out.status.success(),
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout)?;
+        let objects: Vec<Value> = serde_saphyr::from_multiple(&text).with_context(|| {
+            format!("parsing the output of kubectl kustomize {}", dir.display())
+        })?;
+        Ok(Rendered {
+            overlay: dir.display().to_string(),
+            objects: objects.into_iter().filter(|o| !o.is_null()).collect(),
+        })
+    }
+
+    fn all(&self, kind: &str) -> Vec<&Value> {
+        self.objects.iter().filter(|o| o["kind"] == kind).collect()
+    }
+
+    fn raw(&self, kind: &str, name: &str) -> Result<&Value> {
+        let found: Vec<&Value> = self
+            .all(kind)
+            .into_iter()
+            .filter(|o| o["metadata"]["name"] == name)
+            .collect();
+        match found.as_slice() {
+            [one] => Ok(one),
+            [] => bail!("{}: no {kind} named {name}", self.overlay),
+            _ => bail!("{}: {} objects {kind}/{name}", self.overlay, found.len()),
+        }
+    }
+
+    fn typed<T: DeserializeOwned>(&self, kind: &str, name: &str) -> Result<T> {
+        let mut raw = self.raw(kind, name)?.clone();
+        // kustomize folds long base64 values over several lines; the
+        // apiserver's base64 decoder skips the newlines, k8s-openapi's does
+        // not.
+        strip_base64_whitespace(&mut raw);
+        serde_json::from_value(raw).with_context(|| format!("{kind}/{name} does not parse"))
+    }
+
+    fn webhook_configuration(&self) -> Result<MutatingWebhookConfiguration> {
+        let all = self.all("MutatingWebhookConfiguration");
+        ensure!(
+            all.len() == 1,
+            "{}: expected one MutatingWebhookConfiguration, found {}",
+            self.overlay,
+            all.len()
+        );
+        self.typed("MutatingWebhookConfiguration", "trainwire")
+    }
+}
+
+fn strip_base64_whitespace(v: &mut Value) {
+    if let Some(webhooks) = v.get_mut("webhooks").and_then(Value::as_array_mut) {
+        for w in webhooks {
+            if let Some(Value::String(ca)) = w.pointer_mut("/clientConfig/caBundle") {
+                ca.retain(|c| !c.is_whitespace());
+            }
+        }
+    }
+    if let Some(Value::Object(data)) = v.get_mut("data") {
+        for value in data.values_mut() {
+            if let Value::String(s) = value {
+                s.retain(|c| !c.is_whitespace());
+            }
+        }
+    }
+}
+
+fn webhook<'a>(
+    config: &'a MutatingWebhookConfiguration,
+    name: &str,
+) -> Result<&'a MutatingWebhook> {
+    config
+        .webhooks
+        .iter()
+        .flatten()
+        .find(|w| w.name == name)
+        .with_context(|| format!("no webhook entry {name}"))
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// A copy of `manifests/` with the self-managed overlay's `certs/` written,
+/// as the install instructions have the user do.
+struct SelfManagedCopy {
+    _dir: tempfile::TempDir,
+    overlay: PathBuf,
+    ca_pem: String,
+}
+
+fn self_managed_copy() -> Result<SelfManagedCopy> {
+    let dir = tempfile::tempdir()?;
+    let manifests = dir.path().join("manifests");
+    copy_tree(&manifests_dir(), &manifests)?;
+    let overlay = manifests.join("overlays/self-managed");
+    let certs = overlay.join("certs");
+    let ca_pem = write_certs(&certs)?;
+    Ok(SelfManagedCopy {
+        _dir: dir,
+        overlay,
+        ca_pem,
+    })
+}
+
+/// Write ca.crt, ca.key, tls.crt, tls.key as `trainwire-webhook certs` does;
+/// returns the CA's PEM.
+fn write_certs(out: &Path) -> Result<String> {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    std::fs::create_dir_all(out)?;
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, &ca_key);
+    let key = KeyPair::generate()?;
+    let cert = CertificateParams::new(vec![
+        format!("{SERVICE}.{NAMESPACE}.svc"),
+        format!("{SERVICE}.{NAMESPACE}.svc.cluster.local"),
+    ])?
+    .signed_by(&key, &issuer)?;
+    std::fs::write(out.join("ca.crt"), ca.pem())?;
+    std::fs::write(out.join("ca.key"), ca_key.serialize_pem())?;
+    std::fs::write(out.join("tls.crt"), cert.pem())?;
+    std::fs::write(out.join("tls.key"), key.serialize_pem())?;
+    Ok(ca.pem())
+}
+
+/// Every overlay, rendered. The self-managed one from a copy with certs.
+fn render_overlays(kubectl: &Path) -> Result<Vec<(Rendered, Option<SelfManagedCopy>)>> {
+    let cert_manager = Rendered::render(kubectl, &manifests_dir().join("overlays/cert-manager"))?;
+    let copy = self_managed_copy()?;
+    let self_managed = Rendered::render(kubectl, &copy.overlay)?;
+    Ok(vec![(cert_manager, None), (self_managed, Some(copy))])
+}
+
+#[test]
+fn every_overlay_directory_is_tested() -> Result<()> {
+    let mut found = BTreeSet::new();
+    for entry in std::fs::read_dir(manifests_dir().join("overlays"))? {
+        let entry = entry?;
+        if entry.path().join("kustomization.yaml").is_file() {
+            found.insert(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    let tested: BTreeSet<String> = ["cert-manager", "self-managed"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(found, tested, "an overlay was added without a test here");
+    Ok(())
+}
+
+#[test]
+fn the_self_managed_overlay_refuses_to_render_without_certificates() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    copy_tree(&manifests_dir(), &dir.path().join("manifests"))?;
+    let overlay = dir.path().join("manifests/overlays/self-managed");
+    let _ = std::fs::remove_dir_all(overlay.join("certs"));
+    let out = Command::new(&kubectl)
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()?;
+    assert!(!out.status.success(), "rendered without certs/");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tls.crt") || stderr.contains("certs"),
+        "{stderr}"
+    );
+    Ok(())
+}
+
+/// A webhook rule as (apiGroups, apiVersions, resources, operations, scope).
+type Rule = (
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    Option<String>,
+);
+
+fn rule(groups: &[&str], resources: &[&str], ops: &[&str]) -> Rule {
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    (
+        s(groups),
+        s(&["v1"]),
+        s(resources),
+        s(ops),
+        Some("Namespaced".into()),
+    )
+}
+
+fn rules_of(w: &MutatingWebhook) -> Vec<Rule> {
+    w.rules
+        .iter()
+        .flatten()
+        .map(|r: &RuleWithOperations| {
+            (
+                r.api_groups.clone().unwrap_or_default(),
+                r.api_versions.clone().unwrap_or_default(),
+                r.resources.clone().unwrap_or_default(),
+                r.operations.clone().unwrap_or_default(),
+                r.scope.clone(),
+            )
+        })
+        .collect()
+}
+
+fn excluded_namespaces(w: &MutatingWebhook) -> Result<BTreeSet<String>> {
+    let selector = w
+        .namespace_selector
+        .as_ref()
+        .context("no namespaceSelector")?;
+    ensure!(
+        selector.match_labels.is_none(),
+        "matchLabels would limit it to labelled namespaces"
+    );
+    let exprs = selector
+        .match_expressions
+        .as_ref()
+        .context("no matchExpressions")?;
+    ensure!(exprs.len() == 1, "expected one expression, got {exprs:?}");
+    let e = &exprs[0];
+    ensure!(e.key == "kubernetes.io/metadata.name", "key {}", e.key);
+    ensure!(e.operator == "NotIn", "operator {}", e.operator);
+    Ok(e.values.clone().unwrap_or_default().into_iter().collect())
+}
+
+fn common_entry_checks(w: &MutatingWebhook) -> Result<()> {
+    ensure!(
+        w.admission_review_versions == ["v1"],
+        "{}: admissionReviewVersions",
+        w.name
+    );
+    ensure!(
+        w.side_effects == "None",
+        "{}: sideEffects {}",
+        w.name,
+        w.side_effects
+    );
+    let timeout = w
+        .timeout_seconds
+        .context("timeoutSeconds must be set (default is 10)")?;
+    ensure!(
+        (1..=5).contains(&timeout),
+        "{}: timeoutSeconds {timeout}",
+        w.name
+    );
+    let policy = w
+        .failure_policy
+        .as_deref()
+        .context("failurePolicy must be explicit")?;
+    ensure!(
+        policy == "Fail" || policy == "Ignore",
+        "{}: failurePolicy {policy}",
+        w.name
+    );
+    ensure!(
+        w.match_policy.as_deref() == Some("Equivalent"),
+        "{}: matchPolicy",
+        w.name
+    );
+    let svc = w
+        .client_config
+        .service
+        .as_ref()
+        .context("clientConfig.service")?;
+    ensure!(w.client_config.url.is_none(), "{}: url and service", w.name);
+    ensure!(
+        svc.name == SERVICE && svc.namespace == NAMESPACE,
+        "{}: service {svc:?}",
+        w.name
+    );
+    ensure!(
+        svc.path.as_deref() == Some("/mutate"),
+        "{}: path {:?}",
+        w.name,
+        svc.path
+    );
+    ensure!(svc.port == Some(443), "{}: port {:?}", w.name, svc.port);
+    let excluded = excluded_namespaces(w)?;
+    let want: BTreeSet<String> = ["kube-system", NAMESPACE]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    ensure!(
+        excluded == want,
+        "{}: excluded namespaces {excluded:?}",
+        w.name
+    );
+    ensure!(
+        w.object_selector.is_none(),
+        "{}: objectSelector is not used",
+        w.name
+    );
+    Ok(())
+}
+
+#[test]
+fn webhook_entries_are_what_design_md_asks() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    for (rendered, _) in render_overlays(&kubectl)? {
+        let config = rendered.webhook_configuration()?;
+        let names: Vec<&str> = config
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.name.as_str())
+            .collect();
+        assert_eq!(names, [INJECT, SCALE], "{}", rendered.overlay);
+
+        let inject = webhook(&config, INJECT)?;
+        common_entry_checks(inject).with_context(|| rendered.overlay.clone())?;
+        assert_eq!(
+            rules_of(inject),
+            vec![
+                rule(&["apps"], &["statefulsets"], &["CREATE", "UPDATE"]),
+                rule(&["batch"], &["jobs"], &["CREATE"]),
+            ]
+        );
+        assert_eq!(inject.reinvocation_policy.as_deref(), Some("IfNeeded"));
+        assert_eq!(inject.failure_policy.as_deref(), Some("Fail"));
+        let conditions = inject.match_conditions.as_deref().unwrap_or_default();
+        assert_eq!(conditions.len(), 1, "one opt-in condition");
+
+        let scale = webhook(&config, SCALE)?;
+        common_entry_checks(scale).with_context(|| rendered.overlay.clone())?;
+        assert_eq!(
+            rules_of(scale),
+            vec![rule(&["apps"], &["statefulsets/scale"], &["UPDATE"])]
+        );
+        // A Scale carries no annotations: a condition on them would never
+        // let `kubectl scale` through to the guard.
+        for c in scale.match_conditions.iter().flatten() {
+            assert!(
+                !c.expression.contains("annotations"),
+                "scale entry filters on annotations: {}",
+                c.expression
+            );
+        }
+        assert_eq!(scale.reinvocation_policy.as_deref(), Some("Never"));
+        assert_eq!(scale.failure_policy.as_deref(), Some("Ignore"));
+    }
+    Ok(())
+}
+
+/// Evaluates a matchCondition the way the apiserver does: `object` bound to
+/// the request's object, the result must be a bool.
+fn condition_admits(expression: &str, object: &Value) -> Result<bool> {
+    let program = cel_interpreter::Program::compile(expression)
+        .map_err(|e| anyhow::anyhow!("CEL does not compile: {e:?}"))?;
+    let mut ctx = cel_interpreter::Context::default();
+    ctx.add_variable("object", object.clone())
+        .map_err(|e| anyhow::anyhow!("binding object: {e:?}"))?;
+    match program.execute(&ctx) {
+        Ok(cel_interpreter::Value::Bool(b)) => Ok(b),
+        Ok(other) => bail!("{expression} gave {other:?}, not a bool"),
+        Err(e) => bail!("{expression} failed on {object}: {e:?}"),
+    }
+}
+
+#[test]
+fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    let rendered = Rendered::render(&kubectl, &manifests_dir().join("overlays/cert-manager"))?;
+    let config = rendered.webhook_configuration()?;
+    let inject = webhook(&config, INJECT)?;
+    let expression = &inject.match_conditions.as_deref().unwrap_or_default()[0].expression;
+
+    let sts = |metadata: Value| json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata});
+    let cases = [
+        (
+            sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "true"}})),
+            true,
+        ),
+        (
+            sts(json!({"name": "a", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                "trainwire.dev/inject": "true"}})),
+            true,
+        ),
+        // `kubectl create` of an object without annotations, and what a
+        // controller creates: no annotations map at all.
+        (sts(json!({"name": "a"})), false),
+        (sts(json!({"name": "a", "annotations": {}})), false),
+        (
+            sts(json!({"name": "a", "annotations": {"other": "true"}})),
+            false,
+        ),
+        (
+            sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "false"}})),
+            false,
+        ),
+        (
+            sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "True"}})),
+            false,
+        ),
+        (
+            sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": ""}})),
+            false,
+        ),
+        // A label is not the opt-in.
+        (
+            sts(json!({"name": "a", "labels": {"trainwire.dev/inject": "true"}})),
+            false,
+        ),
+    ];
+    for (object, want) in cases {
+        assert_eq!(condition_admits(expression, &object)?, want, "{object}");
+    }
+
+    // The captured requests from a real apiserver: their objects as sent.
+    for (fixture, want) in [
+        ("statefulset-create.json", true),
+        ("statefulset-create-kubectl-create.json", true),
+        ("job-indexed-create.json", true),
+        ("pod-create-from-statefulset.json", false),
+        ("pod-create-from-deployment.json", false),
+    ] {
+        let path = trainwire_tests::admission_fixtures_dir().join(fixture);
+        let review: Value = serde_json::from_slice(
+            &std::fs::read(&path).with_context(|| path.display().to_string())?,
+        )?;
+        assert_eq!(
+            condition_admits(expression, &review["request"]["object"])?,
+            want,
+            "{fixture}"
+        );
+    }
+    Ok(())
+}
+
+fn container<'a>(d: &'a Deployment, name: &str) -> Result<&'a Container> {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.iter().find(|c| c.name == name))
+        .with_context(|| format!("no container {name}"))
+}
+
+#[test]
+fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    for (rendered, _) in render_overlays(&kubectl)? {
+        let d: Deployment = rendered.typed("Deployment", SERVICE)?;
+        assert_eq!(d.metadata.namespace.as_deref(), Some(NAMESPACE));
+        let spec = d.spec.as_ref().context("spec")?;
+        assert_eq!(spec.replicas, Some(2), "two replicas");
+        let pod_labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        let pod = spec.template.spec.as_ref().context("pod spec")?;
+        assert_eq!(pod.service_account_name.as_deref(), Some(SERVICE));
+
+        // Anti-affinity on the node, selecting its own pods.
+        let anti = pod
+            .affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .context("podAntiAffinity")?;
+        let term = &anti
+            .preferred_during_scheduling_ignored_during_execution
+            .as_deref()
+            .unwrap_or_default()
+            .first()
+            .context("a preferred anti-affinity term")?
+            .pod_affinity_term;
+        assert_eq!(term.topology_key, "kubernetes.io/hostname");
+        let sel = term
+            .label_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
+        assert!(
+            !sel.is_empty() && sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)),
+            "{sel:?}"
+        );
+
+        // Pod and container security.
+        let psc = pod
+            .security_context
+            .as_ref()
+            .context("pod securityContext")?;
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert!(
+            psc.run_as_user.is_some_and(|u| u != 0),
+            "numeric non-root user"
+        );
+        assert_eq!(
+            psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
+            Some("RuntimeDefault")
+        );
+        let c = container(&d, "webhook")?;
+        let csc = c
+            .security_context
+            .as_ref()
+            .context("container securityContext")?;
+        assert_eq!(csc.read_only_root_filesystem, Some(true));
+        assert_eq!(csc.allow_privilege_escalation, Some(false));
+        assert_eq!(csc.privileged, None);
+        assert_eq!(
+            csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        assert!(
+            csc.capabilities
+                .as_ref()
+                .and_then(|c| c.add.as_ref())
+                .is_none()
+        );
+
+        // Requests and limits.
+        let res = c.resources.as_ref().context("resources")?;
+        for (what, map) in [("requests", &res.requests), ("limits", &res.limits)] {
+            let map = map.as_ref().with_context(|| format!("no {what}"))?;
+            assert!(
+                map.contains_key("cpu") && map.contains_key("memory"),
+                "{what}: {map:?}"
+            );
+        }
+
+        // Ports: https for the apiserver, plain HTTP for probes.
+        let ports: BTreeMap<String, i32> = c
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone().unwrap_or_default(), p.container_port))
+            .collect();
+        assert_eq!(ports.get("https"), Some(&8443));
+        let probe_port = *ports.get("http-probes").context("http-probes port")?;
+        for (what, probe, path) in [
+            ("readiness", &c.readiness_probe, "/readyz"),
+            ("liveness", &c.liveness_probe, "/healthz"),
+        ] {
+            let get = probe
+                .as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .with_context(|| format!("{what} probe is an httpGet"))?;
+            assert_eq!(get.path.as_deref(), Some(path), "{what}");
+            assert_eq!(
+                get.scheme.as_deref().unwrap_or("HTTP"),
+                "HTTP",
+                "{what} on plain HTTP"
+            );
+            let port_ok = match &get.port {
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(n) => {
+                    n == "http-probes"
+                }
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => {
+                    *p == probe_port
+                }
+            };
+            assert!(port_ok, "{what} probe on {:?}", get.port);
+        }
+
+        // Flags: the listeners on the declared ports, cert and policy files
+        // inside the mounted volumes.
+        let args = c.args.clone().unwrap_or_default();
+        assert_eq!(args.first().map(String::as_str), Some("serve"));
+        let flag = |name: &str| -> Option<String> {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(String::from))
+        };
+        assert_eq!(flag("listen").as_deref(), Some("0.0.0.0:8443"));
+        assert_eq!(flag("probe-listen"), Some(format!("0.0.0.0:{probe_port}")));
+        let mounts: BTreeMap<String, (String, bool, Option<String>)> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    (
+                        m.mount_path.clone(),
+                        m.read_only == Some(true),
+                        m.sub_path.clone(),
+                    ),
+                )
+            })
+            .collect();
+        let (tls_path, tls_ro, _) = mounts.get("tls").context("tls mount")?;
+        let (policy_path, policy_ro, policy_sub) = mounts.get("policy").context("policy mount")?;
+        assert!(*tls_ro && *policy_ro, "mounts read-only");
+        assert!(
+            policy_sub.is_none(),
+            "a subPath mount never sees ConfigMap updates"
+        );
+        assert_eq!(flag("tls-cert"), Some(format!("{tls_path}/tls.crt")));
+        assert_eq!(flag("tls-key"), Some(format!("{tls_path}/tls.key")));
+        assert!(flag("policy").is_some_and(|p| p.starts_with(&format!("{policy_path}/"))));
+        let volumes: BTreeMap<String, Value> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| (v.name.clone(), serde_json::to_value(v).unwrap_or_default()))
+            .collect();
+        assert_eq!(volumes["tls"]["secret"]["secretName"], TLS_SECRET);
+        assert_eq!(volumes["policy"]["configMap"]["name"], "trainwire-policy");
+        rendered.raw("ConfigMap", "trainwire-policy")?;
+
+        // The Service sends 443 to the https port, and selects these pods.
+        let svc: Service = rendered.typed("Service", SERVICE)?;
+        let svc_spec = svc.spec.as_ref().context("service spec")?;
+        let selector = svc_spec.selector.clone().unwrap_or_default();
+        assert!(!selector.is_empty() && selector.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        let https = svc_spec
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.port == 443)
+            .context("port 443")?;
+        assert_eq!(
+            https.target_port,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("https".into()))
+        );
+
+        // The PodDisruptionBudget keeps one of these pods.
+        let pdb: PodDisruptionBudget = rendered.typed("PodDisruptionBudget", SERVICE)?;
+        let pdb_spec = pdb.spec.as_ref().context("pdb spec")?;
+        assert_eq!(
+            pdb_spec.min_available,
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+        );
+        let pdb_sel = pdb_spec
+            .selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default();
+        assert!(!pdb_sel.is_empty() && pdb_sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+
+        // Restricted Pod Security on the namespace.
+        let ns = rendered.raw("Namespace", NAMESPACE)?;
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+            "restricted"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_certificate_reaches_the_pods_and_the_ca_reaches_the_webhook() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    for (rendered, copy) in render_overlays(&kubectl)? {
+        let config = rendered.webhook_configuration()?;
+        match copy {
+            // cert-manager: a Certificate writing the Secret the pods mount,
+            // for the Service's DNS name, and its CA injected by annotation.
+            None => {
+                let cert = rendered.raw("Certificate", SERVICE)?;
+                assert_eq!(cert["metadata"]["namespace"], NAMESPACE);
+                assert_eq!(cert["spec"]["secretName"], TLS_SECRET);
+                let dns: Vec<&str> = cert["spec"]["dnsNames"]
+                    .as_array()
+                    .context("dnsNames")?
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect();
+                assert!(
+                    dns.contains(&"trainwire-webhook.trainwire-system.svc"),
+                    "{dns:?}"
+                );
+                let issuer = cert["spec"]["issuerRef"]["name"]
+                    .as_str()
+                    .context("issuerRef")?;
+                rendered.raw("Issuer", issuer)?;
+                let annotations = config.metadata.annotations.clone().unwrap_or_default();
+                assert_eq!(
+                    annotations
+                        .get("cert-manager.io/inject-ca-from")
+                        .map(String::as_str),
+                    Some("trainwire-system/trainwire-webhook")
+                );
+                assert!(
+                    rendered.all("Secret").is_empty(),
+                    "cert-manager writes the Secret"
+                );
+            }
+            // self-managed: the Secret from the files, and the CA copied
+            // into every entry's caBundle.
+            Some(copy) => {
+                let secret = rendered.raw("Secret", TLS_SECRET)?;
+                assert_eq!(secret["metadata"]["namespace"], NAMESPACE);
+                assert_eq!(secret["type"], "kubernetes.io/tls");
+                let keys: BTreeSet<&str> = secret["data"]
+                    .as_object()
+                    .context("data")?
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                assert_eq!(
+                    keys,
+                    BTreeSet::from(["ca.crt", "tls.crt", "tls.key"]),
+                    "ca.key stays out"
+                );
+                for w in config.webhooks.iter().flatten() {
+                    let ca = w
+                        .client_config
+                        .ca_bundle
+                        .as_ref()
+                        .with_context(|| format!("{}: caBundle", w.name))?;
+                    assert_eq!(String::from_utf8_lossy(&ca.0), copy.ca_pem, "{}", w.name);
+                }
+                let raw_ca = secret["data"]["ca.crt"].as_str().context("ca.crt")?;
+                let decoded = base64::engine::general_purpose::STANDARD.decode(
+                    raw_ca
+                        .chars()
+                        .filter(|c| !c.is_whitespace())
+                        .collect::<String>(),
+                )?;
+                assert_eq!(String::from_utf8(decoded)?, copy.ca_pem);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn permissions(
+    rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+) -> Result<BTreeSet<(String, String, String)>> {
+    let mut out = BTreeSet::new();
+    for r in rules {
+        ensure!(
+            r.non_resource_urls.is_none(),
+            "non-resource URLs granted: {r:?}"
+        );
+        ensure!(
+            r.resource_names.is_none(),
+            "unexpected resourceNames: {r:?}"
+        );
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    ensure!(g != "*" && res != "*" && v != "*", "wildcard in {r:?}");
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn owned(list: &[&[(&str, &str, &str)]]) -> BTreeSet<(String, String, String)> {
+    list.iter()
+        .flat_map(|l| l.iter())
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        return Ok(());
+    };
+    for (rendered, _) in render_overlays(&kubectl)? {
+        let role: ClusterRole = rendered.typed("ClusterRole", SERVICE)?;
+        assert_eq!(
+            permissions(role.rules.as_deref().unwrap_or_default())?,
+            owned(&[
+                trainwire_webhook::reconciler::API_PERMISSIONS,
+                SCALE_GUARD_PERMISSIONS
+            ]),
+            "{}: webhook ClusterRole",
+            rendered.overlay
+        );
+        assert!(role.aggregation_rule.is_none());
+        let binding: ClusterRoleBinding = rendered.typed("ClusterRoleBinding", SERVICE)?;
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, SERVICE);
+        let subjects = binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].kind, "ServiceAccount");
+        assert_eq!(subjects[0].name, SERVICE);
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+        rendered.raw("ServiceAccount", SERVICE)?;
+
+        // The sidecar's ClusterRole is installed but bound to nobody.
+        let sidecar: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
+        assert_eq!(
+            permissions(sidecar.rules.as_deref().unwrap_or_default())?,
+            owned(&[SIDECAR_PERMISSIONS]),
+            "sidecar ClusterRole"
+        );
+        assert_eq!(
+            rendered.all("ClusterRoleBinding").len(),
+            1,
+            "only the webhook's binding"
+        );
+        assert!(rendered.all("RoleBinding").is_empty());
+        // Nothing else grants anything.
+        assert_eq!(rendered.all("ClusterRole").len(), 2);
+        assert!(rendered.all("Role").is_empty());
+    }
+    Ok(())
+}
+
+#[test]
+fn the_sidecar_rolebinding_example_binds_the_sidecar_role_in_one_namespace() -> Result<()> {
+    let text = std::fs::read_to_string(manifests_dir().join("sidecar/rolebinding-example.yaml"))?;
+    let binding: RoleBinding = serde_saphyr::from_str(&text)?;
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(binding.role_ref.name, "trainwire-sidecar");
+    let ns = binding
+        .metadata
+        .namespace
+        .clone()
+        .context("a namespaced binding")?;
+    let subjects = binding.subjects.unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(subjects[0].namespace.as_deref(), Some(ns.as_str()));
+    Ok(())
+}
+
+#[test]
+fn the_shipped_policy_is_a_valid_policy() -> Result<()> {
+    let text = std::fs::read_to_string(manifests_dir().join("base/policy.yaml"))?;
+    let cm: Value = serde_saphyr::from_str(&text)?;
+    let policy_text = cm["data"]["policy.yaml"]
+        .as_str()
+        .context("data.policy.yaml")?;
+    let policy: trainwire_webhook::policy::Policy = serde_saphyr::from_str(policy_text)?;
+    assert_eq!(policy.profile_for("any-namespace").name, "default");
+    Ok(())
+}
