@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use thiserror::Error;
 
 use crate::mutation::{self, Outcome};
-use crate::policy::{Enforce, Policy, PolicyArgs, Profile};
+use crate::policy::{self, Policy, PolicyArgs, PolicyError, Profile};
 
 #[derive(Debug, Args)]
 pub struct InjectArgs {
@@ -48,55 +48,34 @@ pub enum InjectError {
     },
     #[error("document {index}: not valid YAML: {message}")]
     Yaml { index: usize, message: String },
-    #[error("policy file {path}: {message}")]
-    Policy { path: String, message: String },
+    #[error("{0}")]
+    Policy(#[from] PolicyError),
 }
 
 /// Everything a rendering needs besides the input.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
+    /// The policy, with `--sidecar-image` already applied ([`policy::load`]).
     pub policy: Policy,
-    /// `--sidecar-image`: used unless the profile enforces an image.
-    pub sidecar_image: Option<String>,
     /// `--namespace`: for documents without `metadata.namespace`.
     pub namespace: Option<String>,
 }
 
 impl Options {
-    /// Options from the command line: reads the policy file when given.
+    /// Options from the command line: the policy file (validated) and flags.
     pub fn from_args(
         policy: &PolicyArgs,
         namespace: Option<String>,
     ) -> Result<Options, InjectError> {
-        let loaded = match &policy.policy {
-            None => Policy::default(),
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| InjectError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-                serde_saphyr::from_str::<Policy>(&text).map_err(|e| InjectError::Policy {
-                    path: path.display().to_string(),
-                    message: e.to_string(),
-                })?
-            }
-        };
         Ok(Options {
-            policy: loaded,
-            sidecar_image: policy.sidecar_image.clone(),
+            policy: policy::load(policy)?,
             namespace,
         })
     }
 
-    /// The profile for a namespace, with `--sidecar-image` applied unless enforced.
+    /// The profile that applies to a namespace.
     pub fn profile_for(&self, namespace: &str) -> Profile {
-        let mut profile = self.policy.profile_for(namespace).into_owned();
-        if let Some(image) = &self.sidecar_image
-            && profile.sidecar.image.enforce == Enforce::Default
-        {
-            profile.sidecar.image.value = image.clone();
-        }
-        profile
+        self.policy.profile_for(namespace).into_owned()
     }
 }
 
