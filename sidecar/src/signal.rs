@@ -139,8 +139,7 @@ pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -
     for p in procs {
         children.entry(p.ppid).or_default().push(p);
     }
-    let is_agent =
-        |p: &Process| p.pid != self_pid && p.ppid != self_pid && matcher.matches(&p.argv);
+    let is_agent = |p: &Process| p.pid != self_pid && matcher.matches(&p.argv);
     let agents: Vec<&Process> = procs
         .iter()
         .filter(|p| is_agent(p))

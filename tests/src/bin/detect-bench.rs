@@ -1,0 +1,481 @@
+//! Sidecar detection benchmark (not a test).
+//!
+//! ```text
+//! cargo build --release -p trainwire-sidecar
+//! cargo run --release -p trainwire-tests --bin detect-bench [-- TRIALS_1S TRIALS_200MS IDLE_SECS]
+//! ```
+//!
+//! 1. Heartbeat path: two real sidecar processes on 127.0.0.10/.11, the
+//!    survivor watching a fake torchrun agent (`sidecar/tests/fake_torchrun.py`)
+//!    with `restart-workers`. Each trial freezes the peer's sidecar with
+//!    SIGSTOP at a random phase of the probe interval and measures the time
+//!    until the worker's SIGTERM handler runs (its own timestamp), then thaws
+//!    it. Reported as p50/p90/p99/max against interval x misses.
+//! 2. Kubernetes-watch path: the recorded pod events (deleted, failed,
+//!    restart, ...) go through the same tracker, state machine and responder
+//!    the sidecar runs, which SIGTERMs a real worker; measured from the
+//!    event to the signal being sent (the API server's own watch latency is
+//!    not included).
+//! 3. Idle RSS and CPU of a sidecar heartbeating with one peer at 1s,
+//!    against a `sleep` process as the floor.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn sidecar_binary() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("bench binary has no directory")?;
+    let bin = dir.join("trainwire-sidecar");
+    if !bin.exists() {
+        bail!(
+            "{} not found: run `cargo build --release -p trainwire-sidecar` first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGCONT);
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+impl Proc {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.0.id() as i32)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_sidecar(
+    bin: &Path,
+    rank: u32,
+    port: u16,
+    interval: &str,
+    misses: u32,
+    tag: &str,
+    log: &Path,
+) -> Result<Proc> {
+    let out = std::fs::File::create(log)?;
+    let child = Command::new(bin)
+        .env_clear()
+        .env("RUST_LOG", "warn")
+        .env("TRAINWIRE_POD_NAME", format!("bench-{rank}"))
+        .env("TRAINWIRE_POD_UID", format!("uid-{rank}"))
+        .env("TRAINWIRE_NNODES", "2")
+        .env("TRAINWIRE_NODE_RANK", rank.to_string())
+        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
+        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
+        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
+        .env("TRAINWIRE_DETECTION", "heartbeat")
+        .env("TRAINWIRE_HEARTBEAT_INTERVAL", interval)
+        .env("TRAINWIRE_HEARTBEAT_MISSES", misses.to_string())
+        .env("TRAINWIRE_ON_PEER_LOSS", "restart-workers")
+        .env("TRAINWIRE_ACTION_COOLDOWN", "0s")
+        .env("TRAINWIRE_MAX_ACTIONS", "100000")
+        .env("TRAINWIRE_AGENT_MATCH", tag)
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    Ok(Proc(child))
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+fn peer_healthy(addr: &str) -> bool {
+    http_get(addr, "/status")
+        .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v["peers"][0]["state"] == "healthy")
+}
+
+fn log_lines(path: &Path) -> Vec<Vec<String>> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+fn wait(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(29677)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+fn summary(name: &str, mut v: Vec<f64>, unit: &str) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {unit}",
+        v.len(),
+        percentile(&v, 0.0),
+        percentile(&v, 50.0),
+        percentile(&v, 90.0),
+        percentile(&v, 99.0),
+        percentile(&v, 100.0),
+    );
+}
+
+struct Lcg(u64);
+impl Lcg {
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) -> Result<Vec<f64>> {
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let tag = format!("detect-bench-agent-{port}");
+    let agent_log = dir.path().join("agent.log");
+    let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
+    let _agent = Proc(
+        Command::new("python3")
+            .arg(&script)
+            .args([
+                "--log",
+                &agent_log.display().to_string(),
+                "--workers",
+                "1",
+                "--tag",
+                &tag,
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("python3 fake_torchrun.py")?,
+    );
+    let interval = format!("{interval_ms}ms");
+    let peer = start_sidecar(
+        bin,
+        0,
+        port,
+        &interval,
+        misses,
+        &format!("{tag}-none"),
+        &dir.path().join("s0.log"),
+    )?;
+    let survivor = start_sidecar(
+        bin,
+        1,
+        port,
+        &interval,
+        misses,
+        &tag,
+        &dir.path().join("s1.log"),
+    )?;
+    let addr = format!("127.0.0.11:{port}");
+    let mut rng = Lcg(0x5eed ^ interval_ms);
+    let mut out = Vec::new();
+    for trial in 0..trials {
+        if !wait(Duration::from_secs(30), || peer_healthy(&addr)) {
+            bail!("trial {trial}: the peer never became healthy");
+        }
+        let terms_before = log_lines(&agent_log)
+            .iter()
+            .filter(|l| l[1] == "worker-sigterm")
+            .count();
+        let spawns = log_lines(&agent_log)
+            .iter()
+            .filter(|l| l[1] == "spawn")
+            .count();
+        if spawns == 0
+            && !wait(Duration::from_secs(10), || {
+                log_lines(&agent_log).iter().any(|l| l[1] == "spawn")
+            })
+        {
+            bail!("the fake agent spawned no worker");
+        }
+        // Let the newest worker be older than the coming loss, then freeze
+        // at a random phase of the probe interval.
+        std::thread::sleep(
+            Duration::from_millis(50)
+                + Duration::from_secs_f64(rng.next_f64() * interval_ms as f64 / 1000.0),
+        );
+        let t0 = now_unix();
+        kill(peer.pid(), Signal::SIGSTOP)?;
+        let mut at = None;
+        let ok = wait(Duration::from_secs(60), || {
+            let lines = log_lines(&agent_log);
+            let terms: Vec<&Vec<String>> =
+                lines.iter().filter(|l| l[1] == "worker-sigterm").collect();
+            if terms.len() > terms_before {
+                at = terms[terms_before][0].parse::<f64>().ok();
+                true
+            } else {
+                false
+            }
+        });
+        kill(peer.pid(), Signal::SIGCONT)?;
+        match (ok, at) {
+            (true, Some(t1)) => out.push(t1 - t0),
+            _ => bail!("trial {trial}: no worker was signalled within 60s"),
+        }
+    }
+    drop(survivor);
+    Ok(out)
+}
+
+fn kube_trials(trials: usize) -> Result<Vec<f64>> {
+    use k8s_openapi::api::core::v1::Pod;
+    use trainwire_sidecar::config::{Config, NodeCount};
+    use trainwire_sidecar::events::EventSink;
+    use trainwire_sidecar::kubewatch::{PodView, Tracker};
+    use trainwire_sidecar::peers::{Observation, Peers, Source};
+    use trainwire_sidecar::respond::Responder;
+    use trainwire_sidecar::status::Shared;
+
+    let data = trainwire_tests::repo_root().join("sidecar/tests/data/kubewatch");
+    let seq: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("deleted.json"))?)?;
+    let healthy: Pod = serde_json::from_value(seq["steps"][0]["object"].clone())?;
+    let deleted: Pod = serde_json::from_value(seq["steps"][2]["object"].clone())?;
+
+    let dir = tempfile::tempdir()?;
+    let tag = format!("detect-bench-kube-{}", std::process::id());
+    let agent_log = dir.path().join("agent.log");
+    let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
+    let _agent = Proc(
+        Command::new("python3")
+            .arg(&script)
+            .args([
+                "--log",
+                &agent_log.display().to_string(),
+                "--workers",
+                "1",
+                "--tag",
+                &tag,
+            ])
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
+    let config = Config::from_source(
+        [
+            ("TRAINWIRE_NNODES", "2"),
+            ("TRAINWIRE_NODE_RANK", "1"),
+            ("TRAINWIRE_POD_NAME", "llama-ft-1"),
+            ("TRAINWIRE_ON_PEER_LOSS", "restart-workers"),
+            ("TRAINWIRE_ACTION_COOLDOWN", "0s"),
+            ("TRAINWIRE_MAX_ACTIONS", "100000"),
+            ("TRAINWIRE_AGENT_MATCH", tag.as_str()),
+        ]
+        .as_slice(),
+    )?;
+    let shared = Shared::new(config);
+    let mut responder = Responder::new(shared.clone(), EventSink::disabled());
+    let mut tracker = Tracker::new("llama-ft-1", Duration::from_secs(10));
+    let mut peers = Peers::new(NodeCount::Fixed(2), 1, 3, Instant::now());
+    let mut out = Vec::new();
+    for trial in 0..trials {
+        // A fresh pod identity per trial, as after a replacement.
+        let mut h = healthy.clone();
+        let uid = format!("bench-uid-{trial}");
+        h.metadata.uid = Some(uid.clone());
+        let mut d = deleted.clone();
+        d.metadata.uid = Some(uid);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for v in tracker.apply(PodView::of(&h), now) {
+            peers.observe(Observation {
+                rank: v.rank,
+                source: Source::Kubernetes,
+                evidence: v.evidence,
+                at: Instant::now(),
+            });
+        }
+        // Wait for a worker that is older than the coming loss.
+        if !wait(Duration::from_secs(20), || {
+            let lines = log_lines(&agent_log);
+            let spawns = lines.iter().filter(|l| l[1] == "spawn").count();
+            let exits = lines.iter().filter(|l| l[1] == "exit").count();
+            spawns > exits
+        }) {
+            bail!("kube trial {trial}: no worker running");
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        let t0 = Instant::now();
+        let view = PodView::of(&d);
+        let mut signalled = false;
+        for v in tracker.delete(&view) {
+            if let Some(loss) = peers.observe(Observation {
+                rank: v.rank,
+                source: Source::Kubernetes,
+                evidence: v.evidence,
+                at: Instant::now(),
+            }) {
+                let outcome = responder.handle(&loss);
+                signalled = outcome == trainwire_sidecar::signal::Outcome::Signalled;
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if !signalled {
+            bail!("kube trial {trial}: the deletion did not lead to a signal");
+        }
+        out.push(dt);
+        // Let the agent notice and restart its worker.
+        let exits_needed = trial + 1;
+        wait(Duration::from_secs(20), || {
+            log_lines(&agent_log)
+                .iter()
+                .filter(|l| l[1] == "exit")
+                .count()
+                >= exits_needed
+        });
+    }
+    Ok(out)
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+fn idle(bin: &Path, secs: u64) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let port = free_port();
+    let a = start_sidecar(
+        bin,
+        0,
+        port,
+        "1s",
+        3,
+        "detect-bench-idle-none",
+        &dir.path().join("a.log"),
+    )?;
+    let b = start_sidecar(
+        bin,
+        1,
+        port,
+        "1s",
+        3,
+        "detect-bench-idle-none",
+        &dir.path().join("b.log"),
+    )?;
+    let floor = Proc(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
+    if !wait(Duration::from_secs(20), || {
+        peer_healthy(&format!("127.0.0.11:{port}"))
+    }) {
+        bail!("idle sidecars never saw each other");
+    }
+    // Serve /status and /metrics a few times, as probes would.
+    for _ in 0..5 {
+        let _ = http_get(&format!("127.0.0.11:{port}"), "/metrics");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = b.0.id();
+    let c0 = cpu_ticks(pid).unwrap_or(0);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(secs));
+    let c1 = cpu_ticks(pid).unwrap_or(0);
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu_pct = (c1 - c0) as f64 / 100.0 / wall * 100.0;
+    println!();
+    println!("| process | RSS (KiB) | CPU over {secs}s idle |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| trainwire-sidecar (1 peer, 1s heartbeats, serving its peer's probes) | {} | {:.3}% ({} ticks) |",
+        rss_kib(pid).unwrap_or(0),
+        cpu_pct,
+        c1 - c0
+    );
+    println!(
+        "| `sleep` (floor) | {} | - |",
+        rss_kib(floor.0.id()).unwrap_or(0)
+    );
+    drop(a);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let trials_1s = args.first().copied().unwrap_or(20);
+    let trials_200 = args.get(1).copied().unwrap_or(50);
+    let idle_secs = args.get(2).copied().unwrap_or(30) as u64;
+    let bin = sidecar_binary()?;
+    println!("sidecar: {}", bin.display());
+    println!();
+    println!("| path | trials | min s | p50 s | p90 s | p99 s | max s | baseline");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let v = heartbeat_trials(&bin, 1000, 3, trials_1s)?;
+    summary(
+        "heartbeat 1s x 3 misses (timeout 500ms), SIGSTOP -> worker SIGTERM",
+        v,
+        "interval x misses = 3.0 s; bound 3 x 1 s + 0.5 s = 3.5 s",
+    );
+    let v = heartbeat_trials(&bin, 200, 3, trials_200)?;
+    summary(
+        "heartbeat 200ms x 3 misses (timeout 100ms), SIGSTOP -> worker SIGTERM",
+        v,
+        "interval x misses = 0.6 s; bound 0.7 s",
+    );
+    let v = kube_trials(trials_200)?;
+    summary(
+        "kube watch: recorded Deleted event -> SIGTERM sent",
+        v,
+        "(plus the API server's watch delivery)",
+    );
+    idle(&bin, idle_secs)?;
+    Ok(())
+}
