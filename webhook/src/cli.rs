@@ -41,9 +41,18 @@ impl Cli {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
             Command::Certs(args) => crate::certs::run(args),
-            Command::Policy(PolicyCommand::Check { file: _ }) => {
-                anyhow::bail!("policy check: not built yet")
-            }
+            Command::Policy(PolicyCommand::Check { file }) => match crate::policy::check(&file) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    Ok(())
+                }
+                Err(errors) => {
+                    // One line per error, nothing added: editors and CI
+                    // annotations read `file:line:column: ...` as is.
+                    eprintln!("{errors}");
+                    std::process::exit(1);
+                }
+            },
         }
     }
 }
