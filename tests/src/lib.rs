@@ -33,8 +33,11 @@ pub mod netns;
 pub mod process;
 pub mod torch;
 
-/// The `trainwire-sidecar` binary of this build (`target/<profile>/`),
-/// built first with `cargo build -p trainwire-sidecar` so it is current;
+/// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
+///
+/// `cargo nextest run --workspace` builds it (the sidecar crate has
+/// integration tests). When it is missing or older than the sidecar's
+/// sources, it is built with `cargo build -p trainwire-sidecar` first.
 /// `$TRAINWIRE_SIDECAR_BIN` overrides it (a release build, say).
 pub fn sidecar_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("TRAINWIRE_SIDECAR_BIN") {
@@ -47,8 +50,14 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
         .and_then(|deps| deps.parent())
         .map(|profile| profile.join("trainwire-sidecar"))
         .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    let root = repo_root();
+    let sources = newest_mtime(&root.join("sidecar")).max(newest_mtime(&root.join("Cargo.lock")));
+    if built.is_some_and(|b| sources.is_none_or(|s| s <= b)) {
+        return Ok(bin);
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let built = std::process::Command::new(&cargo)
+    let out = std::process::Command::new(&cargo)
         .args([
             "build",
             "-p",
@@ -56,23 +65,32 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
             "--bin",
             "trainwire-sidecar",
         ])
-        .current_dir(repo_root())
+        .current_dir(&root)
         .stdin(std::process::Stdio::null())
-        .output();
-    match built {
-        Ok(out) if out.status.success() => {}
-        Ok(out) if !bin.is_file() => {
-            return Err(format!(
-                "`cargo build -p trainwire-sidecar` failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Err(e) if !bin.is_file() => return Err(format!("cannot run {cargo}: {e}")),
-        _ => {}
+        .output()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo build -p trainwire-sidecar` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
     if bin.is_file() {
         Ok(bin)
     } else {
         Err(format!("{} does not exist after the build", bin.display()))
     }
+}
+
+/// The newest modification time of a file, or of the files under a directory.
+fn newest_mtime(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .filter_map(|e| newest_mtime(&e.path()))
+        .max()
 }

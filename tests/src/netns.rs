@@ -289,7 +289,7 @@ pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Result<Stri
     let (head, body) = raw
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("no HTTP response: {raw:?}"))?;
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1) != Some("200") {
         return Err(format!(
             "GET {path}: {}",
             head.lines().next().unwrap_or_default()
