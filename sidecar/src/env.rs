@@ -55,6 +55,14 @@ pub const ACTION_WINDOW: &str = "TRAINWIRE_ACTION_WINDOW";
 pub const AGENT_MATCH: &str = "TRAINWIRE_AGENT_MATCH";
 /// Log format: `text` or `json`.
 pub const LOG_FORMAT: &str = "TRAINWIRE_LOG_FORMAT";
+/// How long one heartbeat probe may take before it counts as missed
+/// (default: half the interval, at least 50 ms).
+pub const HEARTBEAT_TIMEOUT: &str = "TRAINWIRE_HEARTBEAT_TIMEOUT";
+/// How long a checkpoint file or directory must go unwritten before it
+/// counts as complete (default `5s`).
+pub const CHECKPOINT_SETTLE: &str = "TRAINWIRE_CHECKPOINT_SETTLE";
+/// Rescan period of the polling checkpoint watcher (default `10s`).
+pub const CHECKPOINT_POLL_INTERVAL: &str = "TRAINWIRE_CHECKPOINT_POLL_INTERVAL";
 
 /// The sidecar's default plain-HTTP port.
 pub const DEFAULT_HEALTH_PORT: u16 = 29600;
@@ -84,4 +92,7 @@ pub const ALL: &[&str] = &[
     ACTION_WINDOW,
     AGENT_MATCH,
     LOG_FORMAT,
+    HEARTBEAT_TIMEOUT,
+    CHECKPOINT_SETTLE,
+    CHECKPOINT_POLL_INTERVAL,
 ];

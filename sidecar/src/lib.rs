@@ -1,4 +1,210 @@
 //! trainwire-sidecar: watches peer health and checkpoint freshness in a
 //! torchrun pod and restarts the local trainer when a peer is lost.
+//!
+//! The binary is a thin `main.rs` over [`run`]; everything is in modules
+//! named after what they do:
+//! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
+//! - [`peers`]: the pure peer-health state machine and loss generations;
+//! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
+//! - [`signal`] / [`respond`]: finding torchrun in `/proc` and acting on a loss;
+//! - [`events`]: Kubernetes Events on the sidecar's pod;
+//! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
 
+pub mod config;
 pub mod env;
+pub mod events;
+pub mod heartbeat;
+pub mod peers;
+pub mod respond;
+pub mod server;
+pub mod shutdown;
+pub mod signal;
+pub mod status;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+pub use config::Config;
+
+use crate::config::Detection;
+use crate::events::EventSink;
+use crate::peers::{Observation, Peers};
+use crate::respond::Responder;
+use crate::status::{DetectionStatus, Shared};
+
+/// Errors that stop the sidecar (everything else degrades and retries).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot listen on {addr} ({var}/{port_var}): {source}")]
+    Bind {
+        addr: SocketAddr,
+        var: &'static str,
+        port_var: &'static str,
+        source: std::io::Error,
+    },
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which detectors to run, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetectionChoice {
+    pub heartbeat: bool,
+    pub kubernetes: bool,
+    pub why: String,
+}
+
+/// Decides the detectors without the Kubernetes API (the API check is
+/// done by the caller and passed as `kube_allowed`).
+pub fn choose_detection(config: &Config, kube_allowed: Result<(), String>) -> DetectionChoice {
+    let hb_possible = config.heartbeat.peer_hosts.is_some();
+    match config.detection {
+        Detection::Heartbeat => DetectionChoice {
+            heartbeat: true,
+            kubernetes: false,
+            why: "TRAINWIRE_DETECTION=heartbeat".into(),
+        },
+        Detection::Kubernetes => DetectionChoice {
+            heartbeat: false,
+            kubernetes: true,
+            why: "TRAINWIRE_DETECTION=kubernetes".into(),
+        },
+        Detection::Both => DetectionChoice {
+            heartbeat: true,
+            kubernetes: true,
+            why: "TRAINWIRE_DETECTION=both: the first to see a loss wins".into(),
+        },
+        Detection::Auto => match kube_allowed {
+            Ok(()) => DetectionChoice {
+                heartbeat: false,
+                kubernetes: true,
+                why: "auto: the service account may list and watch pods".into(),
+            },
+            Err(why) if hb_possible => DetectionChoice {
+                heartbeat: true,
+                kubernetes: false,
+                why: format!("auto: heartbeats, because {why}"),
+            },
+            Err(why) => DetectionChoice {
+                heartbeat: false,
+                kubernetes: false,
+                why: format!(
+                    "auto: no detection possible: {why}, and {} is not set",
+                    env::PEER_HOSTS
+                ),
+            },
+        },
+    }
+}
+
+/// Runs the sidecar until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let addr = SocketAddr::new(config.bind_address, config.health_port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind {
+            addr,
+            var: env::BIND_ADDRESS,
+            port_var: env::HEALTH_PORT,
+            source,
+        })?;
+    tracing::info!(%addr, rank = config.node_rank, nnodes = %config.nnodes, on_peer_loss = config.on_peer_loss.as_str(), "trainwire-sidecar listening");
+    let shared = Shared::new(config.clone());
+
+    let kube_allowed: Result<(), String> =
+        Err("the Kubernetes watch is not available in this build".into());
+    let choice = choose_detection(&config, kube_allowed);
+    if !choice.heartbeat && !choice.kubernetes {
+        tracing::error!("{}", choice.why);
+    } else {
+        tracing::info!(
+            heartbeat = choice.heartbeat,
+            kubernetes = choice.kubernetes,
+            "peer detection: {}",
+            choice.why
+        );
+    }
+    {
+        let mut s = shared.status();
+        let mut active = Vec::new();
+        if choice.heartbeat {
+            active.push("heartbeat");
+        }
+        if choice.kubernetes {
+            active.push("kubernetes");
+        }
+        s.detection = DetectionStatus {
+            configured: format!("{:?}", config.detection).to_lowercase(),
+            active,
+            why: choice.why.clone(),
+        };
+    }
+
+    let (tx, rx) = mpsc::channel::<Observation>(1024);
+    let mut tasks = tokio::task::JoinSet::new();
+    if choice.heartbeat {
+        tasks.spawn(heartbeat::run(config.clone(), tx.clone()));
+    }
+    drop(tx);
+    let responder = Responder::new(shared.clone(), EventSink::disabled());
+    tasks.spawn(coordinate(shared.clone(), rx, responder));
+
+    shared.set_ready(true);
+    let app = server::router(shared.clone());
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    tasks.abort_all();
+    served.map_err(Error::Serve)
+}
+
+/// Feeds observations into the peers' state machine and responds to losses.
+async fn coordinate(
+    shared: Arc<Shared>,
+    mut rx: mpsc::Receiver<Observation>,
+    mut responder: Responder,
+) {
+    let config = &shared.config;
+    let mut peers = Peers::new(
+        config.nnodes,
+        config.node_rank,
+        config.heartbeat.misses,
+        Instant::now(),
+    );
+    shared.publish_peers(&peers);
+    while let Some(obs) = rx.recv().await {
+        let rank = obs.rank;
+        let before = peers
+            .get(rank)
+            .map(|p| (p.state, p.misses, p.identity.clone()));
+        let loss = peers.observe(obs);
+        let after = peers
+            .get(rank)
+            .map(|p| (p.state, p.misses, p.identity.clone()));
+        if before != after {
+            if let (Some(b), Some(a)) = (&before, &after)
+                && b.0 != a.0
+            {
+                tracing::info!(rank, from = ?b.0, to = ?a.0, "peer state changed");
+            }
+            shared.publish_peers(&peers);
+        }
+        if let Some(loss) = loss {
+            responder.handle(&loss);
+            shared.publish_peers(&peers);
+        }
+    }
+}

@@ -27,3 +27,6 @@ pub fn shared_dir() -> PathBuf {
 pub fn admission_fixtures_dir() -> PathBuf {
     shared_dir().join("fixtures/admission")
 }
+
+pub mod process;
+pub mod torch;

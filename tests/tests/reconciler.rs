@@ -4,8 +4,9 @@
 //! it makes one more than expected.
 //!
 //! The workloads are the Job and StatefulSet a real kube-apiserver sent in
-//! `../shared/fixtures/admission/`, as stored (a UID) and injected (the
-//! status annotation and env on the pod template).
+//! `../shared/fixtures/admission/`, injected by the real engine (so the
+//! reconciler reads what the engine writes: the status annotation, the
+//! rendezvous env, the sidecar) and given a UID, as stored.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,40 +142,48 @@ fn fixture_object(name: &str) -> Result<Value> {
     Ok(review["request"]["object"].clone())
 }
 
-/// What injection leaves on a pod template, as far as the reconciler reads
-/// it: the status annotation, the rendezvous env, the sidecar's port.
-fn inject(object: &mut Value, rdzv_endpoint: &str) {
-    let template = &mut object["spec"]["template"];
-    template["metadata"]["annotations"] =
-        json!({"trainwire.dev/status": "{\"version\":\"0.1.0\"}"});
-    template["spec"]["containers"][0]["env"] = json!([
-        {"name": "PET_RDZV_BACKEND", "value": "c10d"},
-        {"name": "PET_RDZV_ENDPOINT", "value": rdzv_endpoint},
-    ]);
-    template["spec"]["initContainers"] = json!([{
-        "name": "trainwire-sidecar",
-        "image": "ghcr.io/trainwire/trainwire-sidecar:0.1.0",
-        "restartPolicy": "Always",
-        "env": [{"name": "TRAINWIRE_HEALTH_PORT", "value": "29600"}],
-    }]);
+/// The fixture object injected by the real engine, as the apiserver
+/// stores it after admission (plus a UID).
+fn injected(fixture: &str, uid: &str) -> Result<Value> {
+    let object = fixture_object(fixture)?;
+    let profile = trainwire_webhook::policy::Profile::default();
+    match trainwire_webhook::mutation::mutate(&object, Some(NS), &profile) {
+        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => {
+            let mut o = m.object;
+            o["metadata"]["uid"] = json!(uid);
+            Ok(o)
+        }
+        Ok(_) => bail!("{fixture}: the engine does not manage it"),
+        Err(refusal) => bail!("{fixture}: refused: {refusal}"),
+    }
+}
+
+/// Set the injected PET_RDZV_ENDPOINT of the trainer.
+fn set_endpoint(o: &mut Value, endpoint: &str) -> Result<()> {
+    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .context("trainer env")?;
+    let e = env
+        .iter_mut()
+        .find(|e| e["name"] == "PET_RDZV_ENDPOINT")
+        .context("no PET_RDZV_ENDPOINT injected")?;
+    e["value"] = json!(endpoint);
+    Ok(())
 }
 
 /// The fixture Job `bert-pretrain`, stored (UID) and injected.
 fn job() -> Result<Job> {
-    let mut o = fixture_object("job-indexed-create.json")?;
-    o["metadata"]["uid"] = json!(JOB_UID);
-    inject(
-        &mut o,
-        "bert-pretrain-0.bert-pretrain.trainwire-test.svc:29500",
-    );
-    Ok(serde_json::from_value(o)?)
+    Ok(serde_json::from_value(injected(
+        "job-indexed-create.json",
+        JOB_UID,
+    )?)?)
 }
 
-/// The fixture StatefulSet `llama-ft`, stored and injected.
+/// The fixture StatefulSet `llama-ft`, stored and injected, its rendezvous
+/// port changed by hand to 29400 (the user's env wins over the engine's).
 fn statefulset() -> Result<StatefulSet> {
-    let mut o = fixture_object("statefulset-create.json")?;
-    o["metadata"]["uid"] = json!(STS_UID);
-    inject(&mut o, "llama-ft-0.llama-ft.trainwire-test.svc:29400");
+    let mut o = injected("statefulset-create.json", STS_UID)?;
+    set_endpoint(&mut o, "llama-ft-0.llama-ft.trainwire-test.svc:29400")?;
     Ok(serde_json::from_value(o)?)
 }
 
@@ -584,20 +593,32 @@ async fn a_statefulsets_own_service_is_the_users_and_is_not_reported() -> Result
 #[test]
 fn a_bad_injected_endpoint_is_an_error_naming_it() -> Result<()> {
     let mut o = serde_json::to_value(job()?)?;
-    o["spec"]["template"]["spec"]["containers"][0]["env"][1]["value"] =
-        json!("bert-pretrain-0.bert-pretrain.trainwire-test.svc");
+    set_endpoint(
+        &mut o,
+        "bert-pretrain-0.bert-pretrain.trainwire-test.svc:rdzv",
+    )?;
     let job: Job = serde_json::from_value(o)?;
     let err = reconciler::Workload::from_job(&job).expect_err("no port");
     let text = err.to_string();
     assert!(text.contains("PET_RDZV_ENDPOINT"), "{text}");
     assert!(text.contains("host:port"), "{text}");
+
+    // No port at all is torchrun's own default for c10d, 29400.
+    let mut o = serde_json::to_value(job)?;
+    set_endpoint(&mut o, "[fd00::1]")?;
+    let job: Job = serde_json::from_value(o)?;
+    let w = reconciler::Workload::from_job(&job)?.context("injected")?;
+    assert_eq!(w.ports[0].port, 29400);
     Ok(())
 }
 
 #[test]
 fn without_injected_env_the_annotation_then_the_default_port_is_used() -> Result<()> {
     let mut o = serde_json::to_value(job()?)?;
-    o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .context("trainer env")?;
+    env.retain(|e| e["name"] != "PET_RDZV_ENDPOINT");
     let plain: Job = serde_json::from_value(o.clone())?;
     let ports = |w: reconciler::Workload| -> BTreeMap<String, i32> {
         w.ports

@@ -9,8 +9,10 @@ use clap::{Parser, Subcommand};
     about = "Turns annotated StatefulSets and Jobs into torchrun worlds"
 )]
 pub struct Cli {
+    /// Without a subcommand and with stdin not a terminal, runs as a KRM
+    /// function (kustomize `exec`, kpt): `inject` of the ResourceList on stdin.
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -37,13 +39,31 @@ pub enum PolicyCommand {
 
 impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
-        match self.command {
+        let Some(command) = self.command else {
+            use std::io::IsTerminal;
+            if std::io::stdin().is_terminal() {
+                use clap::CommandFactory;
+                Cli::command().print_help()?;
+                return Ok(());
+            }
+            return crate::inject::run_function();
+        };
+        match command {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
             Command::Certs(args) => crate::certs::run(args),
-            Command::Policy(PolicyCommand::Check { file: _ }) => {
-                anyhow::bail!("policy check: not built yet")
-            }
+            Command::Policy(PolicyCommand::Check { file }) => match crate::policy::check(&file) {
+                Ok(summary) => {
+                    println!("{summary}");
+                    Ok(())
+                }
+                Err(errors) => {
+                    // One line per error, nothing added: editors and CI
+                    // annotations read `file:line:column: ...` as is.
+                    eprintln!("{errors}");
+                    std::process::exit(1);
+                }
+            },
         }
     }
 }

@@ -1,14 +1,426 @@
 //! `trainwire-webhook inject`: the engine offline, like `istioctl kube-inject`.
+//!
+//! Reads multi-document YAML (and `v1 List` objects, whose items are injected
+//! one by one), injects every StatefulSet/Job annotated
+//! `trainwire.dev/inject: "true"`, and prints YAML. Documents it does not
+//! change are printed exactly as they were written (comments included).
+//! Warnings go to stderr, prefixed with the document's index and kind/name; a
+//! refusal prints nothing on stdout and exits non-zero.
+//!
+//! It is also a KRM function (kustomize `exec` / kpt): when the input is a
+//! `config.kubernetes.io/v1 ResourceList`, the answer is the same
+//! ResourceList with its items injected and every warning and refusal in
+//! `results` (`severity: warning` / `error`; an error exits non-zero).
+
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
 
 use clap::Args;
+use serde_json::{Value, json};
+use thiserror::Error;
+
+use crate::mutation::{self, Outcome};
+use crate::policy::{self, Policy, PolicyArgs, PolicyError, Profile};
 
 #[derive(Debug, Args)]
 pub struct InjectArgs {
-    /// Manifest to read (multi-document YAML or a List); `-` for stdin.
-    #[arg(short = 'f', long = "filename")]
-    pub file: std::path::PathBuf,
+    /// Manifest to read (multi-document YAML, a List, or a KRM ResourceList); `-` for stdin.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        env = "TRAINWIRE_INJECT_FILE",
+        default_value = "-"
+    )]
+    pub file: PathBuf,
+    /// Namespace for documents without `metadata.namespace` (default: `default`, like kubectl).
+    #[arg(short = 'n', long = "namespace", env = "TRAINWIRE_NAMESPACE")]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
-pub fn run(_args: InjectArgs) -> anyhow::Result<()> {
-    anyhow::bail!("inject: not built yet")
+#[derive(Debug, Error)]
+pub enum InjectError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("document {index}: not valid YAML: {message}")]
+    Yaml { index: usize, message: String },
+    #[error("{0}")]
+    Policy(#[from] PolicyError),
+}
+
+/// Everything a rendering needs besides the input.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// The policy, with `--sidecar-image` already applied ([`policy::load`]).
+    pub policy: Policy,
+    /// `--namespace`: for documents without `metadata.namespace`.
+    pub namespace: Option<String>,
+}
+
+impl Options {
+    /// Options from the command line: the policy file (validated) and flags.
+    pub fn from_args(
+        policy: &PolicyArgs,
+        namespace: Option<String>,
+    ) -> Result<Options, InjectError> {
+        Ok(Options {
+            policy: policy::load(policy)?,
+            namespace,
+        })
+    }
+
+    /// The profile that applies to a namespace.
+    pub fn profile_for(&self, namespace: &str) -> Profile {
+        self.policy.profile_for(namespace).into_owned()
+    }
+}
+
+/// The result of rendering a manifest.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// The YAML to print (meaningless when there are refusals).
+    pub output: String,
+    /// `document N Kind/name: message` lines.
+    pub warnings: Vec<String>,
+    pub refusals: Vec<String>,
+    /// The input was a KRM ResourceList and `output` is the answer to it.
+    pub resource_list: bool,
+}
+
+/// One object's outcome.
+enum Injected {
+    Unchanged,
+    Changed(Value),
+}
+
+fn label(obj: &Value) -> String {
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_string()
+    };
+    format!("{}/{}", s("/kind"), s("/metadata/name"))
+}
+
+fn inject_object(
+    obj: &Value,
+    opts: &Options,
+    prefix: &str,
+    warnings: &mut Vec<(String, Value)>,
+    refusals: &mut Vec<(String, Value)>,
+) -> Injected {
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .or_else(|| opts.namespace.clone())
+        .unwrap_or_else(|| "default".to_string());
+    let profile = opts.profile_for(&namespace);
+    let who = format!("{prefix} {}", label(obj));
+    match mutation::mutate(obj, Some(&namespace), &profile) {
+        Ok(Outcome::NotManaged) => Injected::Unchanged,
+        Ok(Outcome::Mutated(m)) => {
+            for w in m.warnings {
+                warnings.push((format!("{who}: warning: {w}"), obj.clone()));
+            }
+            if m.patch.0.is_empty() {
+                Injected::Unchanged
+            } else {
+                Injected::Changed(m.object)
+            }
+        }
+        Err(refusal) => {
+            refusals.push((format!("{who}: refused: {refusal}"), obj.clone()));
+            Injected::Unchanged
+        }
+    }
+}
+
+/// Inject a List's items; `Some` with the new List when any item changed.
+fn inject_list(
+    list: &Value,
+    opts: &Options,
+    prefix: &str,
+    warnings: &mut Vec<(String, Value)>,
+    refusals: &mut Vec<(String, Value)>,
+) -> Option<Value> {
+    let items = list.get("items")?.as_array()?;
+    let mut changed = false;
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let p = format!("{prefix} item {}", i + 1);
+        match inject_object(item, opts, &p, warnings, refusals) {
+            Injected::Unchanged => out.push(item.clone()),
+            Injected::Changed(v) => {
+                changed = true;
+                out.push(v);
+            }
+        }
+    }
+    changed.then(|| {
+        let mut list = list.clone();
+        list["items"] = Value::Array(out);
+        list
+    })
+}
+
+fn is_list(v: &Value) -> bool {
+    v.get("kind").and_then(Value::as_str) == Some("List")
+        && v.get("items").is_some_and(Value::is_array)
+}
+
+/// Whether `v` is a KRM function's input.
+pub fn is_resource_list(v: &Value) -> bool {
+    v.get("kind").and_then(Value::as_str) == Some("ResourceList")
+        && v.get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|a| a.starts_with("config.kubernetes.io/"))
+}
+
+/// Split multi-document YAML on `---` lines (a `---` at column 0 is always a
+/// document marker), keeping each document's text.
+fn split_documents(input: &str) -> Vec<String> {
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    for line in input.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t") || bare == "..." {
+            docs.push(std::mem::take(&mut current));
+            if let Some(rest) = bare.strip_prefix("---") {
+                let rest = rest.trim_start();
+                if !rest.is_empty() {
+                    current.push_str(rest);
+                    current.push('\n');
+                }
+            }
+            continue;
+        }
+        current.push_str(line);
+    }
+    docs.push(current);
+    docs
+}
+
+fn to_yaml(v: &Value) -> String {
+    let mut s = serde_saphyr::to_string(v).unwrap_or_default();
+    if !s.ends_with('\n') {
+        s.push('\n');
+    }
+    s
+}
+
+/// Render a multi-document manifest (or a ResourceList, see [`render_resource_list`]).
+pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
+    let mut parsed: Vec<(String, Value)> = Vec::new();
+    for (i, text) in split_documents(input).into_iter().enumerate() {
+        let value: Value = serde_saphyr::from_str(&text).map_err(|e| InjectError::Yaml {
+            index: i + 1,
+            message: e.to_string(),
+        })?;
+        if !value.is_null() {
+            parsed.push((text, value));
+        }
+    }
+    if let [(_, single)] = parsed.as_slice()
+        && is_resource_list(single)
+    {
+        let (answer, failed) = render_resource_list(single, opts);
+        let mut rendered = Rendered {
+            output: to_yaml(&answer),
+            resource_list: true,
+            ..Rendered::default()
+        };
+        for r in answer
+            .get("results")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let msg = r
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            if r.get("severity").and_then(Value::as_str) == Some("error") {
+                rendered.refusals.push(msg);
+            } else {
+                rendered.warnings.push(msg);
+            }
+        }
+        debug_assert_eq!(failed, !rendered.refusals.is_empty());
+        return Ok(rendered);
+    }
+    let mut warnings = Vec::new();
+    let mut refusals = Vec::new();
+    let mut out: Vec<String> = Vec::new();
+    for (i, (text, value)) in parsed.iter().enumerate() {
+        let prefix = format!("document {}", i + 1);
+        let changed = if is_list(value) {
+            inject_list(value, opts, &prefix, &mut warnings, &mut refusals)
+        } else {
+            match inject_object(value, opts, &prefix, &mut warnings, &mut refusals) {
+                Injected::Unchanged => None,
+                Injected::Changed(v) => Some(v),
+            }
+        };
+        out.push(match changed {
+            Some(v) => to_yaml(&v),
+            None => {
+                let mut t = text.trim_end().to_string();
+                t.push('\n');
+                t
+            }
+        });
+    }
+    Ok(Rendered {
+        output: out.join("---\n"),
+        warnings: warnings.into_iter().map(|(m, _)| m).collect(),
+        refusals: refusals.into_iter().map(|(m, _)| m).collect(),
+        resource_list: false,
+    })
+}
+
+fn resource_ref(obj: &Value) -> Value {
+    let mut r = serde_json::Map::new();
+    for (key, pointer) in [
+        ("apiVersion", "/apiVersion"),
+        ("kind", "/kind"),
+        ("name", "/metadata/name"),
+        ("namespace", "/metadata/namespace"),
+    ] {
+        if let Some(v) = obj.pointer(pointer).and_then(Value::as_str) {
+            r.insert(key.to_string(), Value::String(v.to_string()));
+        }
+    }
+    Value::Object(r)
+}
+
+/// Answer a KRM ResourceList: its items injected, warnings and refusals in
+/// `results`. The flag is true when any item was refused.
+pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
+    let mut warnings = Vec::new();
+    let mut refusals = Vec::new();
+    let items = list
+        .get("items")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let prefix = format!("item {}", i + 1);
+        let changed = if is_list(item) {
+            inject_list(item, opts, &prefix, &mut warnings, &mut refusals)
+        } else {
+            match inject_object(item, opts, &prefix, &mut warnings, &mut refusals) {
+                Injected::Unchanged => None,
+                Injected::Changed(v) => Some(v),
+            }
+        };
+        out.push(changed.unwrap_or_else(|| item.clone()));
+    }
+    let failed = !refusals.is_empty();
+    let mut results: Vec<Value> = list
+        .get("results")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for (severity, entries) in [("error", refusals), ("warning", warnings)] {
+        for (message, obj) in entries {
+            results.push(json!({
+                "message": message,
+                "severity": severity,
+                "resourceRef": resource_ref(&obj),
+            }));
+        }
+    }
+    let mut answer = list.clone();
+    answer["items"] = Value::Array(out);
+    if !results.is_empty() {
+        answer["results"] = Value::Array(results);
+    }
+    (answer, failed)
+}
+
+fn read_input(file: &std::path::Path) -> Result<String, InjectError> {
+    let name = file.display().to_string();
+    let mut text = String::new();
+    if name == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|source| InjectError::Read {
+                path: "stdin".to_string(),
+                source,
+            })?;
+    } else {
+        text = std::fs::read_to_string(file)
+            .map_err(|source| InjectError::Read { path: name, source })?;
+    }
+    Ok(text)
+}
+
+/// Print a rendering: YAML on stdout unless refused (a ResourceList answer
+/// is printed even then, as KRM functions do), messages on stderr.
+fn emit(rendered: &Rendered) -> anyhow::Result<()> {
+    let mut err = std::io::stderr().lock();
+    for w in &rendered.warnings {
+        writeln!(err, "{w}")?;
+    }
+    for r in &rendered.refusals {
+        writeln!(err, "{r}")?;
+    }
+    if rendered.refusals.is_empty() || rendered.resource_list {
+        std::io::stdout()
+            .lock()
+            .write_all(rendered.output.as_bytes())?;
+    }
+    if !rendered.refusals.is_empty() {
+        anyhow::bail!(
+            "{} workload(s) refused; nothing was rendered",
+            rendered.refusals.len()
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: InjectArgs) -> anyhow::Result<()> {
+    if args.file.as_os_str() == "-" && std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "inject: reading the manifest from a terminal; give -f FILE or pipe the manifest in"
+        );
+    }
+    let opts = Options::from_args(&args.policy, args.namespace)?;
+    let input = read_input(&args.file)?;
+    let rendered = render(&input, &opts)?;
+    emit(&rendered)
+}
+
+/// Run as a KRM function (no subcommand, stdin not a terminal): read a
+/// ResourceList (or any manifest) from stdin with the env-configured policy.
+pub fn run_function() -> anyhow::Result<()> {
+    let policy = PolicyArgs {
+        policy: std::env::var_os("TRAINWIRE_POLICY").map(PathBuf::from),
+        sidecar_image: std::env::var("TRAINWIRE_SIDECAR_IMAGE").ok(),
+    };
+    run(InjectArgs {
+        file: PathBuf::from("-"),
+        namespace: std::env::var("TRAINWIRE_NAMESPACE").ok(),
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_keeps_text_and_handles_markers() {
+        let docs = split_documents("a: 1\n---\n# c\nb: 2\n--- {c: 3}\n...\n");
+        assert_eq!(docs, vec!["a: 1\n", "# c\nb: 2\n", "{c: 3}\n", ""]);
+    }
 }

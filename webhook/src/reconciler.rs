@@ -72,12 +72,13 @@ pub const RDZV_PORT_NAME: &str = "rdzv";
 /// Name of the sidecar's port on a created Service.
 pub const SIDECAR_PORT_NAME: &str = "trainwire";
 
-/// The injected-status annotation the engine writes on the pod template.
-const STATUS_ANNOTATION: &str = "trainwire.dev/status";
-/// The workload annotation that sets the rendezvous port.
-const RDZV_PORT_ANNOTATION: &str = "trainwire.dev/rdzv-port";
-/// torchrun's default rendezvous port.
-const DEFAULT_RDZV_PORT: u16 = 29500;
+use crate::mutation::annotations::{
+    DEFAULT_RDZV_PORT, RDZV_PORT as RDZV_PORT_ANNOTATION, STATUS as STATUS_ANNOTATION,
+};
+use crate::mutation::sidecar_container::NAME as SIDECAR_CONTAINER;
+
+/// The port torchrun's c10d rendezvous uses when the endpoint names none.
+const C10D_DEFAULT_PORT: u16 = 29400;
 /// The injected rendezvous endpoint, `host:port`.
 const RDZV_ENDPOINT_ENV: &str = "PET_RDZV_ENDPOINT";
 /// The injected rendezvous backend.
@@ -244,6 +245,15 @@ fn env_value<'a>(
         .and_then(|e| e.value.as_deref())
 }
 
+/// The port part of a torchrun endpoint (`host:port`, `[v6]:port`), if any.
+fn endpoint_port(endpoint: &str) -> Option<&str> {
+    let endpoint = endpoint.trim();
+    if let Some(rest) = endpoint.strip_prefix('[') {
+        return rest.split_once("]:").map(|(_, p)| p);
+    }
+    endpoint.rsplit_once(':').map(|(_, p)| p)
+}
+
 fn parse_port(raw: &str) -> Option<u16> {
     raw.trim().parse::<u16>().ok().filter(|p| *p > 0)
 }
@@ -257,15 +267,15 @@ fn ports(kind: Kind, meta: &ObjectMeta, template: &PodTemplateSpec) -> Result<Ve
         env_value(template, false, RDZV_BACKEND_ENV).is_some_and(|b| b.starts_with("etcd"));
     if !external {
         let port = if let Some(endpoint) = env_value(template, false, RDZV_ENDPOINT_ENV) {
-            endpoint
-                .rsplit_once(':')
-                .and_then(|(_, p)| parse_port(p))
-                .ok_or_else(|| Error::InvalidPort {
+            match endpoint_port(endpoint) {
+                None => C10D_DEFAULT_PORT,
+                Some(p) => parse_port(p).ok_or_else(|| Error::InvalidPort {
                     workload: workload.clone(),
                     source_name: format!("env {RDZV_ENDPOINT_ENV}"),
                     value: endpoint.to_string(),
-                    accepted: "host:port with a port from 1 to 65535",
-                })?
+                    accepted: "host, host:port or [ipv6]:port, with a port from 1 to 65535",
+                })?,
+            }
         } else if let Some(raw) = meta
             .annotations
             .as_ref()
@@ -302,21 +312,13 @@ fn ports(kind: Kind, meta: &ObjectMeta, template: &PodTemplateSpec) -> Result<Ve
     Ok(out)
 }
 
-/// Whether the template has the injected sidecar: an init container with
-/// the sidecar contract's env.
+/// Whether the template has the injected sidecar.
 fn has_sidecar(template: &PodTemplateSpec) -> bool {
     template
         .spec
         .as_ref()
         .and_then(|s| s.init_containers.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.env
-                    .iter()
-                    .flatten()
-                    .any(|e| e.name.starts_with("TRAINWIRE_"))
-            })
-        })
+        .is_some_and(|cs| cs.iter().any(|c| c.name == SIDECAR_CONTAINER))
 }
 
 fn service_port(name: &str, port: u16) -> ServicePort {
@@ -811,7 +813,7 @@ mod tests {
     fn job(env: serde_json::Value, init_env: Option<serde_json::Value>) -> Job {
         let mut init = json!([]);
         if let Some(e) = init_env {
-            init = json!([{"name": "trainwire-sidecar", "image": "s", "env": e}]);
+            init = json!([{"name": SIDECAR_CONTAINER, "image": "s", "env": e}]);
         }
         serde_json::from_value(json!({
             "apiVersion": "batch/v1", "kind": "Job",

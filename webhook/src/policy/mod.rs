@@ -7,9 +7,26 @@
 //! namespace; see [`Policy::profile_for`].
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+mod kube;
+pub mod parse;
+pub mod syntax;
+mod validate;
+mod watch;
+
+pub use parse::{API_VERSION, Diagnostic, FieldPath, KIND};
+pub use validate::SIDECAR_TUNABLE_ENV;
+pub use watch::watch;
+
+/// The taint a node gets when the node controller loses contact with it.
+pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+/// The taint a node gets when its kubelet reports it not ready.
+pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 /// Default sidecar image, overridden by `--sidecar-image` or the policy.
 pub const DEFAULT_SIDECAR_IMAGE: &str = "ghcr.io/trainwire/trainwire-sidecar:0.1.0";
@@ -96,7 +113,7 @@ fn refuse() -> Enforce {
 pub struct SidecarPolicy {
     #[serde(default = "default_sidecar_image")]
     pub image: Setting<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "kube::resources")]
     pub resources: Option<ResourceRequirements>,
     #[serde(default = "default_on_peer_loss")]
     pub on_peer_loss: Setting<PeerLossAction>,
@@ -145,7 +162,7 @@ pub struct Profile {
     #[serde(default)]
     pub node_selector: BTreeMap<String, Setting<String>>,
     /// Tolerations added to every training pod (kept if already present).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "kube::tolerations")]
     pub tolerations: Vec<Toleration>,
     /// `tolerationSeconds` for the `node.kubernetes.io/unreachable` and
     /// `node.kubernetes.io/not-ready` NoExecute taints.
@@ -224,6 +241,11 @@ impl Default for Profile {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Policy {
     pub profiles: Vec<Profile>,
+    /// The profile for a namespace no profile matches (and for every
+    /// namespace without a policy file): the embedded defaults, with
+    /// `--sidecar-image` applied. Not part of the file.
+    #[serde(skip)]
+    pub fallback: Profile,
 }
 
 impl Policy {
@@ -252,8 +274,113 @@ impl Policy {
         if let Some(p) = self.profiles.iter().find(|p| p.namespaces.is_empty()) {
             return Cow::Borrowed(p);
         }
-        Cow::Owned(Profile::default())
+        Cow::Borrowed(&self.fallback)
     }
+
+    /// Parse and fully validate the text of a policy file. `file` names it
+    /// in error messages (`policy.yaml:12:7: profiles[1].shmSize.value: ...`).
+    pub fn from_yaml(text: &str, file: &str) -> Result<Policy, PolicyError> {
+        let policy = parse::parse(text, file)?;
+        let locations = parse::Locations::scan(text);
+        let errors = validate::validate(&policy, file, &locations);
+        if errors.is_empty() {
+            Ok(policy)
+        } else {
+            Err(PolicyError::Invalid(errors))
+        }
+    }
+
+    /// The profile names, in file order.
+    pub fn profile_names(&self) -> Vec<&str> {
+        self.profiles.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    /// Apply `--sidecar-image` to every profile (and the fallback) whose
+    /// sidecar image is not enforced.
+    pub fn apply_sidecar_image(&mut self, image: &str) {
+        for p in self
+            .profiles
+            .iter_mut()
+            .chain(std::iter::once(&mut self.fallback))
+        {
+            if p.sidecar.image.enforce == Enforce::Default {
+                p.sidecar.image.value = image.to_string();
+            }
+        }
+    }
+}
+
+/// Why a policy could not be loaded.
+#[derive(Debug, Error)]
+pub enum PolicyError {
+    #[error("{path}: cannot read the policy file: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// One line per error: `file:line:column: field.path: message`.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<Diagnostic>),
+    #[error(
+        "--sidecar-image {image:?} is not an image reference (registry/repository:tag or @sha256:digest)"
+    )]
+    SidecarImage { image: String },
+}
+
+impl PolicyError {
+    /// The diagnostics of an invalid policy (empty for other errors).
+    pub fn diagnostics(&self) -> &[Diagnostic] {
+        match self {
+            PolicyError::Invalid(d) => d,
+            _ => &[],
+        }
+    }
+}
+
+/// Read and validate the policy file at `path`.
+pub fn load_file(path: &Path) -> Result<Policy, PolicyError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+        path: file.clone(),
+        source,
+    })?;
+    Policy::from_yaml(&text, &file)
+}
+
+/// The policy `serve` and `inject` run with: the file given by `--policy`,
+/// else the embedded defaults; then `--sidecar-image` applied to every
+/// profile whose sidecar image the policy does not enforce.
+pub fn load(args: &PolicyArgs) -> Result<Policy, PolicyError> {
+    let policy = match &args.policy {
+        Some(path) => load_file(path)?,
+        None => Policy::default(),
+    };
+    with_args(policy, args)
+}
+
+/// Apply the command-line settings to a loaded policy.
+fn with_args(mut policy: Policy, args: &PolicyArgs) -> Result<Policy, PolicyError> {
+    if let Some(image) = &args.sidecar_image {
+        if image.is_empty() || image.chars().any(char::is_whitespace) {
+            return Err(PolicyError::SidecarImage {
+                image: image.clone(),
+            });
+        }
+        policy.apply_sidecar_image(image);
+    }
+    Ok(policy)
+}
+
+/// `trainwire-webhook policy check FILE`: the summary line on success
+/// (`ok: 2 profiles (gpu-a100, cpu)`), the errors otherwise.
+pub fn check(path: &Path) -> Result<String, PolicyError> {
+    let policy = load_file(path)?;
+    let n = policy.profiles.len();
+    Ok(format!(
+        "ok: {n} profile{} ({})",
+        if n == 1 { "" } else { "s" },
+        policy.profile_names().join(", ")
+    ))
 }
 
 /// The policy in force, shared between the server's request handlers and the
@@ -345,5 +472,181 @@ where
                 )),
             }),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn policy(body: &str) -> Policy {
+        let text = format!("apiVersion: trainwire.dev/v1alpha1\nkind: Policy\nprofiles:\n{body}");
+        match Policy::from_yaml(&text, "test.yaml") {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    const SELECTION: &str = r#"
+  - name: glob-first
+    namespaces: ["ml-*"]
+  - name: exact-later
+    namespaces: [ml-prod, research]
+  - name: glob-second
+    namespaces: ["ml-*", "team-?"]
+  - name: fallback
+  - name: exact-last
+    namespaces: [ops]
+"#;
+
+    #[rstest]
+    #[case::exact_beats_an_earlier_glob("ml-prod", "exact-later")]
+    #[case::exact_name("research", "exact-later")]
+    #[case::exact_after_the_fallback("ops", "exact-last")]
+    #[case::first_glob_in_file_order("ml-dev", "glob-first")]
+    #[case::later_glob_when_the_first_does_not_match("team-a", "glob-second")]
+    #[case::glob_is_whole_name("team-ab", "fallback")]
+    #[case::no_match_takes_the_fallback("default", "fallback")]
+    #[case::globs_do_not_match_a_prefix("xml-dev", "fallback")]
+    fn profile_selection(#[case] namespace: &str, #[case] expected: &str) {
+        let p = policy(SELECTION);
+        assert_eq!(p.profile_for(namespace).name, expected);
+    }
+
+    #[test]
+    fn without_a_fallback_profile_the_embedded_defaults_apply() {
+        let p = policy("  - name: gpu\n    namespaces: [ml]\n    shmSize: {value: 64Gi}\n");
+        assert_eq!(p.profile_for("ml").shm_size.value, "64Gi");
+        assert_eq!(*p.profile_for("other"), Profile::default());
+    }
+
+    #[test]
+    fn an_omitted_field_means_the_embedded_default() {
+        let p = policy("  - name: default\n");
+        assert_eq!(p.profiles[0], Profile::default());
+    }
+
+    #[test]
+    fn the_example_policy_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policy.yaml");
+        let p = load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.profile_names(), ["gpu-a100", "cpu"]);
+        let gpu = p.profile_for("ml-vision");
+        assert_eq!(gpu.name, "gpu-a100");
+        assert_eq!(
+            gpu.nccl["NCCL_SOCKET_IFNAME"],
+            Setting {
+                value: "net1".to_string(),
+                enforce: Enforce::Refuse
+            }
+        );
+        assert_eq!(gpu.node_selector["karpenter.sh/nodepool"].value, "gpu-a100");
+        assert_eq!(
+            gpu.node_failure_toleration_seconds,
+            Some(Setting {
+                value: 30,
+                enforce: Enforce::Overwrite
+            })
+        );
+        assert_eq!(gpu.tolerations[0].key.as_deref(), Some("nvidia.com/gpu"));
+        assert_eq!(gpu.tolerations[0].operator.as_deref(), Some("Exists"));
+        assert_eq!(gpu.tolerations[0].effect.as_deref(), Some("NoSchedule"));
+        assert_eq!(p.profile_for("web").name, "cpu");
+    }
+
+    #[test]
+    fn load_without_a_file_uses_the_embedded_defaults() {
+        let p = load(&PolicyArgs::default()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(p.profiles.is_empty());
+        assert_eq!(*p.profile_for("any"), Profile::default());
+    }
+
+    #[test]
+    fn sidecar_image_flag_applies_where_the_image_is_not_enforced() {
+        let args = PolicyArgs {
+            policy: None,
+            sidecar_image: Some("registry.example/sidecar:dev".to_string()),
+        };
+        let p = load(&args).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.profile_for("any").sidecar.image.value,
+            "registry.example/sidecar:dev"
+        );
+
+        let mut p = policy(
+            "  - name: free\n    namespaces: [a]\n  - name: pinned\n    namespaces: [b]\n    sidecar:\n      image: {value: registry.example/sidecar:1.0, enforce: overwrite}\n",
+        );
+        p.apply_sidecar_image("registry.example/sidecar:dev");
+        assert_eq!(
+            p.profile_for("a").sidecar.image.value,
+            "registry.example/sidecar:dev"
+        );
+        assert_eq!(
+            p.profile_for("b").sidecar.image.value,
+            "registry.example/sidecar:1.0"
+        );
+        assert_eq!(
+            p.profile_for("c").sidecar.image.value,
+            "registry.example/sidecar:dev"
+        );
+    }
+
+    #[test]
+    fn a_bad_sidecar_image_flag_is_refused() {
+        let args = PolicyArgs {
+            policy: None,
+            sidecar_image: Some("my image".to_string()),
+        };
+        let err = load(&args).expect_err("accepted");
+        assert_eq!(
+            err.to_string(),
+            "--sidecar-image \"my image\" is not an image reference (registry/repository:tag or @sha256:digest)"
+        );
+    }
+
+    #[rstest]
+    #[case::no_user_value(None, Enforce::Refuse, Ok(("8Gi", None)))]
+    #[case::same_value(Some("8Gi"), Enforce::Refuse, Ok(("8Gi", None)))]
+    #[case::default_user_wins(Some("1Gi"), Enforce::Default, Ok(("1Gi", None)))]
+    #[case::refused(
+        Some("1Gi"),
+        Enforce::Refuse,
+        Err(
+            "policy profile \"p\" rule shmSize: annotation trainwire.dev/shm-size is \"1Gi\", but the policy enforces \"8Gi\"; remove it or set it to that value"
+        )
+    )]
+    #[case::overwritten(
+        Some("1Gi"),
+        Enforce::Overwrite,
+        Ok(("8Gi", Some("policy profile \"p\" rule shmSize: annotation trainwire.dev/shm-size was \"1Gi\", overwritten with the enforced \"8Gi\"")))
+    )]
+    fn resolve_semantics(
+        #[case] user: Option<&str>,
+        #[case] enforce: Enforce,
+        #[case] expected: Result<(&str, Option<&str>), &str>,
+    ) {
+        let profile = Profile {
+            name: "p".to_string(),
+            ..Profile::default()
+        };
+        let setting = Setting {
+            value: "8Gi".to_string(),
+            enforce,
+        };
+        let got = resolve(
+            &profile,
+            "shmSize",
+            &setting,
+            user.map(|u| (u.to_string(), "annotation trainwire.dev/shm-size")),
+        );
+        match (got, expected) {
+            (Ok(r), Ok((value, warning))) => {
+                assert_eq!(r.value, value);
+                assert_eq!(r.warning.as_deref(), warning);
+            }
+            (Err(e), Err(message)) => assert_eq!(e.to_string(), message),
+            (got, expected) => panic!("got {got:?}, expected {expected:?}"),
+        }
     }
 }

@@ -1,0 +1,196 @@
+//! Direct heartbeats between sidecars over plain HTTP.
+//!
+//! Every sidecar answers `GET /heartbeat` with its identity; every sidecar
+//! probes each peer's `/heartbeat` once per interval with a short timeout.
+//! A peer that was seen healthy is lost after N consecutive misses, or at
+//! once when its identity (pod UID, start time) changes. A host name that
+//! does not resolve yet is a miss of a peer never seen: retried, not a loss.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::peers::{Evidence, Identity, Observation, Source};
+
+/// What `GET /heartbeat` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beat {
+    pub pod: String,
+    pub uid: String,
+    /// When this sidecar started (RFC 3339); tells a restarted peer apart
+    /// when the pod UID is not available.
+    pub start_time: String,
+    pub rank: u32,
+    /// The answering sidecar's own loss generation.
+    pub generation: u64,
+}
+
+impl Beat {
+    pub fn identity(&self) -> Identity {
+        Identity {
+            pod: self.pod.clone(),
+            uid: self.uid.clone(),
+            start_time: self.start_time.clone(),
+        }
+    }
+}
+
+/// The probe URL of rank `rank`.
+pub fn url_of(config: &Config, rank: u32) -> Option<String> {
+    let host = config.heartbeat.host_of(rank)?;
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Some(format!("http://{host}:{}/heartbeat", config.health_port))
+}
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+fn client(timeout: Duration) -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(timeout));
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
+/// One probe: the peer's beat, or why there is none.
+async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<Beat, String> {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
+    let work = async {
+        let resp = client.get(uri).await.map_err(|e| describe(&e))?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        let body = Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes();
+        serde_json::from_slice::<Beat>(&body).map_err(|e| format!("not a heartbeat: {e}"))
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {}ms", timeout.as_millis())),
+    }
+}
+
+fn describe(e: &hyper_util::client::legacy::Error) -> String {
+    use std::error::Error as _;
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        src = s.source();
+    }
+    text
+}
+
+/// Probes every peer forever, sending one observation per probe to `tx`.
+/// Returns when `tx` is closed.
+pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
+    let timeout = config.heartbeat.timeout;
+    let http = client(timeout);
+    let mut tasks = tokio::task::JoinSet::new();
+    for rank in (0..config.nnodes.max()).filter(|r| *r != config.node_rank) {
+        let Some(url) = url_of(&config, rank) else {
+            tracing::warn!("no peer host pattern: heartbeats disabled");
+            return;
+        };
+        let http = http.clone();
+        let tx = tx.clone();
+        let interval = config.heartbeat.interval;
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let evidence = match probe(&http, &url, timeout).await {
+                    Ok(beat) if beat.rank == rank => Evidence::Alive(beat.identity()),
+                    Ok(beat) => Evidence::Missed(format!(
+                        "{url} answered as rank {} (pod {}), not rank {rank}",
+                        beat.rank, beat.pod
+                    )),
+                    Err(e) => {
+                        tracing::trace!(rank, %url, error = %e, "heartbeat missed");
+                        Evidence::Missed(e)
+                    }
+                };
+                let obs = Observation {
+                    rank,
+                    source: Source::Heartbeat,
+                    evidence,
+                    at: Instant::now(),
+                };
+                if tx.send(obs).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::env;
+
+    #[test]
+    fn urls() {
+        let c = Config::from_source(
+            [
+                (env::NNODES, "3"),
+                (env::NODE_RANK, "0"),
+                (env::PEER_HOSTS, "job-{i}.job.ns.svc"),
+                (env::HEALTH_PORT, "29601"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        assert_eq!(
+            url_of(&c, 2).as_deref(),
+            Some("http://job-2.job.ns.svc:29601/heartbeat")
+        );
+    }
+
+    #[tokio::test]
+    async fn dns_that_does_not_resolve_is_a_miss_not_a_crash() {
+        let http = client(Duration::from_millis(500));
+        let r = probe(
+            &http,
+            "http://no-such-peer-0.invalid:29600/heartbeat",
+            Duration::from_secs(3),
+        )
+        .await;
+        assert!(r.is_err());
+    }
+
+    #[tokio::test]
+    async fn refused_is_a_miss() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        drop(l);
+        let http = client(Duration::from_millis(500));
+        let r = probe(
+            &http,
+            &format!("http://127.0.0.1:{port}/heartbeat"),
+            Duration::from_millis(500),
+        )
+        .await;
+        assert!(r.is_err());
+    }
+}

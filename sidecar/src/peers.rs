@@ -1,0 +1,522 @@
+//! The peers' health, as a pure state machine.
+//!
+//! Both detection sources (heartbeats and the Kubernetes watch) feed
+//! [`Observation`]s into [`Peers::observe`]. A peer becomes `Lost` on the
+//! first source that says so; each such transition opens a new loss
+//! *generation*, and the caller acts at most once per generation.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+
+use crate::config::NodeCount;
+
+/// Which detector produced an observation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Heartbeat,
+    Kubernetes,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Heartbeat => "heartbeat",
+            Source::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+/// Who a peer is: its pod UID and a start time. A change means the peer was
+/// replaced (a new pod, or a restarted sidecar without a pod UID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
+pub struct Identity {
+    pub pod: String,
+    pub uid: String,
+    /// Start time, as the source reports it (RFC 3339).
+    pub start_time: String,
+}
+
+impl Identity {
+    /// Whether `other` is the same pod: by UID when both have one, else by
+    /// start time when both have one; with neither to compare, the same.
+    /// (A sidecar restarted inside the same pod keeps its pod UID: not a loss.)
+    pub fn same_as(&self, other: &Identity) -> bool {
+        if !self.uid.is_empty() && !other.uid.is_empty() {
+            self.uid == other.uid
+        } else if !self.start_time.is_empty() && !other.start_time.is_empty() {
+            self.start_time == other.start_time
+        } else {
+            true
+        }
+    }
+}
+
+/// Why a peer was declared lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossReason {
+    MissedHeartbeats,
+    IdentityChanged,
+    Deleted,
+    Failed,
+    NotReady,
+    ContainerRestarted,
+    NodeUnreachable,
+    Disrupted,
+    StuckTerminating,
+}
+
+impl LossReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LossReason::MissedHeartbeats => "missed-heartbeats",
+            LossReason::IdentityChanged => "identity-changed",
+            LossReason::Deleted => "deleted",
+            LossReason::Failed => "failed",
+            LossReason::NotReady => "not-ready",
+            LossReason::ContainerRestarted => "container-restarted",
+            LossReason::NodeUnreachable => "node-unreachable",
+            LossReason::Disrupted => "disrupted",
+            LossReason::StuckTerminating => "stuck-terminating",
+        }
+    }
+}
+
+/// One piece of evidence about one peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Evidence {
+    /// The peer answered / its pod looks healthy.
+    Alive(Identity),
+    /// A heartbeat probe failed (timeout, refused, DNS name not resolving).
+    Missed(String),
+    /// The source saw something wrong that is not yet a loss.
+    Suspect(String),
+    /// The source decided the peer is lost.
+    Lost(LossReason, String),
+}
+
+/// An observation: evidence about `rank` from `source` at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub rank: u32,
+    pub source: Source,
+    pub evidence: Evidence,
+    pub at: Instant,
+}
+
+/// A peer's health state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum State {
+    /// Never seen yet (a DNS name that does not resolve yet, a pod not created yet).
+    Unknown,
+    /// Never seen, and its rank is above the elastic minimum: not expected to exist.
+    Absent,
+    Healthy,
+    /// Something is off (missed beats below the limit, not Ready within the grace).
+    Suspect,
+    Lost,
+    /// A new identity appeared for a rank that was lost (or changed identity).
+    Replaced,
+}
+
+/// What is known about one peer.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub rank: u32,
+    pub state: State,
+    pub since: Instant,
+    pub since_wall: SystemTime,
+    pub identity: Option<Identity>,
+    pub misses: u32,
+    pub last_good: Option<Instant>,
+    pub lost_by: Option<Source>,
+    pub reason: Option<LossReason>,
+    pub detail: String,
+}
+
+/// A loss decided by the state machine: act on it once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loss {
+    pub generation: u64,
+    pub rank: u32,
+    pub source: Source,
+    pub reason: LossReason,
+    pub detail: String,
+    /// The instant the loss was decided.
+    pub seen_at: Instant,
+    /// The last good evidence about the peer before the loss (heartbeat
+    /// reply or healthy pod state); `None` if the source could not know.
+    pub last_good: Option<Instant>,
+    /// The identity that was lost.
+    pub identity: Option<Identity>,
+}
+
+impl Loss {
+    /// Time from the last good evidence to the decision.
+    pub fn detection_latency(&self) -> Option<Duration> {
+        self.last_good
+            .map(|g| self.seen_at.saturating_duration_since(g))
+    }
+}
+
+/// The peers of this node.
+#[derive(Debug, Clone)]
+pub struct Peers {
+    peers: BTreeMap<u32, Peer>,
+    misses_allowed: u32,
+    generation: u64,
+}
+
+impl Peers {
+    /// All ranks of `nnodes` except `self_rank`, each `Unknown` (or `Absent`
+    /// above an elastic minimum).
+    pub fn new(nnodes: NodeCount, self_rank: u32, misses_allowed: u32, now: Instant) -> Self {
+        let wall = SystemTime::now();
+        let peers = (0..nnodes.max())
+            .filter(|r| *r != self_rank)
+            .map(|rank| {
+                let state = if rank >= nnodes.min() {
+                    State::Absent
+                } else {
+                    State::Unknown
+                };
+                (
+                    rank,
+                    Peer {
+                        rank,
+                        state,
+                        since: now,
+                        since_wall: wall,
+                        identity: None,
+                        misses: 0,
+                        last_good: None,
+                        lost_by: None,
+                        reason: None,
+                        detail: String::new(),
+                    },
+                )
+            })
+            .collect();
+        Peers {
+            peers,
+            misses_allowed: misses_allowed.max(1),
+            generation: 0,
+        }
+    }
+
+    /// The current loss generation (the number of losses seen so far).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn get(&self, rank: u32) -> Option<&Peer> {
+        self.peers.get(&rank)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Peer> {
+        self.peers.values()
+    }
+
+    /// Applies one observation; returns the loss it decides, if any.
+    pub fn observe(&mut self, obs: Observation) -> Option<Loss> {
+        let misses_allowed = self.misses_allowed;
+        let peer = self.peers.get_mut(&obs.rank)?;
+        let at = obs.at;
+        let mut lost: Option<(LossReason, String)> = None;
+        let mut lost_identity = None;
+        match obs.evidence {
+            Evidence::Alive(identity) => {
+                let known = peer.identity.clone();
+                match (peer.state, known) {
+                    (State::Unknown | State::Absent, _) | (_, None) => {
+                        set_state(peer, State::Healthy, at);
+                        peer.identity = Some(identity);
+                    }
+                    (State::Lost, Some(old)) => {
+                        if !old.same_as(&identity) {
+                            set_state(peer, State::Replaced, at);
+                            peer.identity = Some(identity);
+                            peer.reason = None;
+                        } else if peer.lost_by == Some(obs.source) {
+                            // The same peer is back (it was frozen, or its
+                            // pod became Ready again): the source that lost it
+                            // says it is alive.
+                            set_state(peer, State::Healthy, at);
+                            peer.reason = None;
+                        }
+                        // Otherwise another source still sees the old pod
+                        // (a deleted pod's sidecar answers until it exits):
+                        // first source wins, stay Lost.
+                    }
+                    (State::Healthy | State::Suspect | State::Replaced, Some(old)) => {
+                        if !old.same_as(&identity) {
+                            lost = Some((
+                                LossReason::IdentityChanged,
+                                format!(
+                                    "identity changed from uid {:?} started {} to uid {:?} started {}",
+                                    old.uid, old.start_time, identity.uid, identity.start_time
+                                ),
+                            ));
+                            lost_identity = Some(old);
+                            peer.identity = Some(identity);
+                        } else if peer.state == State::Suspect {
+                            set_state(peer, State::Healthy, at);
+                        }
+                    }
+                }
+                if lost.is_none() {
+                    peer.misses = 0;
+                    peer.last_good = Some(at);
+                }
+            }
+            Evidence::Missed(detail) => match peer.state {
+                State::Unknown | State::Absent | State::Lost => {}
+                State::Healthy | State::Suspect | State::Replaced => {
+                    peer.misses += 1;
+                    peer.detail = detail.clone();
+                    if peer.misses >= misses_allowed {
+                        lost = Some((
+                            LossReason::MissedHeartbeats,
+                            format!("{} heartbeats missed, last: {detail}", peer.misses),
+                        ));
+                    } else if peer.state != State::Suspect {
+                        set_state(peer, State::Suspect, at);
+                    }
+                }
+            },
+            Evidence::Suspect(detail) => match peer.state {
+                State::Healthy | State::Replaced => {
+                    set_state(peer, State::Suspect, at);
+                    peer.detail = detail;
+                }
+                _ => {}
+            },
+            Evidence::Lost(reason, detail) => match peer.state {
+                // A peer never seen alive cannot be lost: nothing ran there
+                // that the local trainer could be waiting on.
+                State::Lost | State::Unknown | State::Absent => {}
+                _ => lost = Some((reason, detail)),
+            },
+        }
+        let (reason, detail) = lost?;
+        self.generation += 1;
+        let identity = lost_identity.or_else(|| peer.identity.clone());
+        let replaced = reason == LossReason::IdentityChanged;
+        set_state(
+            peer,
+            if replaced {
+                State::Replaced
+            } else {
+                State::Lost
+            },
+            at,
+        );
+        peer.lost_by = Some(obs.source);
+        peer.reason = Some(reason);
+        peer.detail = detail.clone();
+        peer.misses = 0;
+        Some(Loss {
+            generation: self.generation,
+            rank: obs.rank,
+            source: obs.source,
+            reason,
+            detail,
+            seen_at: at,
+            last_good: peer.last_good,
+            identity,
+        })
+    }
+}
+
+fn set_state(peer: &mut Peer, state: State, at: Instant) {
+    if peer.state != state {
+        peer.state = state;
+        peer.since = at;
+        peer.since_wall = SystemTime::now()
+            .checked_sub(Instant::now().saturating_duration_since(at))
+            .unwrap_or_else(SystemTime::now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(uid: &str) -> Identity {
+        Identity {
+            pod: "p".into(),
+            uid: uid.into(),
+            start_time: "t0".into(),
+        }
+    }
+
+    fn obs(rank: u32, source: Source, evidence: Evidence, at: Instant) -> Observation {
+        Observation {
+            rank,
+            source,
+            evidence,
+            at,
+        }
+    }
+
+    #[test]
+    fn lost_after_misses_of_a_seen_peer_once() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(3), 0, 3, t);
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Unknown));
+        // Misses of a never-seen peer do nothing.
+        for _ in 0..5 {
+            assert!(
+                p.observe(obs(1, Source::Heartbeat, Evidence::Missed("dns".into()), t))
+                    .is_none()
+            );
+        }
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Unknown));
+        let t1 = t + Duration::from_secs(1);
+        assert!(
+            p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("a")), t1))
+                .is_none()
+        );
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Healthy));
+        let miss = |p: &mut Peers, s| {
+            p.observe(obs(
+                1,
+                Source::Heartbeat,
+                Evidence::Missed("timeout".into()),
+                t1 + Duration::from_secs(s),
+            ))
+        };
+        assert!(miss(&mut p, 1).is_none());
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Suspect));
+        assert!(miss(&mut p, 2).is_none());
+        let loss = miss(&mut p, 3).expect("third miss loses the peer");
+        assert_eq!(loss.generation, 1);
+        assert_eq!(loss.rank, 1);
+        assert_eq!(loss.reason, LossReason::MissedHeartbeats);
+        assert_eq!(loss.detection_latency(), Some(Duration::from_secs(3)));
+        assert!(miss(&mut p, 4).is_none(), "one loss per generation");
+        assert_eq!(p.generation(), 1);
+        // The Kubernetes watch agreeing later changes nothing: first source wins.
+        assert!(
+            p.observe(obs(
+                1,
+                Source::Kubernetes,
+                Evidence::Lost(LossReason::Deleted, "deleted".into()),
+                t1 + Duration::from_secs(5)
+            ))
+            .is_none()
+        );
+        assert_eq!(p.get(1).map(|x| x.lost_by), Some(Some(Source::Heartbeat)));
+    }
+
+    #[test]
+    fn a_good_beat_resets_the_miss_count() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 0, 2, t);
+        p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        p.observe(obs(1, Source::Heartbeat, Evidence::Missed("x".into()), t));
+        p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Healthy));
+        assert!(
+            p.observe(obs(1, Source::Heartbeat, Evidence::Missed("x".into()), t))
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn identity_change_is_a_loss_and_a_replacement() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 1, 3, t);
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        let loss = p
+            .observe(obs(0, Source::Heartbeat, Evidence::Alive(id("b")), t))
+            .expect("new uid");
+        assert_eq!(loss.reason, LossReason::IdentityChanged);
+        assert_eq!(loss.identity.map(|i| i.uid), Some("a".to_string()));
+        assert_eq!(p.get(0).map(|x| x.state), Some(State::Replaced));
+        // The replacement can be lost in turn: a new generation.
+        for _ in 0..2 {
+            assert!(
+                p.observe(obs(0, Source::Heartbeat, Evidence::Missed("t".into()), t))
+                    .is_none()
+            );
+        }
+        let second = p
+            .observe(obs(0, Source::Heartbeat, Evidence::Missed("t".into()), t))
+            .expect("second loss");
+        assert_eq!(second.generation, 2);
+    }
+
+    #[test]
+    fn frozen_peer_that_comes_back_is_healthy_again() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 1, 1, t);
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        assert!(
+            p.observe(obs(0, Source::Heartbeat, Evidence::Missed("t".into()), t))
+                .is_some()
+        );
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        assert_eq!(p.get(0).map(|x| x.state), Some(State::Healthy));
+    }
+
+    #[test]
+    fn lost_by_kubernetes_stays_lost_while_the_old_sidecar_still_answers() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 1, 3, t);
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        let loss = p
+            .observe(obs(
+                0,
+                Source::Kubernetes,
+                Evidence::Lost(LossReason::Deleted, "pod deleted".into()),
+                t,
+            ))
+            .expect("deleted");
+        assert_eq!(loss.source, Source::Kubernetes);
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        assert_eq!(p.get(0).map(|x| x.state), Some(State::Lost));
+        p.observe(obs(0, Source::Kubernetes, Evidence::Alive(id("b")), t));
+        assert_eq!(p.get(0).map(|x| x.state), Some(State::Replaced));
+    }
+
+    #[test]
+    fn elastic_ranks_above_min_start_absent() {
+        let t = Instant::now();
+        let p = Peers::new(NodeCount::Elastic { min: 2, max: 4 }, 0, 3, t);
+        let states: Vec<_> = p.iter().map(|x| (x.rank, x.state)).collect();
+        assert_eq!(
+            states,
+            vec![(1, State::Unknown), (2, State::Absent), (3, State::Absent)]
+        );
+    }
+
+    #[test]
+    fn unknown_ranks_and_self_are_ignored() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 0, 3, t);
+        assert!(
+            p.observe(obs(
+                0,
+                Source::Kubernetes,
+                Evidence::Lost(LossReason::Failed, "x".into()),
+                t
+            ))
+            .is_none()
+        );
+        assert!(
+            p.observe(obs(
+                7,
+                Source::Kubernetes,
+                Evidence::Lost(LossReason::Failed, "x".into()),
+                t
+            ))
+            .is_none()
+        );
+        assert_eq!(p.generation(), 0);
+    }
+}

@@ -1,0 +1,526 @@
+//! Finding the torchrun agent and its workers in `/proc`, and signalling them.
+//!
+//! torchrun starts each worker in a new session, so the workers are found as
+//! the agent's children by the parent pid in `/proc/<pid>/stat`, never by
+//! process group. Only processes that started before the loss was seen are
+//! signalled (a restarted trainer is left alone).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::Serialize;
+
+use crate::config::{ActionLimits, OnPeerLoss};
+
+/// Linux reports process start times in `USER_HZ` ticks, which is 100 on
+/// every architecture the sidecar is built for (it is a fixed ABI value).
+pub const TICKS_PER_SECOND: u64 = 100;
+
+/// One process as `/proc` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Process {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+    pub argv: Vec<String>,
+}
+
+/// Parses `/proc/<pid>/stat`: returns (ppid, starttime). The command name
+/// (field 2) may hold spaces and parentheses, so fields are counted after the
+/// last `)`.
+pub fn parse_stat(stat: &str) -> Option<(i32, u64)> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // after ')' : state(3) ppid(4) ... starttime(22) => indexes 0, 1, 19
+    let ppid = fields.get(1)?.parse().ok()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+/// Reads every process under `proc_root` (normally `/proc`). Processes that
+/// vanish while being read are skipped; kernel threads (empty cmdline) too.
+pub fn scan(proc_root: &Path) -> Vec<Process> {
+    let Ok(dir) = std::fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue;
+        };
+        let Some((ppid, start_ticks)) = parse_stat(&stat) else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(path.join("cmdline")) else {
+            continue;
+        };
+        if raw.is_empty() {
+            continue;
+        }
+        let argv = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        out.push(Process {
+            pid,
+            ppid,
+            start_ticks,
+            argv,
+        });
+    }
+    out.sort_by_key(|p| p.pid);
+    out
+}
+
+/// Seconds since boot, in ticks (`/proc/uptime`, the same clock as process start times).
+pub fn uptime_ticks(proc_root: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(proc_root.join("uptime")).ok()?;
+    let secs: f64 = text.split_whitespace().next()?.parse().ok()?;
+    Some((secs * TICKS_PER_SECOND as f64) as u64)
+}
+
+/// Recognises the agent's command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentMatcher {
+    /// Substrings of the whole command line; empty means the torchrun matcher.
+    patterns: Vec<String>,
+}
+
+impl AgentMatcher {
+    pub fn new(patterns: Vec<String>) -> Self {
+        AgentMatcher { patterns }
+    }
+
+    /// Whether `argv` is a torchrun agent: with custom patterns, the command
+    /// line contains one of them; by default, one argument is the `torchrun`
+    /// executable (as a path or the script a Python interpreter runs) or the
+    /// module `torch.distributed.run` / `torch.distributed.launch`. A shell
+    /// running `sh -c "torchrun ..."` is not the agent: its child is.
+    pub fn matches(&self, argv: &[String]) -> bool {
+        if !self.patterns.is_empty() {
+            let line = argv.join(" ");
+            return self.patterns.iter().any(|p| line.contains(p.as_str()));
+        }
+        argv.iter().take(4).any(|a| {
+            let base = a.rsplit('/').next().unwrap_or(a);
+            base == "torchrun" || a == "torch.distributed.run" || a == "torch.distributed.launch"
+        })
+    }
+}
+
+/// An agent and the processes under it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Trainer {
+    pub agent: Process,
+    /// The agent's direct children: torchrun's workers.
+    pub workers: Vec<Process>,
+    /// Everything below the workers (data-loader processes and such).
+    pub below_workers: Vec<Process>,
+}
+
+/// Finds the agents among `procs` and their workers. When an agent's child
+/// also matches (a wrapper around the real agent), the innermost one is the
+/// agent. `self_pid` (the sidecar) is never an agent.
+pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -> Vec<Trainer> {
+    let mut children: BTreeMap<i32, Vec<&Process>> = BTreeMap::new();
+    for p in procs {
+        children.entry(p.ppid).or_default().push(p);
+    }
+    let is_agent =
+        |p: &Process| p.pid != self_pid && p.ppid != self_pid && matcher.matches(&p.argv);
+    let agents: Vec<&Process> = procs
+        .iter()
+        .filter(|p| is_agent(p))
+        .filter(|p| {
+            !children
+                .get(&p.pid)
+                .is_some_and(|kids| kids.iter().any(|k| is_agent(k)))
+        })
+        .collect();
+    agents
+        .into_iter()
+        .map(|agent| {
+            let workers: Vec<Process> = children
+                .get(&agent.pid)
+                .map(|kids| kids.iter().map(|k| (*k).clone()).collect())
+                .unwrap_or_default();
+            let mut below = Vec::new();
+            let mut stack: Vec<i32> = workers.iter().map(|w| w.pid).collect();
+            let mut guard = 0;
+            while let Some(pid) = stack.pop() {
+                guard += 1;
+                if guard > 100_000 {
+                    break;
+                }
+                if let Some(kids) = children.get(&pid) {
+                    for k in kids {
+                        below.push((*k).clone());
+                        stack.push(k.pid);
+                    }
+                }
+            }
+            Trainer {
+                agent: agent.clone(),
+                workers,
+                below_workers: below,
+            }
+        })
+        .collect()
+}
+
+/// What to do about one loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Plan {
+    /// Log, count, record; touch no process.
+    ReportOnly,
+    /// SIGTERM the agent's workers; the agent restarts them.
+    TermWorkers,
+    /// SIGKILL the agent and everything under it; the container exits and
+    /// the kubelet restarts it.
+    KillAgent,
+}
+
+impl Plan {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Plan::ReportOnly => "report-only",
+            Plan::TermWorkers => "restart-workers",
+            Plan::KillAgent => "restart-agent",
+        }
+    }
+}
+
+/// The plan for losing `lost_rank` under `mode`. In `auto`, only the loss of
+/// the rendezvous host needs the local agent killed: torchrun recovers from
+/// any other lost peer by itself once a replacement joins (measured, see
+/// DESIGN.md), while an agent whose c10d store died never does and ignores
+/// SIGTERM.
+pub fn plan(mode: OnPeerLoss, lost_rank: u32, rdzv_host_rank: u32) -> Plan {
+    match mode {
+        OnPeerLoss::Auto if lost_rank == rdzv_host_rank => Plan::KillAgent,
+        OnPeerLoss::Auto => Plan::ReportOnly,
+        OnPeerLoss::RestartWorkers => Plan::TermWorkers,
+        OnPeerLoss::RestartAgent => Plan::KillAgent,
+        OnPeerLoss::None => Plan::ReportOnly,
+    }
+}
+
+/// The outcome of one loss, as counted in metrics and shown in `/status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Hash, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// Processes were signalled.
+    Signalled,
+    /// The plan was to report only.
+    Reported,
+    /// No trainer process (that started before the loss) was running.
+    NoTrainer,
+    /// Within the cooldown after the previous action.
+    Cooldown,
+    /// The cap of actions per window was reached.
+    Capped,
+    /// Every signal failed (e.g. EPERM).
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Signalled => "signalled",
+            Outcome::Reported => "reported",
+            Outcome::NoTrainer => "no-trainer",
+            Outcome::Cooldown => "cooldown",
+            Outcome::Capped => "capped",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// Restart-storm guard: one action per generation, a cooldown, a cap per window.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    limits: ActionLimits,
+    taken: VecDeque<Instant>,
+    last_generation: u64,
+}
+
+impl Limiter {
+    pub fn new(limits: ActionLimits) -> Self {
+        Limiter {
+            limits,
+            taken: VecDeque::new(),
+            last_generation: 0,
+        }
+    }
+
+    /// Whether an action for `generation` may run at `now`. `Ok` reserves it:
+    /// call [`Limiter::record`] once processes were actually signalled.
+    pub fn check(&mut self, generation: u64, now: Instant) -> Result<(), Outcome> {
+        if generation <= self.last_generation {
+            return Err(Outcome::Reported);
+        }
+        while let Some(first) = self.taken.front() {
+            if now.saturating_duration_since(*first) >= self.limits.window {
+                self.taken.pop_front();
+            } else {
+                break;
+            }
+        }
+        if let Some(last) = self.taken.back()
+            && now.saturating_duration_since(*last) < self.limits.cooldown
+        {
+            return Err(Outcome::Cooldown);
+        }
+        if self.taken.len() as u64 >= u64::from(self.limits.max_actions) {
+            return Err(Outcome::Capped);
+        }
+        Ok(())
+    }
+
+    /// Records that the action for `generation` ran at `now`.
+    pub fn record(&mut self, generation: u64, now: Instant) {
+        self.last_generation = self.last_generation.max(generation);
+        self.taken.push_back(now);
+    }
+
+    /// Time until the cooldown ends, for `/status`.
+    pub fn cooldown_left(&self, now: Instant) -> Duration {
+        self.taken
+            .back()
+            .map(|last| {
+                self.limits
+                    .cooldown
+                    .saturating_sub(now.saturating_duration_since(*last))
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// One signal sent (or tried).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Sent {
+    pub pid: i32,
+    pub role: &'static str,
+    pub signal: &'static str,
+    /// `None` on success, else the error.
+    pub error: Option<String>,
+}
+
+/// Carries out `plan` on `trainers`, touching only processes that started at
+/// or before `loss_ticks` (ticks since boot). Returns what was sent.
+pub fn execute(plan: Plan, trainers: &[Trainer], loss_ticks: u64) -> Vec<Sent> {
+    let mut sent = Vec::new();
+    let old = |p: &Process| p.start_ticks <= loss_ticks;
+    let mut send = |p: &Process, role: &'static str, sig: Signal| {
+        let error = match kill(Pid::from_raw(p.pid), sig) {
+            Ok(()) => None,
+            // Already gone: nothing left to stop.
+            Err(nix::errno::Errno::ESRCH) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        sent.push(Sent {
+            pid: p.pid,
+            role,
+            signal: sig.as_str(),
+            error,
+        });
+    };
+    for t in trainers.iter().filter(|t| old(&t.agent)) {
+        match plan {
+            Plan::ReportOnly => {}
+            Plan::TermWorkers => {
+                for w in t.workers.iter().filter(|w| old(w)) {
+                    send(w, "worker", Signal::SIGTERM);
+                }
+            }
+            Plan::KillAgent => {
+                // The agent first, so it cannot restart workers in between.
+                send(&t.agent, "agent", Signal::SIGKILL);
+                for w in t.workers.iter().filter(|w| old(w)) {
+                    send(w, "worker", Signal::SIGKILL);
+                }
+                for w in t.below_workers.iter().filter(|w| old(w)) {
+                    send(w, "worker-child", Signal::SIGKILL);
+                }
+            }
+        }
+    }
+    sent
+}
+
+/// Trainers whose agent started at or before `loss_ticks`.
+pub fn trainers_before(trainers: Vec<Trainer>, loss_ticks: u64) -> Vec<Trainer> {
+    trainers
+        .into_iter()
+        .filter(|t| t.agent.start_ticks <= loss_ticks)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(pid: i32, ppid: i32, start: u64, argv: &[&str]) -> Process {
+        Process {
+            pid,
+            ppid,
+            start_ticks: start,
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_comm() {
+        let stat = "4242 (pt (main) x) S 4200 4242 4242 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 2 0 987654 1000 100 18446744073709551615";
+        assert_eq!(parse_stat(stat), Some((4200, 987654)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn default_matcher() {
+        let m = AgentMatcher::new(vec![]);
+        let yes: &[&[&str]] = &[
+            &[
+                "/usr/bin/python3",
+                "/usr/local/bin/torchrun",
+                "--nnodes=2",
+                "train.py",
+            ],
+            &["torchrun", "train.py"],
+            &["python", "-m", "torch.distributed.run", "train.py"],
+            &["python3", "-m", "torch.distributed.launch", "x.py"],
+        ];
+        for argv in yes {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            assert!(m.matches(&argv), "{argv:?}");
+        }
+        let no: &[&[&str]] = &[
+            &["sh", "-c", "torchrun train.py"],
+            &["python", "-u", "train.py", "--local-rank=0"],
+            &["trainwire-sidecar"],
+            &["python", "torchrun_helper.py"],
+        ];
+        for argv in no {
+            let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            assert!(!m.matches(&argv), "{argv:?}");
+        }
+        let custom = AgentMatcher::new(vec!["fake_torchrun".into()]);
+        assert!(custom.matches(&["python3".into(), "/t/fake_torchrun.py".into()]));
+    }
+
+    #[test]
+    fn workers_are_children_not_process_group() {
+        let procs = vec![
+            p(1, 0, 1, &["/pause"]),
+            p(10, 1, 100, &["sh", "-c", "torchrun train.py"]),
+            p(
+                11,
+                10,
+                101,
+                &["/usr/bin/python3", "/usr/bin/torchrun", "train.py"],
+            ),
+            p(12, 11, 150, &["/usr/bin/python3", "-u", "train.py"]),
+            p(13, 11, 150, &["/usr/bin/python3", "-u", "train.py"]),
+            p(
+                14,
+                12,
+                160,
+                &[
+                    "/usr/bin/python3",
+                    "-c",
+                    "from multiprocessing.spawn import x",
+                ],
+            ),
+            p(20, 1, 50, &["trainwire-sidecar"]),
+            p(30, 1, 50, &["python3", "unrelated.py"]),
+        ];
+        let t = find_trainers(&procs, &AgentMatcher::new(vec![]), 20);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].agent.pid, 11);
+        assert_eq!(
+            t[0].workers.iter().map(|w| w.pid).collect::<Vec<_>>(),
+            vec![12, 13]
+        );
+        assert_eq!(
+            t[0].below_workers.iter().map(|w| w.pid).collect::<Vec<_>>(),
+            vec![14]
+        );
+        assert!(find_trainers(&procs[..2], &AgentMatcher::new(vec![]), 20).is_empty());
+    }
+
+    #[test]
+    fn plans() {
+        assert_eq!(plan(OnPeerLoss::Auto, 0, 0), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::Auto, 1, 0), Plan::ReportOnly);
+        assert_eq!(plan(OnPeerLoss::RestartWorkers, 0, 0), Plan::TermWorkers);
+        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, 0), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::None, 0, 0), Plan::ReportOnly);
+    }
+
+    #[test]
+    fn limiter_generation_cooldown_and_cap() {
+        let limits = ActionLimits {
+            cooldown: Duration::from_secs(30),
+            max_actions: 2,
+            window: Duration::from_secs(600),
+        };
+        let t = Instant::now();
+        let mut l = Limiter::new(limits);
+        assert_eq!(l.check(1, t), Ok(()));
+        l.record(1, t);
+        assert_eq!(l.check(1, t), Err(Outcome::Reported), "once per generation");
+        assert_eq!(
+            l.check(2, t + Duration::from_secs(10)),
+            Err(Outcome::Cooldown)
+        );
+        assert_eq!(l.check(2, t + Duration::from_secs(31)), Ok(()));
+        l.record(2, t + Duration::from_secs(31));
+        assert_eq!(
+            l.check(3, t + Duration::from_secs(100)),
+            Err(Outcome::Capped)
+        );
+        assert_eq!(
+            l.check(3, t + Duration::from_secs(601)),
+            Ok(()),
+            "window slides"
+        );
+    }
+
+    #[test]
+    fn execute_spares_processes_started_after_the_loss() {
+        // Real processes: a `sleep` started "after" the loss is not touched.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let pid = child.id() as i32;
+        let trainer = Trainer {
+            agent: p(std::process::id() as i32, 1, 0, &["agent"]),
+            workers: vec![p(pid, 0, 500, &["sleep"])],
+            below_workers: vec![],
+        };
+        let sent = execute(Plan::TermWorkers, std::slice::from_ref(&trainer), 499);
+        assert!(sent.is_empty());
+        let sent = execute(Plan::TermWorkers, &[trainer], 500);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].signal, "SIGTERM");
+        assert_eq!(sent[0].error, None);
+        let status = child.wait().expect("wait");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(15));
+    }
+}

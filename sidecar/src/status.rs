@@ -1,0 +1,310 @@
+//! What the sidecar knows, shared between its tasks and served on
+//! `/status` (JSON) and `/metrics` (Prometheus text).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::peers::{Peers, State};
+use crate::signal::Sent;
+
+/// RFC 3339 text of a wall-clock time.
+pub fn rfc3339(t: SystemTime) -> String {
+    k8s_openapi::jiff::Timestamp::try_from(t)
+        .map(|ts| ts.to_string())
+        .unwrap_or_default()
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LossLabels {
+    pub source: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+    pub result: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+/// The Prometheus metrics.
+pub struct Metrics {
+    pub peers_lost: Family<LossLabels, Counter>,
+    pub actions: Family<ActionLabels, Counter>,
+    pub detection_latency: Family<SourceLabels, Histogram>,
+    pub peers: Family<StateLabels, Gauge>,
+    pub generation: Gauge,
+    pub checkpoint_age: Gauge<f64, AtomicU64>,
+    pub checkpoint_stale: Gauge,
+    pub checkpoint_stale_episodes: Counter,
+}
+
+impl Metrics {
+    fn new(registry: &mut Registry) -> Self {
+        let m = Metrics {
+            peers_lost: Family::default(),
+            actions: Family::default(),
+            detection_latency: Family::new_with_constructor(|| {
+                Histogram::new([
+                    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 7.5, 10.0, 15.0, 30.0, 60.0,
+                    120.0,
+                ])
+            }),
+            peers: Family::default(),
+            generation: Gauge::default(),
+            checkpoint_age: Gauge::default(),
+            checkpoint_stale: Gauge::default(),
+            checkpoint_stale_episodes: Counter::default(),
+        };
+        registry.register(
+            "peers_lost",
+            "Peers declared lost, by the source that saw it first and why",
+            m.peers_lost.clone(),
+        );
+        registry.register(
+            "actions",
+            "Responses to lost peers, by planned action and result",
+            m.actions.clone(),
+        );
+        registry.register_with_unit(
+            "detection_latency",
+            "Time from the last good heartbeat or watch event of a peer to the decision that it is lost",
+            prometheus_client::registry::Unit::Seconds,
+            m.detection_latency.clone(),
+        );
+        registry.register("peers", "Peers by health state", m.peers.clone());
+        registry.register(
+            "loss_generation",
+            "Losses seen since start",
+            m.generation.clone(),
+        );
+        registry.register_with_unit(
+            "checkpoint_age",
+            "Age of the newest complete checkpoint (time since start if there is none)",
+            prometheus_client::registry::Unit::Seconds,
+            m.checkpoint_age.clone(),
+        );
+        registry.register(
+            "checkpoint_stale",
+            "1 while the newest checkpoint is older than the max age",
+            m.checkpoint_stale.clone(),
+        );
+        registry.register(
+            "checkpoint_stale_episodes",
+            "Times the checkpoint became stale",
+            m.checkpoint_stale_episodes.clone(),
+        );
+        m
+    }
+}
+
+/// One peer in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PeerStatus {
+    pub rank: u32,
+    pub state: State,
+    pub since: String,
+    pub pod: Option<String>,
+    pub uid: Option<String>,
+    pub lost_by: Option<&'static str>,
+    pub reason: Option<&'static str>,
+    pub detail: String,
+    pub misses: u32,
+}
+
+/// The last action in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActionStatus {
+    pub generation: u64,
+    pub lost_rank: u32,
+    pub lost_by: &'static str,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub result: &'static str,
+    pub at: String,
+    pub detection_latency_seconds: Option<f64>,
+    pub signals: Vec<Sent>,
+    pub detail: String,
+}
+
+/// Which detection sources run, and why.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct DetectionStatus {
+    pub configured: String,
+    pub active: Vec<&'static str>,
+    pub why: String,
+}
+
+/// Checkpoint freshness in `/status`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CheckpointStatus {
+    pub dir: String,
+    pub watcher: &'static str,
+    pub newest: Option<String>,
+    pub modified: Option<String>,
+    pub age_seconds: Option<f64>,
+    pub max_age_seconds: f64,
+    pub stale: bool,
+    pub problem: Option<String>,
+}
+
+/// The whole `/status` document.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusDoc {
+    pub pod: String,
+    pub namespace: String,
+    pub rank: u32,
+    pub nnodes: String,
+    pub rdzv_host_rank: u32,
+    pub on_peer_loss: &'static str,
+    pub started: String,
+    pub detection: DetectionStatus,
+    pub generation: u64,
+    pub peers: Vec<PeerStatus>,
+    pub last_action: Option<ActionStatus>,
+    pub actions_total: u64,
+    pub checkpoint: Option<CheckpointStatus>,
+    pub kubernetes_api: Option<String>,
+}
+
+/// State shared by the sidecar's tasks and its HTTP server.
+pub struct Shared {
+    pub config: Config,
+    pub started: SystemTime,
+    pub started_text: String,
+    pub registry: Registry,
+    pub metrics: Metrics,
+    status: Mutex<StatusDoc>,
+    generation: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl Shared {
+    pub fn new(config: Config) -> Arc<Self> {
+        let mut registry = Registry::with_prefix("trainwire_sidecar");
+        let metrics = Metrics::new(&mut registry);
+        let started = SystemTime::now();
+        let started_text = rfc3339(started);
+        let status = StatusDoc {
+            pod: config.pod_name.clone(),
+            namespace: config.namespace.clone(),
+            rank: config.node_rank,
+            nnodes: config.nnodes.to_string(),
+            rdzv_host_rank: config.rdzv_host_rank,
+            on_peer_loss: config.on_peer_loss.as_str(),
+            started: started_text.clone(),
+            detection: DetectionStatus::default(),
+            generation: 0,
+            peers: Vec::new(),
+            last_action: None,
+            actions_total: 0,
+            checkpoint: None,
+            kubernetes_api: None,
+        };
+        Arc::new(Shared {
+            config,
+            started,
+            started_text,
+            registry,
+            metrics,
+            status: Mutex::new(status),
+            generation: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        })
+    }
+
+    /// The status document, for reading or updating.
+    pub fn status(&self) -> MutexGuard<'_, StatusDoc> {
+        match self.status.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Copies the peers' state machine into `/status` and the gauges.
+    pub fn publish_peers(&self, peers: &Peers) {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let list: Vec<PeerStatus> = peers
+            .iter()
+            .map(|p| PeerStatus {
+                rank: p.rank,
+                state: p.state,
+                since: rfc3339(
+                    wall.checked_sub(now.saturating_duration_since(p.since))
+                        .unwrap_or(wall),
+                ),
+                pod: p.identity.as_ref().map(|i| i.pod.clone()),
+                uid: p.identity.as_ref().map(|i| i.uid.clone()),
+                lost_by: p.lost_by.map(|s| s.as_str()),
+                reason: p.reason.map(|r| r.as_str()),
+                detail: p.detail.clone(),
+                misses: p.misses,
+            })
+            .collect();
+        for state in [
+            "unknown", "absent", "healthy", "suspect", "lost", "replaced",
+        ] {
+            let n = list
+                .iter()
+                .filter(|p| {
+                    serde_json::to_value(p.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        == Some(state.to_string())
+                })
+                .count();
+            self.metrics
+                .peers
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(n as i64);
+        }
+        self.generation.store(peers.generation(), Ordering::Relaxed);
+        self.metrics.generation.set(peers.generation() as i64);
+        let mut s = self.status();
+        s.peers = list;
+        s.generation = peers.generation();
+    }
+
+    /// Prometheus text of all metrics.
+    pub fn encode_metrics(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

@@ -1,0 +1,647 @@
+//! The `trainwire.dev/*` annotations on the workload: parsing and validation.
+//!
+//! Every bad value is a [`Refusal::Annotation`] naming the annotation, the
+//! value and the accepted forms. An unknown `trainwire.dev/*` name is a
+//! warning suggesting the nearest known one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::Value;
+
+use super::Refusal;
+use crate::policy::{PeerLossAction, RdzvBackend};
+
+pub const PREFIX: &str = "trainwire.dev/";
+pub const INJECT: &str = "trainwire.dev/inject";
+pub const CONTAINER: &str = "trainwire.dev/container";
+pub const NNODES: &str = "trainwire.dev/nnodes";
+pub const NPROC_PER_NODE: &str = "trainwire.dev/nproc-per-node";
+pub const GPUS_PER_NODE: &str = "trainwire.dev/gpus-per-node";
+pub const RDZV_BACKEND: &str = "trainwire.dev/rdzv-backend";
+pub const RDZV_PORT: &str = "trainwire.dev/rdzv-port";
+pub const MAX_RESTARTS: &str = "trainwire.dev/max-restarts";
+pub const CHECKPOINT_PVC: &str = "trainwire.dev/checkpoint-pvc";
+pub const CHECKPOINT_PATH: &str = "trainwire.dev/checkpoint-path";
+pub const CHECKPOINT_MAX_AGE: &str = "trainwire.dev/checkpoint-max-age";
+pub const VOLUMES: &str = "trainwire.dev/volumes";
+pub const NCCL: &str = "trainwire.dev/nccl";
+pub const SHM_SIZE: &str = "trainwire.dev/shm-size";
+pub const SIDECAR: &str = "trainwire.dev/sidecar";
+pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
+/// Written by trainwire on the pod template (never read from the workload).
+pub const STATUS: &str = "trainwire.dev/status";
+
+/// Every annotation a user may put on the workload.
+pub const KNOWN: &[&str] = &[
+    INJECT,
+    CONTAINER,
+    NNODES,
+    NPROC_PER_NODE,
+    GPUS_PER_NODE,
+    RDZV_BACKEND,
+    RDZV_PORT,
+    MAX_RESTARTS,
+    CHECKPOINT_PVC,
+    CHECKPOINT_PATH,
+    CHECKPOINT_MAX_AGE,
+    VOLUMES,
+    NCCL,
+    SHM_SIZE,
+    SIDECAR,
+    ON_PEER_LOSS,
+];
+
+pub const DEFAULT_RDZV_PORT: u16 = 29500;
+pub const DEFAULT_MAX_RESTARTS: u32 = 3;
+
+/// The world size: fixed, or an elastic range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Nnodes {
+    Fixed(u32),
+    Elastic { min: u32, max: u32 },
+}
+
+impl Nnodes {
+    pub fn max(self) -> u32 {
+        match self {
+            Nnodes::Fixed(n) => n,
+            Nnodes::Elastic { max, .. } => max,
+        }
+    }
+    pub fn covers(self, n: u32) -> bool {
+        match self {
+            Nnodes::Fixed(f) => f == n,
+            Nnodes::Elastic { min, max } => (min..=max).contains(&n),
+        }
+    }
+    pub fn parse(s: &str) -> Option<Nnodes> {
+        match s.split_once(':') {
+            None => positive(s).map(Nnodes::Fixed),
+            Some((a, b)) => {
+                let (min, max) = (positive(a)?, positive(b)?);
+                (min <= max).then_some(Nnodes::Elastic { min, max })
+            }
+        }
+    }
+}
+
+impl fmt::Display for Nnodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Nnodes::Fixed(n) => write!(f, "{n}"),
+            Nnodes::Elastic { min, max } => write!(f, "{min}:{max}"),
+        }
+    }
+}
+
+/// torchrun's `--nproc-per-node`: a count or one of its keywords.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Nproc {
+    Count(u32),
+    Keyword(String),
+}
+
+impl fmt::Display for Nproc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Nproc::Count(n) => write!(f, "{n}"),
+            Nproc::Keyword(k) => f.write_str(k),
+        }
+    }
+}
+
+/// One entry of `trainwire.dev/volumes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedVolume {
+    pub claim: String,
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// The parsed annotations. `None` means "not annotated": the policy or the
+/// built-in default applies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Annotations {
+    pub container: Option<String>,
+    pub nnodes: Option<Nnodes>,
+    pub nproc_per_node: Option<Nproc>,
+    pub gpus_per_node: Option<u32>,
+    pub rdzv_backend: Option<RdzvBackend>,
+    pub rdzv_port: u16,
+    pub max_restarts: u32,
+    pub checkpoint_pvc: Option<String>,
+    pub checkpoint_path: Option<String>,
+    pub checkpoint_max_age: Option<String>,
+    pub volumes: Vec<SharedVolume>,
+    pub nccl: Vec<(String, String)>,
+    pub shm_size: Option<String>,
+    pub sidecar: Option<bool>,
+    pub on_peer_loss: Option<PeerLossAction>,
+    /// Unknown `trainwire.dev/*` names, with a suggestion.
+    pub warnings: Vec<String>,
+}
+
+/// Whether the workload opted in: `Ok(true)` for `"true"`, `Ok(false)` when
+/// absent or `"false"`, a refusal for anything else.
+pub fn opted_in(annotations: Option<&serde_json::Map<String, Value>>) -> Result<bool, Refusal> {
+    match annotations.and_then(|a| a.get(INJECT)) {
+        None => Ok(false),
+        Some(Value::String(s)) if s == "true" => Ok(true),
+        Some(Value::String(s)) if s == "false" => Ok(false),
+        Some(other) => Err(bad(
+            INJECT,
+            &display(other),
+            "not a boolean string",
+            "\"true\" or \"false\" (quoted in YAML)",
+        )),
+    }
+}
+
+fn display(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn bad(annotation: &str, value: &str, reason: &str, accepted: &str) -> Refusal {
+    Refusal::Annotation {
+        annotation: annotation.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+        accepted: accepted.to_string(),
+    }
+}
+
+fn positive(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok().filter(|n| *n > 0)
+}
+
+fn non_negative(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok()
+}
+
+/// A DNS-1123 label (container names): lowercase alphanumerics and `-`, at
+/// most 63 characters, starting and ending alphanumeric.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// A DNS-1123 subdomain (PVC names): dot-separated labels, at most 253 characters.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// An absolute path without `..` components (mount paths).
+pub fn is_mount_path(s: &str) -> bool {
+    s.starts_with('/') && s.len() > 1 && !s.split('/').any(|c| c == "..") && !s.contains(',')
+}
+
+/// A duration such as `30m`, `90s`, `2h`, `500ms` or `1h30m`: one or more
+/// integer-unit pairs, units `ms`, `s`, `m`, `h`; not zero.
+pub fn is_duration(s: &str) -> bool {
+    let mut rest = s;
+    let mut total_nonzero = false;
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 9 {
+            return false;
+        }
+        let (num, tail) = rest.split_at(digits);
+        let unit_len = if tail.starts_with("ms") {
+            2
+        } else if tail.starts_with('s') || tail.starts_with('m') || tail.starts_with('h') {
+            1
+        } else {
+            return false;
+        };
+        if num.bytes().any(|b| b != b'0') {
+            total_nonzero = true;
+        }
+        rest = &tail[unit_len..];
+    }
+    total_nonzero
+}
+
+/// A positive Kubernetes quantity such as `8Gi`, `512Mi`, `1G` or `1.5Gi`.
+pub fn is_positive_quantity(s: &str) -> bool {
+    const SUFFIXES: &[&str] = &[
+        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "m",
+    ];
+    let num_len = s
+        .bytes()
+        .take_while(|b| b.is_ascii_digit() || *b == b'.')
+        .count();
+    let (num, suffix) = s.split_at(num_len);
+    if num.is_empty() || num.matches('.').count() > 1 || num == "." {
+        return false;
+    }
+    if !SUFFIXES.contains(&suffix) {
+        return false;
+    }
+    num.bytes().any(|b| (b'1'..=b'9').contains(&b))
+}
+
+const NNODES_FORMS: &str = "a positive integer such as \"4\", or an elastic range \"MIN:MAX\" such as \"2:8\" with 1 <= MIN <= MAX";
+const NPROC_FORMS: &str =
+    "a positive integer such as \"8\", or one of torchrun's \"auto\", \"gpu\", \"cpu\"";
+const VOLUME_FORMS: &str = "comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\"";
+const NCCL_FORMS: &str = "comma-separated KEY=VALUE with keys starting NCCL_ or TORCH_NCCL_, e.g. \"NCCL_DEBUG=INFO,NCCL_SOCKET_IFNAME=eth0\"";
+
+/// Parse every `trainwire.dev/*` annotation of the workload.
+pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Annotations, Refusal> {
+    let mut out = Annotations {
+        rdzv_port: DEFAULT_RDZV_PORT,
+        max_restarts: DEFAULT_MAX_RESTARTS,
+        ..Annotations::default()
+    };
+    let Some(map) = annotations else {
+        return Ok(out);
+    };
+    let mut own: BTreeMap<&str, &str> = BTreeMap::new();
+    for (key, value) in map {
+        if !key.starts_with(PREFIX) {
+            continue;
+        }
+        let Value::String(value) = value else {
+            return Err(bad(
+                key,
+                &display(value),
+                "annotation values are strings",
+                "the same value quoted in YAML",
+            ));
+        };
+        if KNOWN.contains(&key.as_str()) {
+            own.insert(key.as_str(), value.as_str());
+        } else if key != STATUS {
+            out.warnings.push(unknown_warning(key));
+        }
+    }
+    for (&key, &raw) in &own {
+        let v = raw.trim();
+        match key {
+            INJECT => {}
+            CONTAINER => {
+                if !is_dns_label(v) {
+                    return Err(bad(
+                        key,
+                        raw,
+                        "not a container name",
+                        "the name of a container of the pod template (a DNS-1123 label)",
+                    ));
+                }
+                out.container = Some(v.to_string());
+            }
+            NNODES => {
+                out.nnodes = Some(
+                    Nnodes::parse(v)
+                        .ok_or_else(|| bad(key, raw, "not a node count or range", NNODES_FORMS))?,
+                );
+            }
+            NPROC_PER_NODE => {
+                out.nproc_per_node = Some(match v {
+                    "auto" | "gpu" | "cpu" => Nproc::Keyword(v.to_string()),
+                    _ => Nproc::Count(
+                        positive(v)
+                            .ok_or_else(|| bad(key, raw, "not a process count", NPROC_FORMS))?,
+                    ),
+                });
+            }
+            GPUS_PER_NODE => {
+                out.gpus_per_node = Some(positive(v).ok_or_else(|| {
+                    bad(
+                        key,
+                        raw,
+                        "not a GPU count",
+                        "a positive integer such as \"8\"",
+                    )
+                })?);
+            }
+            RDZV_BACKEND => {
+                out.rdzv_backend = Some(match v {
+                    "c10d" => RdzvBackend::C10d,
+                    "static" => RdzvBackend::Static,
+                    "etcd-v2" => RdzvBackend::EtcdV2,
+                    _ => {
+                        return Err(bad(
+                            key,
+                            raw,
+                            "unknown rendezvous backend",
+                            "\"c10d\", \"static\" or \"etcd-v2\"",
+                        ));
+                    }
+                });
+            }
+            RDZV_PORT => {
+                out.rdzv_port = positive(v)
+                    .filter(|p| *p <= 65535)
+                    .and_then(|p| u16::try_from(p).ok())
+                    .ok_or_else(|| {
+                        bad(
+                            key,
+                            raw,
+                            "not a port",
+                            "an integer from 1 to 65535, e.g. \"29500\"",
+                        )
+                    })?;
+            }
+            MAX_RESTARTS => {
+                out.max_restarts = non_negative(v).ok_or_else(|| {
+                    bad(
+                        key,
+                        raw,
+                        "not a restart count",
+                        "a non-negative integer such as \"3\"",
+                    )
+                })?;
+            }
+            CHECKPOINT_PVC => {
+                if !is_dns_subdomain(v) {
+                    return Err(bad(
+                        key,
+                        raw,
+                        "not a PersistentVolumeClaim name",
+                        "the name of a PersistentVolumeClaim in the namespace (a DNS-1123 subdomain)",
+                    ));
+                }
+                out.checkpoint_pvc = Some(v.to_string());
+            }
+            CHECKPOINT_PATH => {
+                if !is_mount_path(v) {
+                    return Err(bad(
+                        key,
+                        raw,
+                        "not an absolute path",
+                        "an absolute directory path without \"..\", e.g. \"/checkpoints\"",
+                    ));
+                }
+                out.checkpoint_path = Some(v.trim_end_matches('/').to_string());
+            }
+            CHECKPOINT_MAX_AGE => {
+                if !is_duration(v) {
+                    return Err(bad(
+                        key,
+                        raw,
+                        "not a duration",
+                        "a duration such as \"30m\", \"90s\", \"2h\" or \"1h30m\" (units ms, s, m, h)",
+                    ));
+                }
+                out.checkpoint_max_age = Some(v.to_string());
+            }
+            VOLUMES => out.volumes = parse_volumes(raw)?,
+            NCCL => out.nccl = parse_nccl(raw)?,
+            SHM_SIZE => {
+                if v != "off" && !is_positive_quantity(v) {
+                    return Err(bad(
+                        key,
+                        raw,
+                        "not a size",
+                        "a size such as \"8Gi\" or \"512Mi\", or \"off\" to leave /dev/shm alone",
+                    ));
+                }
+                out.shm_size = Some(v.to_string());
+            }
+            SIDECAR => {
+                out.sidecar = Some(match v {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(bad(key, raw, "not a boolean", "\"true\" or \"false\"")),
+                });
+            }
+            ON_PEER_LOSS => {
+                out.on_peer_loss = Some(match v {
+                    "auto" => PeerLossAction::Auto,
+                    "restart-workers" => PeerLossAction::RestartWorkers,
+                    "restart-agent" => PeerLossAction::RestartAgent,
+                    "none" => PeerLossAction::None,
+                    _ => {
+                        return Err(bad(
+                            key,
+                            raw,
+                            "unknown action",
+                            "\"auto\", \"restart-workers\", \"restart-agent\" or \"none\"",
+                        ));
+                    }
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
+    let mut out: Vec<SharedVolume> = Vec::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let mut parts = entry.split(':');
+        let claim = parts.next().unwrap_or_default().trim();
+        let path = parts.next().map(str::trim);
+        let mode = parts.next().map(str::trim);
+        let extra = parts.next();
+        let read_only = match mode {
+            None | Some("rw") => false,
+            Some("ro") => true,
+            Some(_) => {
+                return Err(bad(
+                    VOLUMES,
+                    raw,
+                    &format!("entry {entry:?} has a mode that is neither ro nor rw"),
+                    VOLUME_FORMS,
+                ));
+            }
+        };
+        let Some(path) = path else {
+            return Err(bad(
+                VOLUMES,
+                raw,
+                &format!("entry {entry:?} has no mount path"),
+                VOLUME_FORMS,
+            ));
+        };
+        if extra.is_some() {
+            return Err(bad(
+                VOLUMES,
+                raw,
+                &format!("entry {entry:?} has too many \":\""),
+                VOLUME_FORMS,
+            ));
+        }
+        if !is_dns_subdomain(claim) {
+            return Err(bad(
+                VOLUMES,
+                raw,
+                &format!("{claim:?} is not a PersistentVolumeClaim name"),
+                VOLUME_FORMS,
+            ));
+        }
+        if !is_mount_path(path) {
+            return Err(bad(
+                VOLUMES,
+                raw,
+                &format!("{path:?} is not an absolute path"),
+                VOLUME_FORMS,
+            ));
+        }
+        let path = path.trim_end_matches('/').to_string();
+        if out.iter().any(|v| v.path == path) {
+            return Err(bad(
+                VOLUMES,
+                raw,
+                &format!("{path:?} is mounted twice"),
+                VOLUME_FORMS,
+            ));
+        }
+        out.push(SharedVolume {
+            claim: claim.to_string(),
+            path,
+            read_only,
+        });
+    }
+    Ok(out)
+}
+
+fn parse_nccl(raw: &str) -> Result<Vec<(String, String)>, Refusal> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((k, v)) = entry.split_once('=') else {
+            return Err(bad(
+                NCCL,
+                raw,
+                &format!("entry {entry:?} has no \"=\""),
+                NCCL_FORMS,
+            ));
+        };
+        let k = k.trim();
+        let key_ok = (k.starts_with("NCCL_") || k.starts_with("TORCH_NCCL_"))
+            && k.bytes()
+                .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+        if !key_ok {
+            return Err(bad(
+                NCCL,
+                raw,
+                &format!("{k:?} is not an NCCL_* or TORCH_NCCL_* variable"),
+                NCCL_FORMS,
+            ));
+        }
+        if out.iter().any(|(ek, _)| ek == k) {
+            return Err(bad(NCCL, raw, &format!("{k} is given twice"), NCCL_FORMS));
+        }
+        out.push((k.to_string(), v.trim().to_string()));
+    }
+    Ok(out)
+}
+
+fn unknown_warning(key: &str) -> String {
+    let suffix = key.strip_prefix(PREFIX).unwrap_or(key);
+    let known = KNOWN
+        .iter()
+        .map(|k| (k, k.strip_prefix(PREFIX).unwrap_or(k)));
+    let by_prefix = known
+        .clone()
+        .find(|(_, s)| suffix.len() >= 3 && (s.starts_with(suffix) || suffix.starts_with(s)));
+    let nearest = by_prefix.map(|(k, _)| *k).or_else(|| {
+        known
+            .map(|(k, s)| (strsim::damerau_levenshtein(suffix, s), *k))
+            .filter(|(d, _)| *d <= 2.max(suffix.len() / 3))
+            .min()
+            .map(|(_, k)| k)
+    });
+    match nearest {
+        Some(k) => format!("unknown annotation {key} is ignored; did you mean {k}?"),
+        None => format!(
+            "unknown annotation {key} is ignored; trainwire reads {}",
+            KNOWN.join(", ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> serde_json::Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => serde_json::Map::new(),
+        }
+    }
+
+    #[test]
+    fn defaults_when_absent() {
+        let a = parse(None).unwrap_or_default();
+        assert_eq!(a.rdzv_port, 29500);
+        assert_eq!(a.max_restarts, 3);
+        assert_eq!(a.nnodes, None);
+    }
+
+    #[test]
+    fn parses_every_form() {
+        let m = map(json!({
+            "trainwire.dev/nnodes": "2:8",
+            "trainwire.dev/nproc-per-node": "gpu",
+            "trainwire.dev/volumes": "datasets-pvc:/data:ro, outputs-pvc:/out/",
+            "trainwire.dev/nccl": "NCCL_DEBUG=INFO,NCCL_IB_HCA==mlx5",
+            "trainwire.dev/shm-size": "off",
+            "trainwire.dev/checkpoint-max-age": "1h30m",
+        }));
+        let a = parse(Some(&m)).unwrap_or_default();
+        assert_eq!(a.nnodes, Some(Nnodes::Elastic { min: 2, max: 8 }));
+        assert_eq!(a.nproc_per_node, Some(Nproc::Keyword("gpu".into())));
+        assert_eq!(a.volumes[1].path, "/out");
+        assert!(a.volumes[0].read_only);
+        assert_eq!(a.nccl[1], ("NCCL_IB_HCA".into(), "=mlx5".into()));
+        assert_eq!(a.shm_size.as_deref(), Some("off"));
+    }
+
+    #[test]
+    fn unknown_annotation_suggests_nearest() {
+        let m = map(json!({
+            "trainwire.dev/nnode": "2",
+            "trainwire.dev/gpus": "1",
+            "trainwire.dev/chekpoint-pvc": "x",
+            "trainwire.dev/zzzzzzzz": "x",
+        }));
+        let a = parse(Some(&m)).unwrap_or_default();
+        assert_eq!(
+            a.warnings,
+            vec![
+                "unknown annotation trainwire.dev/chekpoint-pvc is ignored; did you mean trainwire.dev/checkpoint-pvc?".to_string(),
+                "unknown annotation trainwire.dev/gpus is ignored; did you mean trainwire.dev/gpus-per-node?".to_string(),
+                "unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?".to_string(),
+                format!("unknown annotation trainwire.dev/zzzzzzzz is ignored; trainwire reads {}", KNOWN.join(", ")),
+            ]
+        );
+    }
+
+    #[test]
+    fn durations_and_quantities() {
+        for ok in ["30m", "90s", "2h", "500ms", "1h30m"] {
+            assert!(is_duration(ok), "{ok}");
+        }
+        for bad in ["", "0s", "30", "m", "1d", "-1s", "1.5h"] {
+            assert!(!is_duration(bad), "{bad}");
+        }
+        for ok in ["8Gi", "512Mi", "1G", "1.5Gi", "1000000"] {
+            assert!(is_positive_quantity(ok), "{ok}");
+        }
+        for bad in ["", "0", "Gi", "8GB", "-1Gi", "1..5Gi"] {
+            assert!(!is_positive_quantity(bad), "{bad}");
+        }
+    }
+}

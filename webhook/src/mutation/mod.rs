@@ -1,0 +1,251 @@
+//! The mutation engine: pure, no I/O.
+//!
+//! Entry point: [`mutate`]. It takes the workload as JSON (as it arrives in an
+//! AdmissionReview or a YAML document), the namespace it will live in (when
+//! known) and the policy profile that applies, and answers:
+//! - [`Outcome::NotManaged`]: not a StatefulSet/Job, or not annotated
+//!   `trainwire.dev/inject: "true"`: pass through untouched;
+//! - [`Outcome::Mutated`]: the mutated object, the minimal RFC 6902 patch from
+//!   input to output (empty when already injected), and warnings;
+//! - `Err(Refusal)`: the workload cannot be made a torchrun world; the message
+//!   names the annotation (or policy rule), the bad value and the accepted forms.
+//!
+//! The steps live in modules named after their domain: [`annotations`],
+//! [`workload`] (StatefulSet/Job specifics), [`trainer`] (the trainer's env),
+//! [`rendezvous`], [`nccl`], [`gpu`], [`volumes`], [`placement`],
+//! [`sidecar_container`], [`status`] (the injected-status annotation that
+//! makes re-injection correct) and [`patch`].
+
+pub mod annotations;
+pub mod gpu;
+pub mod nccl;
+pub mod patch;
+pub mod placement;
+pub mod rendezvous;
+pub mod sidecar_container;
+pub mod status;
+pub mod trainer;
+pub mod volumes;
+pub mod workload;
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::policy::Profile;
+use annotations::Nnodes;
+use status::Status;
+use trainer::{Conflict, Desired};
+use workload::Workload;
+
+/// The opt-in annotation.
+pub const INJECT_ANNOTATION: &str = annotations::INJECT;
+
+#[derive(Debug)]
+pub enum Outcome {
+    NotManaged,
+    Mutated(Mutation),
+}
+
+#[derive(Debug)]
+pub struct Mutation {
+    pub object: Value,
+    pub patch: json_patch::Patch,
+    pub warnings: Vec<String>,
+}
+
+/// Why a workload is refused. The message is shown to the user by kubectl.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum Refusal {
+    /// A `trainwire.dev/*` annotation has a value that cannot be used.
+    #[error("annotation {annotation}: {value:?} is not valid: {reason}; accepted: {accepted}")]
+    Annotation {
+        annotation: String,
+        value: String,
+        reason: String,
+        accepted: String,
+    },
+    /// The platform policy forbids what the workload asks for.
+    #[error("policy profile {profile:?} rule {rule}: {detail}")]
+    Policy {
+        profile: String,
+        rule: String,
+        detail: String,
+    },
+    /// The workload's shape cannot become a torchrun world (a NonIndexed Job,
+    /// a StatefulSet without serviceName, no containers, ...).
+    #[error("{0}")]
+    Workload(String),
+}
+
+/// What one mutation accumulates: the profile, warnings, the status record.
+pub struct Ctx<'a> {
+    pub profile: &'a Profile,
+    pub warnings: Vec<String>,
+    pub status: Status,
+}
+
+impl Ctx<'_> {
+    pub fn warn(&mut self, warning: String) {
+        if !self.warnings.contains(&warning) {
+            self.warnings.push(warning);
+        }
+    }
+}
+
+/// Mutate one workload. See the module docs.
+///
+/// `namespace` is the admission request's namespace; offline, `None` falls
+/// back to `metadata.namespace`, then `default` (as kubectl does).
+pub fn mutate(
+    object: &Value,
+    namespace: Option<&str>,
+    profile: &Profile,
+) -> Result<Outcome, Refusal> {
+    let str_at = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+    };
+    let (api_version, kind) = (str_at("/apiVersion"), str_at("/kind"));
+    if !workload::is_managed_kind(api_version, kind) {
+        return Ok(Outcome::NotManaged);
+    }
+    let ann_map = object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object);
+    if !annotations::opted_in(ann_map)? {
+        return Ok(Outcome::NotManaged);
+    }
+    let ann = annotations::parse(ann_map)?;
+    let namespace = namespace
+        .filter(|n| !n.is_empty())
+        .or(Some(str_at("/metadata/namespace")).filter(|n| !n.is_empty()))
+        .unwrap_or("default")
+        .to_string();
+
+    let mut workload = Workload::from_json(kind, object.clone())?;
+    let before = workload.to_json();
+    let mut ctx = Ctx {
+        profile,
+        warnings: Vec::new(),
+        status: Status::default(),
+    };
+    for w in &ann.warnings {
+        ctx.warn(w.clone());
+    }
+
+    let previous = workload.template().and_then(status::read);
+    if let Some(prev) = &previous
+        && let Some(template) = workload.template_mut()
+    {
+        let fields = status::strip(template, prev);
+        workload.unset(&fields);
+    }
+    let profile_json = serde_json::to_value(profile).unwrap_or(Value::Null);
+    let hash = status::input_hash(&workload.to_json(), &namespace, &profile_json);
+
+    inject(&mut ctx, &mut workload, &ann, &namespace)?;
+    ctx.status.version = status::VERSION.to_string();
+    ctx.status.hash = hash.clone();
+    if let Some(template) = workload.template_mut() {
+        status::write(template, &ctx.status);
+    }
+
+    if previous.is_some_and(|p| p.hash == hash) {
+        return Ok(Outcome::Mutated(Mutation {
+            object: object.clone(),
+            patch: json_patch::Patch(Vec::new()),
+            warnings: ctx.warnings,
+        }));
+    }
+    let output = patch::overlay(object, &before, &workload.to_json());
+    let patch = patch::diff(object, &output);
+    Ok(Outcome::Mutated(Mutation {
+        object: output,
+        patch,
+        warnings: ctx.warnings,
+    }))
+}
+
+/// Every step, on a workload whose earlier injection (if any) is stripped.
+fn inject(
+    ctx: &mut Ctx<'_>,
+    workload: &mut Workload,
+    ann: &annotations::Annotations,
+    namespace: &str,
+) -> Result<(), Refusal> {
+    let shape = workload.prepare(ctx, namespace)?;
+    let kind = shape.kind;
+    let Some(spec) = workload.template_mut().and_then(|t| t.spec.as_mut()) else {
+        return Err(Refusal::Workload(format!(
+            "{kind} {} has no spec.template.spec",
+            shape.name
+        )));
+    };
+    let trainer = trainer::find(spec, ann)?;
+    ctx.status.container = spec.containers[trainer].name.clone();
+    let gpus = gpu::apply(ctx, spec, trainer, ann)?;
+    let world = rendezvous::world(ctx, &shape, ann, gpus)?;
+    ctx.status.nnodes = world.nnodes.to_string();
+    let mut desired = rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer]);
+    desired.extend(nccl::desired(ctx, ann)?);
+    let checkpoint = volumes::checkpoint(ctx, &shape, ann, spec, trainer)?;
+    if let Some(cp) = &checkpoint {
+        desired.push(Desired::value(
+            "CHECKPOINT_DIR",
+            cp.path.clone(),
+            "the checkpoint mount",
+            Conflict::ManifestWins,
+        ));
+    }
+    trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
+    volumes::shared(ctx, &shape, ann, spec, trainer)?;
+    volumes::shm(ctx, ann, spec, trainer)?;
+    placement::apply(ctx, spec)?;
+    if sidecar_container::enabled(ctx, ann)? {
+        sidecar_container::inject(ctx, &shape, ann, &world, checkpoint.as_ref(), spec, trainer)?;
+    }
+    Ok(())
+}
+
+/// The scale guard: may this StatefulSet's `replicas` become `new_replicas`
+/// through the `scale` subresource (`kubectl scale`), which re-injects nothing?
+///
+/// Ok when the StatefulSet was not injected, when scaling to 0 (stopping), or
+/// when its injected world size is an elastic range covering the new size.
+pub fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refusal> {
+    let Some(raw) = statefulset
+        .pointer("/spec/template/metadata/annotations")
+        .and_then(|a| a.get(annotations::STATUS))
+        .and_then(Value::as_str)
+    else {
+        return Ok(());
+    };
+    let Ok(status) = serde_json::from_str::<Status>(raw) else {
+        return Ok(());
+    };
+    let Some(nnodes) = Nnodes::parse(&status.nnodes) else {
+        return Ok(());
+    };
+    let new = u32::try_from(new_replicas).unwrap_or(0);
+    if new == 0 || nnodes.covers(new) {
+        return Ok(());
+    }
+    let name = statefulset
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("(unnamed)");
+    let detail = match nnodes {
+        Nnodes::Fixed(n) => format!("its pods were injected with PET_NNODES={n}"),
+        Nnodes::Elastic { min, max } => {
+            format!("its elastic world is {min}:{max}, which does not cover {new}")
+        }
+    };
+    Err(Refusal::Workload(format!(
+        "StatefulSet {name}: scaling to {new} replicas with the scale subresource (kubectl scale) is refused because {detail} and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers {new}"
+    )))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,308 @@
+//! The torchrun world: `PET_*` env (torchrun reads each as the default of its
+//! flag, so `torchrun train.py` needs no flags), `MASTER_*`/`NNODES`/
+//! `WORLD_SIZE` for other launchers, and what torchrun's own restart needs
+//! to survive a lost peer (measured: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
+//! and rendezvous keep-alives of 1 s × 3).
+
+use k8s_openapi::api::core::v1::Container;
+
+use super::annotations::{self, Annotations, Nnodes, Nproc};
+use super::trainer::{self, Conflict, Desired};
+use super::workload::Shape;
+use super::{Ctx, Refusal};
+use crate::policy::{self, RdzvBackend};
+
+pub const RDZV_CONF: &str = "PET_RDZV_CONF";
+pub const DISABLE_SHARE_STORE: &str = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
+/// Keep-alive settings merged into `PET_RDZV_CONF`: a lost node leaves the
+/// rendezvous after about 3 s instead of 15.
+pub const KEEP_ALIVE: [(&str, &str); 2] = [
+    ("keep_alive_interval", "1"),
+    ("keep_alive_max_attempt", "3"),
+];
+/// torchrun's default `join_timeout` (seconds); shorter makes recovery impossible.
+pub const DEFAULT_JOIN_TIMEOUT: u64 = 600;
+
+/// The world as decided: size, processes per node, backend and endpoint.
+#[derive(Clone, Debug)]
+pub struct World {
+    pub nnodes: Nnodes,
+    pub nproc: Nproc,
+    pub backend: RdzvBackend,
+    pub endpoint: String,
+    /// Pod 0's DNS name, the rendezvous host for c10d and static.
+    pub host: String,
+}
+
+pub fn backend_name(b: RdzvBackend) -> &'static str {
+    match b {
+        RdzvBackend::C10d => "c10d",
+        RdzvBackend::Static => "static",
+        RdzvBackend::EtcdV2 => "etcd-v2",
+    }
+}
+
+/// Decide the world from the annotations, the workload and the policy.
+pub fn world(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    gpus: u32,
+) -> Result<World, Refusal> {
+    let profile = ctx.profile;
+    let size = u32::try_from(shape.size).unwrap_or(0);
+    let nnodes =
+        match ann.nnodes {
+            None => Nnodes::Fixed(size),
+            Some(n) => {
+                if !n.covers(size) {
+                    ctx.warn(format!(
+                    "annotation {} is {n} but {} of {} {} is {size}: the world {} until they agree",
+                    annotations::NNODES,
+                    shape.size_field,
+                    shape.kind,
+                    shape.name,
+                    if size < n.max() { "does not form" } else { "leaves pods out" }
+                ));
+                }
+                n
+            }
+        };
+    if let Some(max) = profile.max_nodes
+        && nnodes.max() > max
+    {
+        return Err(Refusal::Policy {
+            profile: profile.name.clone(),
+            rule: "maxNodes".to_string(),
+            detail: format!(
+                "the world asks for up to {} nodes ({} or annotation {}), more than the {max} allowed",
+                nnodes.max(),
+                shape.size_field,
+                annotations::NNODES
+            ),
+        });
+    }
+    let nproc = ann
+        .nproc_per_node
+        .clone()
+        .unwrap_or(Nproc::Count(gpus.max(1)));
+    let resolved = policy::resolve(
+        profile,
+        "rdzvBackend",
+        &profile.rdzv_backend,
+        ann.rdzv_backend
+            .map(|b| (b, format!("annotation {}", annotations::RDZV_BACKEND)))
+            .as_ref()
+            .map(|(b, s)| (*b, s.as_str())),
+    )?;
+    if let Some(w) = resolved.warning {
+        ctx.warn(w);
+    }
+    let backend = resolved.value;
+    if backend == RdzvBackend::Static
+        && let Nnodes::Elastic { .. } = nnodes
+    {
+        return Err(Refusal::Annotation {
+                annotation: annotations::NNODES.to_string(),
+                value: nnodes.to_string(),
+                reason: "the static rendezvous backend cannot run an elastic world".to_string(),
+                accepted: "a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX".to_string(),
+            });
+    }
+    let host = shape.host("0");
+    let endpoint = match backend {
+        RdzvBackend::EtcdV2 => profile
+            .etcd_endpoint
+            .clone()
+            .filter(|e| !e.is_empty())
+            .ok_or_else(|| Refusal::Policy {
+                profile: profile.name.clone(),
+                rule: "etcdEndpoint".to_string(),
+                detail: "the etcd-v2 rendezvous backend needs an etcd endpoint and the policy gives none; use rdzv-backend c10d, or ask the platform team to set etcdEndpoint".to_string(),
+            })?,
+        _ => format!("{host}:{}", ann.rdzv_port),
+    };
+    Ok(World {
+        nnodes,
+        nproc,
+        backend,
+        endpoint,
+        host,
+    })
+}
+
+/// The rendezvous env for the trainer.
+pub fn desired(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    world: &World,
+    c: &Container,
+) -> Vec<Desired> {
+    let rank_why = format!("the pod's index, {}", shape.rank_field);
+    let size_why = match ann.nnodes {
+        Some(_) => format!("annotation {}", annotations::NNODES),
+        None => shape.size_field.to_string(),
+    };
+    let nproc_why = match ann.nproc_per_node {
+        Some(_) => format!("annotation {}", annotations::NPROC_PER_NODE),
+        None => "the GPUs the trainer asks for, else 1".to_string(),
+    };
+    let host_why = "pod 0's own DNS name; a Service name would resolve to every pod".to_string();
+    let mut out = vec![
+        Desired::field("PET_NODE_RANK", shape.rank_field, rank_why.clone()),
+        Desired::field("NODE_RANK", shape.rank_field, rank_why),
+        Desired::value(
+            "PET_NNODES",
+            world.nnodes.to_string(),
+            size_why.clone(),
+            Conflict::ManifestWins,
+        ),
+        Desired::value(
+            "PET_NPROC_PER_NODE",
+            world.nproc.to_string(),
+            nproc_why.clone(),
+            Conflict::ManifestWins,
+        ),
+        Desired::value(
+            "PET_RDZV_BACKEND",
+            backend_name(world.backend),
+            "the rendezvous backend",
+            Conflict::ManifestWins,
+        ),
+        Desired::value(
+            "PET_RDZV_ENDPOINT",
+            world.endpoint.clone(),
+            if world.backend == RdzvBackend::EtcdV2 {
+                "the policy's etcdEndpoint".to_string()
+            } else {
+                host_why.clone()
+            },
+            Conflict::ManifestWins,
+        ),
+        Desired::value(
+            "PET_RDZV_ID",
+            format!("{}.{}", shape.namespace, shape.name),
+            "the workload's namespace and name",
+            Conflict::ManifestWins,
+        ),
+    ];
+    out.extend(rdzv_conf(ctx, c));
+    out.push(Desired::value(
+        "PET_MAX_RESTARTS",
+        ann.max_restarts.to_string(),
+        format!("annotation {} (default 3)", annotations::MAX_RESTARTS),
+        Conflict::ManifestWins,
+    ));
+    out.push(Desired::value(
+        DISABLE_SHARE_STORE,
+        "1",
+        "without it torchrun's own restart never recovers from a lost peer",
+        Conflict::ManifestWins,
+    ));
+    out.push(Desired::value(
+        "MASTER_ADDR",
+        world.host.clone(),
+        host_why,
+        Conflict::ManifestWins,
+    ));
+    out.push(Desired::value(
+        "MASTER_PORT",
+        ann.rdzv_port.to_string(),
+        "annotation trainwire.dev/rdzv-port (default 29500)",
+        Conflict::ManifestWins,
+    ));
+    if let Nnodes::Fixed(n) = world.nnodes {
+        out.push(Desired::value(
+            "NNODES",
+            n.to_string(),
+            size_why.clone(),
+            Conflict::ManifestWins,
+        ));
+        if let Nproc::Count(p) = world.nproc {
+            out.push(Desired::value(
+                "NPROC_PER_NODE",
+                p.to_string(),
+                nproc_why,
+                Conflict::ManifestWins,
+            ));
+            out.push(Desired::value(
+                "WORLD_SIZE",
+                (u64::from(n) * u64::from(p)).to_string(),
+                format!("nodes × processes per node ({size_why})"),
+                Conflict::ManifestWins,
+            ));
+        }
+    }
+    out
+}
+
+/// `PET_RDZV_CONF`: the keep-alives merged into the manifest's value.
+fn rdzv_conf(ctx: &mut Ctx<'_>, c: &Container) -> Option<Desired> {
+    let ours = KEEP_ALIVE
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    if trainer::sets(c, RDZV_CONF) && trainer::literal(c, RDZV_CONF).is_none() {
+        ctx.warn(format!(
+            "env {RDZV_CONF} of container {:?} is a reference that trainwire cannot merge; make sure it contains {ours} (torchrun then drops a lost node from the rendezvous in about 3 s)",
+            c.name
+        ));
+        return None;
+    }
+    let Some(user) = trainer::literal(c, RDZV_CONF) else {
+        return Some(Desired::value(
+            RDZV_CONF,
+            ours,
+            "rendezvous keep-alives",
+            Conflict::ManifestWins,
+        ));
+    };
+    let mut pairs: Vec<(String, String)> = user
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => (k.trim().to_string(), v.trim().to_string()),
+            None => (p.to_string(), String::new()),
+        })
+        .collect();
+    for (key, value) in KEEP_ALIVE {
+        match pairs.iter().find(|(k, _)| k == key) {
+            Some((_, v)) if v != value => ctx.warn(format!(
+                "env {RDZV_CONF} of container {:?} sets {key}={v}, which is kept, but trainwire would set {key}={value}: a lost node then stays in the rendezvous longer",
+                c.name
+            )),
+            Some(_) => {}
+            None => pairs.push((key.to_string(), value.to_string())),
+        }
+    }
+    if let Some((_, v)) = pairs.iter().find(|(k, _)| k == "join_timeout")
+        && v.parse::<u64>().is_ok_and(|t| t < DEFAULT_JOIN_TIMEOUT)
+    {
+        ctx.warn(format!(
+                "env {RDZV_CONF} of container {:?} sets join_timeout={v}, shorter than torchrun's default {DEFAULT_JOIN_TIMEOUT}: survivors of a lost node then give up and close the rendezvous before a replacement joins",
+                c.name
+            ));
+    }
+    let merged = pairs
+        .iter()
+        .map(|(k, v)| {
+            if v.is_empty() {
+                k.clone()
+            } else {
+                format!("{k}={v}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",");
+    (merged != user).then(|| {
+        Desired::value(
+            RDZV_CONF,
+            merged,
+            "rendezvous keep-alives merged into the manifest's value",
+            Conflict::Replace,
+        )
+    })
+}

@@ -1,0 +1,218 @@
+//! The trainwire sidecar as a native sidecar: an init container with
+//! `restartPolicy: Always`, configured only by `TRAINWIRE_*` env (names from
+//! the sidecar crate, so the two programs cannot drift apart).
+//!
+//! Every field the apiserver would default is written explicitly, so the
+//! stored template equals what trainwire wrote and a re-injection recognises
+//! its own sidecar.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSpec, Probe,
+    ResourceRequirements, SecurityContext, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use trainwire_sidecar::env;
+
+use super::annotations::{self, Annotations};
+use super::rendezvous::World;
+use super::status::fingerprint;
+use super::trainer::field_env;
+use super::volumes::Checkpoint;
+use super::workload::Shape;
+use super::{Ctx, Refusal};
+use crate::policy::{self, PeerLossAction, RdzvBackend};
+
+pub const NAME: &str = "trainwire-sidecar";
+
+pub fn peer_loss_name(a: PeerLossAction) -> &'static str {
+    match a {
+        PeerLossAction::Auto => "auto",
+        PeerLossAction::RestartWorkers => "restart-workers",
+        PeerLossAction::RestartAgent => "restart-agent",
+        PeerLossAction::None => "none",
+    }
+}
+
+/// Whether the sidecar is injected: the annotation against the policy.
+pub fn enabled(ctx: &mut Ctx<'_>, ann: &Annotations) -> Result<bool, Refusal> {
+    let source = format!("annotation {}", annotations::SIDECAR);
+    let r = policy::resolve(
+        ctx.profile,
+        "sidecar.enabled",
+        &ctx.profile.sidecar.enabled,
+        ann.sidecar.map(|b| (b, source.as_str())),
+    )?;
+    if let Some(w) = r.warning {
+        ctx.warn(w);
+    }
+    Ok(r.value)
+}
+
+fn default_resources() -> ResourceRequirements {
+    let q = |s: &str| Quantity(s.to_string());
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_string(), q("10m")),
+            ("memory".to_string(), q("16Mi")),
+        ])),
+        limits: Some(BTreeMap::from([("memory".to_string(), q("64Mi"))])),
+        ..Default::default()
+    }
+}
+
+fn plain(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.into()),
+        value_from: None,
+    }
+}
+
+/// Add the sidecar (first among the init containers, so it runs while the
+/// others do) and `shareProcessNamespace: true` so it can signal the trainer.
+pub fn inject(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    world: &World,
+    checkpoint: Option<&Checkpoint>,
+    spec: &mut PodSpec,
+    trainer: usize,
+) -> Result<(), Refusal> {
+    let profile = ctx.profile;
+    let source = format!("annotation {}", annotations::ON_PEER_LOSS);
+    let action = policy::resolve(
+        profile,
+        "sidecar.onPeerLoss",
+        &profile.sidecar.on_peer_loss,
+        ann.on_peer_loss.map(|a| (a, source.as_str())),
+    )?;
+    if let Some(w) = action.warning {
+        ctx.warn(w);
+    }
+    let image = policy::resolve(profile, "sidecar.image", &profile.sidecar.image, None)?.value;
+
+    let mut vars = vec![
+        field_env(env::POD_NAME, "metadata.name"),
+        field_env(env::POD_NAMESPACE, "metadata.namespace"),
+        field_env(env::POD_UID, "metadata.uid"),
+        field_env(env::NODE_RANK, shape.rank_field),
+        plain(env::NNODES, world.nnodes.to_string()),
+        plain(env::SELECTOR, shape.selector.clone()),
+        plain(env::PEER_HOSTS, shape.host("{i}")),
+    ];
+    if world.backend != RdzvBackend::EtcdV2 {
+        vars.push(plain(env::RDZV_HOST_RANK, "0"));
+    }
+    vars.push(plain(
+        env::HEALTH_PORT,
+        env::DEFAULT_HEALTH_PORT.to_string(),
+    ));
+    if let Some(cp) = checkpoint {
+        vars.push(plain(env::CHECKPOINT_DIR, cp.path.clone()));
+        vars.push(plain(env::CHECKPOINT_MAX_AGE, cp.max_age.clone()));
+    }
+    vars.push(plain(env::ON_PEER_LOSS, peer_loss_name(action.value)));
+    for (k, v) in &profile.sidecar.env {
+        if vars.iter().any(|e| &e.name == k) {
+            ctx.warn(format!(
+                "policy profile {:?} sidecar.env sets {k}, which trainwire computes per workload; the policy's value is ignored",
+                profile.name
+            ));
+        } else {
+            vars.push(plain(k, v.clone()));
+        }
+    }
+
+    let trainer_sc = spec.containers[trainer].security_context.as_ref();
+    let security = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: Some(vec!["KILL".to_string()]),
+        }),
+        run_as_user: trainer_sc.and_then(|s| s.run_as_user),
+        run_as_group: trainer_sc.and_then(|s| s.run_as_group),
+        ..Default::default()
+    };
+    let mounts = checkpoint.map(|cp| {
+        vec![VolumeMount {
+            name: cp.volume.clone(),
+            mount_path: cp.path.clone(),
+            read_only: Some(true),
+            ..Default::default()
+        }]
+    });
+    let port = i32::from(env::DEFAULT_HEALTH_PORT);
+    let sidecar = Container {
+        name: NAME.to_string(),
+        image: Some(image),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        restart_policy: Some("Always".to_string()),
+        env: Some(vars),
+        ports: Some(vec![ContainerPort {
+            name: Some("trainwire".to_string()),
+            container_port: port,
+            protocol: Some("TCP".to_string()),
+            ..Default::default()
+        }]),
+        liveness_probe: Some(Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some("/healthz".to_string()),
+                port: IntOrString::Int(port),
+                scheme: Some("HTTP".to_string()),
+                ..Default::default()
+            }),
+            initial_delay_seconds: Some(10),
+            period_seconds: Some(10),
+            timeout_seconds: Some(2),
+            success_threshold: Some(1),
+            failure_threshold: Some(6),
+            ..Default::default()
+        }),
+        resources: Some(
+            profile
+                .sidecar
+                .resources
+                .clone()
+                .unwrap_or_else(default_resources),
+        ),
+        security_context: Some(security),
+        volume_mounts: mounts,
+        termination_message_path: Some("/dev/termination-log".to_string()),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        ..Default::default()
+    };
+
+    let inits = spec.init_containers.get_or_insert_with(Vec::new);
+    if inits.iter().any(|c| c.name == NAME) {
+        ctx.warn(format!(
+            "the pod template already has an init container named {NAME:?} that trainwire did not write; it is kept as it is (remove it to let trainwire manage the sidecar)"
+        ));
+    } else {
+        ctx.status
+            .init_containers
+            .insert(NAME.to_string(), fingerprint(&sidecar));
+        inits.insert(0, sidecar);
+    }
+
+    if spec.host_pid == Some(true) {
+        // The host PID namespace is already shared; Kubernetes refuses both.
+    } else {
+        match spec.share_process_namespace {
+            None => {
+                spec.share_process_namespace = Some(true);
+                ctx.status.fields.push("shareProcessNamespace".to_string());
+            }
+            Some(true) => {}
+            Some(false) => ctx.warn(
+                "the pod template sets shareProcessNamespace: false, which is kept; the sidecar then cannot see or restart the trainer's processes (it only reports)".to_string(),
+            ),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! The injected-status annotation, `trainwire.dev/status` on the pod template
+//! (like Istio's `sidecar.istio.io/status`): the engine version, a hash of the
+//! inputs, and a fingerprint of every entry trainwire added or replaced.
+//!
+//! It makes re-injection correct, not just idempotent. Before injecting, the
+//! engine [`strip`]s what an earlier injection added, so a changed input (say
+//! `replicas` 2 → 3 through `kubectl apply`) recomputes trainwire's entries
+//! (`PET_NNODES=3`). An entry whose fingerprint no longer matches was edited
+//! by the user after injection: it is the user's now and is kept. Same input
+//! hash: nothing changes at all.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec, Toleration, Volume};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::annotations::STATUS;
+
+/// The engine version recorded in the status.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// What one injection added. Maps go from an entry's identity (env name,
+/// mount path, volume name, ...) to the fingerprint of what trainwire wrote.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Status {
+    pub version: String,
+    /// `sha256:` of the workload with trainwire's entries stripped, the
+    /// namespace, the profile and the engine version.
+    pub hash: String,
+    /// The world size injected (`N` or `MIN:MAX`); the scale guard reads it.
+    pub nnodes: String,
+    /// The trainer container.
+    pub container: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Env values the user had that trainwire replaced (a policy overwrite, or
+    /// the merged `PET_RDZV_CONF`): restored before re-injecting.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replaced_env: BTreeMap<String, EnvVar>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_mounts: BTreeMap<String, String>,
+    /// `limits/nvidia.com/gpu` → the quantity trainwire set.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub resources: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, String>,
+    /// Volumes the user had that a policy overwrote (by name).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replaced_volumes: BTreeMap<String, Volume>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub init_containers: BTreeMap<String, String>,
+    /// Fingerprints of added tolerations.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<String>,
+    /// Tolerations the user had that a policy overwrote: fingerprint of the
+    /// new one → the original.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replaced_tolerations: BTreeMap<String, Toleration>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replaced_node_selector: BTreeMap<String, String>,
+    /// Scalar fields trainwire set because they were absent
+    /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<String>,
+}
+
+/// A short, stable fingerprint of any serialisable entry.
+pub fn fingerprint<T: Serialize>(entry: &T) -> String {
+    let json = serde_json::to_vec(entry).unwrap_or_default();
+    let digest = Sha256::digest(&json);
+    hex::encode(&digest[..6])
+}
+
+/// The status recorded on a template, if any and readable.
+pub fn read(template: &PodTemplateSpec) -> Option<Status> {
+    let raw = template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(STATUS)?;
+    serde_json::from_str(raw).ok()
+}
+
+/// Write the status annotation on the template.
+pub fn write(template: &mut PodTemplateSpec, status: &Status) {
+    let json = serde_json::to_string(status).unwrap_or_default();
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(STATUS.to_string(), json);
+}
+
+/// Undo an earlier injection recorded in `status`: remove the entries trainwire
+/// added and still match what it wrote, restore the user values it replaced,
+/// and drop the status annotation. Returns which workload-level fields
+/// (`completionMode`, `completions`) the earlier injection set, for the
+/// workload to unset.
+pub fn strip(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+    if let Some(annotations) = template
+        .metadata
+        .as_mut()
+        .and_then(|m| m.annotations.as_mut())
+    {
+        annotations.remove(STATUS);
+        if annotations.is_empty()
+            && let Some(m) = template.metadata.as_mut()
+        {
+            m.annotations = None;
+        }
+    }
+    let Some(spec) = template.spec.as_mut() else {
+        return Vec::new();
+    };
+    if let Some(c) = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == status.container)
+    {
+        strip_container(c, status);
+    }
+    if let Some(inits) = spec.init_containers.as_mut() {
+        inits.retain(|c| status.init_containers.get(&c.name) != Some(&fingerprint(c)));
+        if inits.is_empty() {
+            spec.init_containers = None;
+        }
+    }
+    if let Some(volumes) = spec.volumes.as_mut() {
+        let mut kept = Vec::with_capacity(volumes.len());
+        for v in volumes.drain(..) {
+            if status.volumes.get(&v.name) != Some(&fingerprint(&v)) {
+                kept.push(v);
+            } else if let Some(orig) = status.replaced_volumes.get(&v.name) {
+                kept.push(orig.clone());
+            }
+        }
+        *volumes = kept;
+        if volumes.is_empty() {
+            spec.volumes = None;
+        }
+    }
+    strip_tolerations(spec, status);
+    if let Some(sel) = spec.node_selector.as_mut() {
+        for (key, value) in &status.node_selector {
+            if sel.get(key) == Some(value) {
+                match status.replaced_node_selector.get(key) {
+                    Some(orig) => sel.insert(key.clone(), orig.clone()),
+                    None => sel.remove(key),
+                };
+            }
+        }
+        if sel.is_empty() {
+            spec.node_selector = None;
+        }
+    }
+    let mut workload_fields = Vec::new();
+    for field in &status.fields {
+        match field.as_str() {
+            "shareProcessNamespace" => spec.share_process_namespace = None,
+            "subdomain" => spec.subdomain = None,
+            other => workload_fields.push(other.to_string()),
+        }
+    }
+    workload_fields
+}
+
+fn strip_container(c: &mut Container, status: &Status) {
+    if let Some(env) = c.env.as_mut() {
+        let mut kept = Vec::with_capacity(env.len());
+        for var in env.drain(..) {
+            match status.env.get(&var.name) {
+                Some(fp) if *fp == fingerprint(&var) => {
+                    if let Some(orig) = status.replaced_env.get(&var.name) {
+                        kept.push(orig.clone());
+                    }
+                }
+                _ => kept.push(var),
+            }
+        }
+        *env = kept;
+        if env.is_empty() {
+            c.env = None;
+        }
+    }
+    if let Some(mounts) = c.volume_mounts.as_mut() {
+        mounts.retain(|m| status.volume_mounts.get(&m.mount_path) != Some(&fingerprint(m)));
+        if mounts.is_empty() {
+            c.volume_mounts = None;
+        }
+    }
+    if let Some(res) = c.resources.as_mut() {
+        for (key, value) in &status.resources {
+            let Some((kind, name)) = key.split_once('/') else {
+                continue;
+            };
+            let map = match kind {
+                "limits" => res.limits.as_mut(),
+                "requests" => res.requests.as_mut(),
+                _ => None,
+            };
+            if let Some(map) = map
+                && map.get(name).map(|q| q.0.as_str()) == Some(value.as_str())
+            {
+                map.remove(name);
+            }
+        }
+        if res.limits.as_ref().is_some_and(|m| m.is_empty()) {
+            res.limits = None;
+        }
+        if res.requests.as_ref().is_some_and(|m| m.is_empty()) {
+            res.requests = None;
+        }
+    }
+}
+
+fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
+    let Some(tols) = spec.tolerations.as_mut() else {
+        return;
+    };
+    let mut kept = Vec::with_capacity(tols.len());
+    for t in tols.drain(..) {
+        let fp = fingerprint(&t);
+        if let Some(orig) = status.replaced_tolerations.get(&fp) {
+            kept.push(orig.clone());
+        } else if !status.tolerations.contains(&fp) {
+            kept.push(t);
+        }
+    }
+    *tols = kept;
+    if tols.is_empty() {
+        spec.tolerations = None;
+    }
+}
+
+/// The input hash: the stripped workload (metadata reduced to what the engine
+/// reads), the namespace, the profile and the engine version. Empty maps and
+/// lists are dropped first so that "absent" and "empty" hash the same.
+pub fn input_hash(clean_workload: &Value, namespace: &str, profile: &Value) -> String {
+    let mut w = clean_workload.clone();
+    if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
+        let keep: serde_json::Map<String, Value> = meta
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "name" | "annotations"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        *meta = keep;
+        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            ann.retain(|k, _| k.starts_with(super::annotations::PREFIX));
+        }
+    }
+    if let Some(obj) = w.as_object_mut() {
+        obj.remove("status");
+    }
+    prune(&mut w);
+    let input = serde_json::json!({
+        "workload": w,
+        "namespace": namespace,
+        "profile": profile,
+        "version": VERSION,
+    });
+    format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(input.to_string().as_bytes()))
+    )
+}
+
+fn prune(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            for child in m.values_mut() {
+                prune(child);
+            }
+            m.retain(|_, c| !is_empty(c));
+        }
+        Value::Array(a) => a.iter_mut().for_each(prune),
+        _ => {}
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}

@@ -1,0 +1,905 @@
+//! Engine tests: the real AdmissionReview fixtures, re-injection, the scale
+//! guard, every refusal message, policy enforcement and property tests.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use rstest::rstest;
+use serde_json::{Value, json};
+
+use super::patch::apply_checked;
+use super::*;
+use crate::policy::{CheckpointRule, Enforce, Profile, RdzvBackend, Setting};
+
+/// `$TRAINWIRE_SHARED`, else `<repo>/../shared`, else `/work/shared`.
+fn shared_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TRAINWIRE_SHARED") {
+        return PathBuf::from(d);
+    }
+    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if beside.join("fixtures").is_dir() {
+        return beside;
+    }
+    PathBuf::from("/work/shared")
+}
+
+/// `(request.object, request.namespace)` of a captured AdmissionReview.
+fn fixture(name: &str) -> (Value, String) {
+    let path = shared_dir().join("fixtures/admission").join(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
+    let review: Value = serde_json::from_str(&text).expect("fixture is JSON");
+    let ns = review["request"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (review["request"]["object"].clone(), ns)
+}
+
+fn mutated(obj: &Value, ns: Option<&str>, profile: &Profile) -> Mutation {
+    match mutate(obj, ns, profile) {
+        Ok(Outcome::Mutated(m)) => m,
+        other => panic!("expected a mutation, got {other:?}"),
+    }
+}
+
+fn refusal(obj: &Value, profile: &Profile) -> String {
+    match mutate(obj, None, profile) {
+        Err(r) => r.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn trainer_env(obj: &Value) -> Vec<(String, Value)> {
+    obj.pointer("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e.clone(),
+            )
+        })
+        .collect()
+}
+
+fn env_value(obj: &Value, container: &str, name: &str) -> Option<String> {
+    let containers = obj
+        .pointer(&format!("/spec/template/spec/{container}"))
+        .and_then(Value::as_array)?;
+    containers
+        .iter()
+        .flat_map(|c| c["env"].as_array().into_iter().flatten())
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str().map(str::to_string))
+}
+
+fn trainer_value(obj: &Value, name: &str) -> Option<String> {
+    env_value(obj, "containers", name)
+}
+
+fn sidecar_value(obj: &Value, name: &str) -> Option<String> {
+    env_value(obj, "initContainers", name)
+}
+
+/// The patch applies to the input (no add below a missing parent), gives the
+/// output, and injecting the output again changes nothing.
+fn check_round_trip(input: &Value, ns: Option<&str>, profile: &Profile) -> Mutation {
+    let m = mutated(input, ns, profile);
+    let patched = apply_checked(input, &m.patch).expect("patch applies");
+    assert_eq!(
+        patched, m.object,
+        "patch applied to input == mutated object"
+    );
+    let again = mutated(&m.object, ns, profile);
+    assert!(
+        again.patch.0.is_empty(),
+        "re-injection patch: {:?}",
+        again.patch
+    );
+    assert_eq!(again.object, m.object);
+    m
+}
+
+fn sts_fixture() -> (Value, String) {
+    fixture("statefulset-create.json")
+}
+
+#[rstest]
+#[case("statefulset-create.json")]
+#[case("statefulset-create-dryrun.json")]
+#[case("statefulset-create-kubectl-create.json")]
+#[case("statefulset-update-scale.json")]
+#[case("statefulset-update-template.json")]
+#[case("job-indexed-create.json")]
+#[case("job-indexed-create-dryrun.json")]
+#[case("job-update-label.json")]
+fn fixtures_inject_and_patch_applies(#[case] name: &str) {
+    let (obj, ns) = fixture(name);
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    let names: Vec<String> = trainer_env(&m.object).into_iter().map(|(n, _)| n).collect();
+    let mut dedup = names.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(names.len(), dedup.len(), "no duplicated env: {names:?}");
+    let sts = obj["kind"] == "StatefulSet";
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let service = if sts {
+        name.to_string()
+    } else {
+        "bert-pretrain".to_string()
+    };
+    assert_eq!(
+        trainer_value(&m.object, "PET_RDZV_ENDPOINT"),
+        Some(format!("{name}-0.{service}.{ns}.svc:29500"))
+    );
+    let size = if sts {
+        &obj["spec"]["replicas"]
+    } else {
+        &obj["spec"]["parallelism"]
+    };
+    assert_eq!(
+        trainer_value(&m.object, "PET_NNODES"),
+        Some(size.to_string())
+    );
+    let rank = trainer_env(&m.object)
+        .into_iter()
+        .find(|(n, _)| n == "PET_NODE_RANK")
+        .map(|(_, e)| e["valueFrom"]["fieldRef"]["fieldPath"].clone());
+    let expected_rank = if sts {
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    } else {
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    };
+    assert_eq!(rank, Some(json!(expected_rank)));
+    assert_eq!(
+        trainer_value(&m.object, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        trainer_value(&m.object, "PET_RDZV_CONF").as_deref(),
+        Some("keep_alive_interval=1,keep_alive_max_attempt=3")
+    );
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(spec["shareProcessNamespace"], json!(true));
+    assert_eq!(
+        spec["initContainers"][0]["name"],
+        json!("trainwire-sidecar")
+    );
+    assert_eq!(spec["initContainers"][0]["restartPolicy"], json!("Always"));
+    assert_eq!(
+        sidecar_value(&m.object, "TRAINWIRE_PEER_HOSTS"),
+        Some(format!("{name}-{{i}}.{service}.{ns}.svc"))
+    );
+    // Every fixture's trainer asks for a GPU but the kubectl-create one.
+    let gpu_toleration = spec["tolerations"].as_array().is_some_and(|t| {
+        t.iter()
+            .any(|t| t["key"] == "nvidia.com/gpu" && t["effect"] == "NoSchedule")
+    });
+    assert_eq!(gpu_toleration, name != "opted-in", "{name}");
+    assert!(
+        m.object["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"].is_string()
+    );
+}
+
+#[test]
+fn object_without_annotations_gets_a_whole_annotations_map() {
+    let (obj, ns) = fixture("statefulset-create-kubectl-create.json");
+    assert!(
+        obj["spec"]["template"]["metadata"]
+            .get("annotations")
+            .is_none()
+    );
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    let ops = serde_json::to_value(&m.patch).unwrap_or_default();
+    let add = ops
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|op| op["path"] == "/spec/template/metadata/annotations")
+        .cloned();
+    let add = add.expect("adds the annotations map whole");
+    assert_eq!(add["op"], "add");
+    assert!(add["value"]["trainwire.dev/status"].is_string());
+    assert!(
+        !ops.as_array().into_iter().flatten().any(|op| op["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/spec/template/metadata/annotations/"))),
+        "never adds below the missing map"
+    );
+}
+
+#[test]
+fn checkpoint_pvc_annotation_mounts_in_trainer_and_sidecar() {
+    let (obj, ns) = sts_fixture();
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["volumes"][0],
+        json!({"name": "trainwire-checkpoint", "persistentVolumeClaim": {"claimName": "ckpt"}})
+    );
+    assert_eq!(
+        spec["containers"][0]["volumeMounts"][0],
+        json!({"name": "trainwire-checkpoint", "mountPath": "/checkpoints"})
+    );
+    assert_eq!(
+        spec["initContainers"][0]["volumeMounts"][0],
+        json!({"name": "trainwire-checkpoint", "mountPath": "/checkpoints", "readOnly": true})
+    );
+    assert_eq!(
+        trainer_value(&m.object, "CHECKPOINT_DIR").as_deref(),
+        Some("/checkpoints")
+    );
+    assert_eq!(
+        sidecar_value(&m.object, "TRAINWIRE_CHECKPOINT_DIR").as_deref(),
+        Some("/checkpoints")
+    );
+    assert_eq!(
+        sidecar_value(&m.object, "TRAINWIRE_CHECKPOINT_MAX_AGE").as_deref(),
+        Some("30m")
+    );
+    assert_eq!(
+        spec["volumes"][1]["emptyDir"],
+        json!({"medium": "Memory", "sizeLimit": "8Gi"})
+    );
+}
+
+#[test]
+fn reinjection_recomputes_trainwire_entries_after_replicas_change() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let mut scaled = first.object.clone();
+    scaled["spec"]["replicas"] = json!(3);
+    let m = check_round_trip(&scaled, Some(&ns), &Profile::default());
+    assert_eq!(trainer_value(&m.object, "PET_NNODES").as_deref(), Some("3"));
+    assert_eq!(trainer_value(&m.object, "NNODES").as_deref(), Some("3"));
+    assert_eq!(trainer_value(&m.object, "WORLD_SIZE").as_deref(), Some("3"));
+    assert_eq!(
+        sidecar_value(&m.object, "TRAINWIRE_NNODES").as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        m.object["spec"]["template"]["spec"]["initContainers"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        trainer_env(&m.object).len(),
+        trainer_env(&first.object).len()
+    );
+    // Only what changed is patched.
+    let paths: Vec<String> = serde_json::to_value(&m.patch)
+        .unwrap_or_default()
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|op| op["path"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(paths.iter().all(|p| !p.contains("volumes")), "{paths:?}");
+    assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+}
+
+#[test]
+fn reinjection_after_the_real_kubectl_patch_update() {
+    // The fixture is `kubectl patch --type=merge -p '{"spec":{"replicas":3}}'` on a
+    // StatefulSet the webhook did not inject yet: injecting it sets 3.
+    let (obj, ns) = fixture("statefulset-update-scale.json");
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert_eq!(trainer_value(&m.object, "PET_NNODES").as_deref(), Some("3"));
+}
+
+#[test]
+fn a_value_the_user_edited_after_injection_is_theirs() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let mut edited = first.object.clone();
+    let env = edited
+        .pointer_mut("/spec/template/spec/containers/0/env")
+        .and_then(Value::as_array_mut)
+        .expect("env");
+    for e in env.iter_mut() {
+        if e["name"] == "PET_MAX_RESTARTS" {
+            e["value"] = json!("10");
+        }
+    }
+    edited["spec"]["replicas"] = json!(4);
+    let m = check_round_trip(&edited, Some(&ns), &Profile::default());
+    assert_eq!(
+        trainer_value(&m.object, "PET_MAX_RESTARTS").as_deref(),
+        Some("10")
+    );
+    assert_eq!(trainer_value(&m.object, "PET_NNODES").as_deref(), Some("4"));
+    assert!(
+        m.warnings.iter().any(|w| w.contains("PET_MAX_RESTARTS")),
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn turning_the_sidecar_off_removes_it_on_reinjection() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let mut off = first.object.clone();
+    off["metadata"]["annotations"]["trainwire.dev/sidecar"] = json!("false");
+    let m = check_round_trip(&off, Some(&ns), &Profile::default());
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert!(spec.get("initContainers").is_none(), "{spec}");
+    assert!(spec.get("shareProcessNamespace").is_none());
+}
+
+#[test]
+fn the_input_hash_decides_a_no_op() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let again = mutated(&first.object, Some(&ns), &Profile::default());
+    assert!(again.patch.0.is_empty());
+    // Another namespace is another input: the endpoints change.
+    let other = mutated(&first.object, Some("elsewhere"), &Profile::default());
+    assert!(!other.patch.0.is_empty());
+    assert_eq!(
+        trainer_value(&other.object, "PET_RDZV_ENDPOINT").as_deref(),
+        Some("llama-ft-0.llama-ft.elsewhere.svc:29500")
+    );
+}
+
+#[test]
+fn not_managed_objects_pass() {
+    for name in [
+        "pod-create-from-statefulset.json",
+        "pod-create-from-deployment.json",
+        "statefulset-scale-subresource.json",
+    ] {
+        let (obj, ns) = fixture(name);
+        assert!(
+            matches!(
+                mutate(&obj, Some(&ns), &Profile::default()),
+                Ok(Outcome::NotManaged)
+            ),
+            "{name}"
+        );
+    }
+    let (mut obj, ns) = sts_fixture();
+    obj["metadata"]["annotations"]["trainwire.dev/inject"] = json!("false");
+    assert!(matches!(
+        mutate(&obj, Some(&ns), &Profile::default()),
+        Ok(Outcome::NotManaged)
+    ));
+}
+
+#[test]
+fn job_gets_indexed_completions_and_subdomain() {
+    let (mut obj, ns) = fixture("job-indexed-create.json");
+    let spec = obj["spec"].as_object_mut().expect("spec");
+    spec.remove("completionMode");
+    spec.remove("completions");
+    obj["spec"]["template"]["spec"]
+        .as_object_mut()
+        .expect("pod spec")
+        .remove("subdomain");
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(m.object["spec"]["completionMode"], "Indexed");
+    assert_eq!(m.object["spec"]["completions"], 2);
+    assert_eq!(
+        m.object["spec"]["template"]["spec"]["subdomain"],
+        "bert-pretrain"
+    );
+    assert_eq!(
+        sidecar_value(&m.object, "TRAINWIRE_SELECTOR").as_deref(),
+        Some("batch.kubernetes.io/job-name=bert-pretrain")
+    );
+}
+
+#[test]
+fn retrofit_keeps_the_manifest_values_and_warns() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["replicas"] = json!(4);
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = json!([
+        {"name": "NNODES", "value": "3"},
+        {"name": "MASTER_ADDR", "value": "train-rdzv"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+        {"name": "PET_RDZV_CONF", "value": "join_timeout=900,keep_alive_interval=5"},
+    ]);
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(trainer_value(&m.object, "NNODES").as_deref(), Some("3"));
+    assert_eq!(
+        trainer_value(&m.object, "MASTER_ADDR").as_deref(),
+        Some("train-rdzv")
+    );
+    assert_eq!(
+        trainer_value(&m.object, "PET_RDZV_CONF").as_deref(),
+        Some("join_timeout=900,keep_alive_interval=5,keep_alive_max_attempt=3")
+    );
+    assert_eq!(
+        m.warnings,
+        vec![
+            "env PET_RDZV_CONF of container \"trainer\" sets keep_alive_interval=5, which is kept, but trainwire would set keep_alive_interval=1: a lost node then stays in the rendezvous longer".to_string(),
+            "env MASTER_ADDR of container \"trainer\" is \"train-rdzv\" in the manifest and is kept, but trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name would resolve to every pod); remove it to let trainwire manage it".to_string(),
+            "env NNODES of container \"trainer\" is \"3\" in the manifest and is kept, but trainwire would set \"4\" (spec.replicas); remove it to let trainwire manage it".to_string(),
+        ]
+    );
+    let count = |n: &str| {
+        trainer_env(&m.object)
+            .iter()
+            .filter(|(x, _)| x == n)
+            .count()
+    };
+    assert_eq!(count("NNODES"), 1);
+    assert_eq!(count("TORCH_NCCL_ASYNC_ERROR_HANDLING"), 1);
+    // Restored on re-injection: the user's original value comes back first.
+    let mut again = m.object.clone();
+    again["spec"]["replicas"] = json!(3);
+    let m2 = check_round_trip(&again, Some(&ns), &Profile::default());
+    assert_eq!(
+        trainer_value(&m2.object, "PET_RDZV_CONF").as_deref(),
+        Some("join_timeout=900,keep_alive_interval=5,keep_alive_max_attempt=3")
+    );
+}
+
+#[test]
+fn elastic_range_and_gpus_per_node() {
+    let (mut obj, ns) = fixture("statefulset-create-kubectl-create.json");
+    let ann = &mut obj["metadata"]["annotations"];
+    ann["trainwire.dev/nnodes"] = json!("1:4");
+    ann["trainwire.dev/gpus-per-node"] = json!("8");
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(
+        trainer_value(&m.object, "PET_NNODES").as_deref(),
+        Some("1:4")
+    );
+    assert_eq!(
+        trainer_value(&m.object, "PET_NPROC_PER_NODE").as_deref(),
+        Some("8")
+    );
+    assert_eq!(trainer_value(&m.object, "WORLD_SIZE"), None);
+    assert_eq!(trainer_value(&m.object, "NNODES"), None);
+    let res = &m.object["spec"]["template"]["spec"]["containers"][0]["resources"];
+    assert_eq!(
+        res,
+        &json!({"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}})
+    );
+    assert!(scale_allowed(&m.object, 4).is_ok());
+    assert!(scale_allowed(&m.object, 5).is_err());
+}
+
+#[test]
+fn scale_guard() {
+    let (obj, ns) = sts_fixture();
+    assert_eq!(scale_allowed(&obj, 5), Ok(()), "not injected");
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert_eq!(scale_allowed(&m.object, 2), Ok(()));
+    assert_eq!(scale_allowed(&m.object, 0), Ok(()), "stopping is fine");
+    assert_eq!(
+        scale_allowed(&m.object, 3).map_err(|e| e.to_string()),
+        Err("StatefulSet llama-ft: scaling to 3 replicas with the scale subresource (kubectl scale) is refused because its pods were injected with PET_NNODES=2 and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers 3".to_string())
+    );
+}
+
+fn with_annotation(key: &str, value: &str) -> Value {
+    let (mut obj, _) = sts_fixture();
+    obj["metadata"]["annotations"][key] = json!(value);
+    obj
+}
+
+#[rstest]
+#[case(
+    with_annotation("trainwire.dev/inject", "yes"),
+    "annotation trainwire.dev/inject: \"yes\" is not valid: not a boolean string; accepted: \"true\" or \"false\" (quoted in YAML)"
+)]
+#[case(
+    with_annotation("trainwire.dev/container", "worker"),
+    "annotation trainwire.dev/container: \"worker\" is not valid: no container of the pod template has this name; accepted: one of \"trainer\""
+)]
+#[case(
+    with_annotation("trainwire.dev/container", "Bad_Name"),
+    "annotation trainwire.dev/container: \"Bad_Name\" is not valid: not a container name; accepted: the name of a container of the pod template (a DNS-1123 label)"
+)]
+#[case(
+    with_annotation("trainwire.dev/nnodes", "4:2"),
+    "annotation trainwire.dev/nnodes: \"4:2\" is not valid: not a node count or range; accepted: a positive integer such as \"4\", or an elastic range \"MIN:MAX\" such as \"2:8\" with 1 <= MIN <= MAX"
+)]
+#[case(
+    with_annotation("trainwire.dev/nproc-per-node", "0"),
+    "annotation trainwire.dev/nproc-per-node: \"0\" is not valid: not a process count; accepted: a positive integer such as \"8\", or one of torchrun's \"auto\", \"gpu\", \"cpu\""
+)]
+#[case(
+    with_annotation("trainwire.dev/gpus-per-node", "two"),
+    "annotation trainwire.dev/gpus-per-node: \"two\" is not valid: not a GPU count; accepted: a positive integer such as \"8\""
+)]
+#[case(
+    with_annotation("trainwire.dev/rdzv-backend", "etcd"),
+    "annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: unknown rendezvous backend; accepted: \"c10d\", \"static\" or \"etcd-v2\""
+)]
+#[case(
+    with_annotation("trainwire.dev/rdzv-port", "70000"),
+    "annotation trainwire.dev/rdzv-port: \"70000\" is not valid: not a port; accepted: an integer from 1 to 65535, e.g. \"29500\""
+)]
+#[case(
+    with_annotation("trainwire.dev/max-restarts", "-1"),
+    "annotation trainwire.dev/max-restarts: \"-1\" is not valid: not a restart count; accepted: a non-negative integer such as \"3\""
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-pvc", "Ckpt!"),
+    "annotation trainwire.dev/checkpoint-pvc: \"Ckpt!\" is not valid: not a PersistentVolumeClaim name; accepted: the name of a PersistentVolumeClaim in the namespace (a DNS-1123 subdomain)"
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-path", "ckpt"),
+    "annotation trainwire.dev/checkpoint-path: \"ckpt\" is not valid: not an absolute path; accepted: an absolute directory path without \"..\", e.g. \"/checkpoints\""
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-max-age", "30 minutes"),
+    "annotation trainwire.dev/checkpoint-max-age: \"30 minutes\" is not valid: not a duration; accepted: a duration such as \"30m\", \"90s\", \"2h\" or \"1h30m\" (units ms, s, m, h)"
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "data"),
+    "annotation trainwire.dev/volumes: \"data\" is not valid: entry \"data\" has no mount path; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "data:/data:rx"),
+    "annotation trainwire.dev/volumes: \"data:/data:rx\" is not valid: entry \"data:/data:rx\" has a mode that is neither ro nor rw; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "data:/data:ro:x"),
+    "annotation trainwire.dev/volumes: \"data:/data:ro:x\" is not valid: entry \"data:/data:ro:x\" has too many \":\"; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "Data:/data"),
+    "annotation trainwire.dev/volumes: \"Data:/data\" is not valid: \"Data\" is not a PersistentVolumeClaim name; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "data:data"),
+    "annotation trainwire.dev/volumes: \"data:data\" is not valid: \"data\" is not an absolute path; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "a:/data,b:/data"),
+    "annotation trainwire.dev/volumes: \"a:/data,b:/data\" is not valid: \"/data\" is mounted twice; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+)]
+#[case(
+    with_annotation("trainwire.dev/nccl", "NCCL_DEBUG"),
+    "annotation trainwire.dev/nccl: \"NCCL_DEBUG\" is not valid: entry \"NCCL_DEBUG\" has no \"=\"; accepted: comma-separated KEY=VALUE with keys starting NCCL_ or TORCH_NCCL_, e.g. \"NCCL_DEBUG=INFO,NCCL_SOCKET_IFNAME=eth0\""
+)]
+#[case(
+    with_annotation("trainwire.dev/nccl", "LD_PRELOAD=x"),
+    "annotation trainwire.dev/nccl: \"LD_PRELOAD=x\" is not valid: \"LD_PRELOAD\" is not an NCCL_* or TORCH_NCCL_* variable; accepted: comma-separated KEY=VALUE with keys starting NCCL_ or TORCH_NCCL_, e.g. \"NCCL_DEBUG=INFO,NCCL_SOCKET_IFNAME=eth0\""
+)]
+#[case(
+    with_annotation("trainwire.dev/nccl", "NCCL_DEBUG=INFO,NCCL_DEBUG=WARN"),
+    "annotation trainwire.dev/nccl: \"NCCL_DEBUG=INFO,NCCL_DEBUG=WARN\" is not valid: NCCL_DEBUG is given twice; accepted: comma-separated KEY=VALUE with keys starting NCCL_ or TORCH_NCCL_, e.g. \"NCCL_DEBUG=INFO,NCCL_SOCKET_IFNAME=eth0\""
+)]
+#[case(
+    with_annotation("trainwire.dev/shm-size", "lots"),
+    "annotation trainwire.dev/shm-size: \"lots\" is not valid: not a size; accepted: a size such as \"8Gi\" or \"512Mi\", or \"off\" to leave /dev/shm alone"
+)]
+#[case(
+    with_annotation("trainwire.dev/sidecar", "no"),
+    "annotation trainwire.dev/sidecar: \"no\" is not valid: not a boolean; accepted: \"true\" or \"false\""
+)]
+#[case(
+    with_annotation("trainwire.dev/on-peer-loss", "restart"),
+    "annotation trainwire.dev/on-peer-loss: \"restart\" is not valid: unknown action; accepted: \"auto\", \"restart-workers\", \"restart-agent\" or \"none\""
+)]
+fn annotation_refusals(#[case] obj: Value, #[case] message: &str) {
+    assert_eq!(refusal(&obj, &Profile::default()), message);
+}
+
+fn with_annotations(pairs: &[(&str, &str)]) -> Value {
+    let (mut obj, _) = sts_fixture();
+    for (k, v) in pairs {
+        obj["metadata"]["annotations"][*k] = json!(v);
+    }
+    obj
+}
+
+fn without(pointer: &str, key: &str) -> Value {
+    let (mut obj, _) = sts_fixture();
+    if let Some(m) = obj.pointer_mut(pointer).and_then(Value::as_object_mut) {
+        m.remove(key);
+    }
+    obj
+}
+
+#[rstest]
+#[case(with_annotations(&[("trainwire.dev/inject", "true")]).pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/sidecar"] = json!(false); o }),
+    "annotation trainwire.dev/sidecar: \"false\" is not valid: annotation values are strings; accepted: the same value quoted in YAML")]
+#[case(with_annotations(&[("trainwire.dev/rdzv-backend", "static"), ("trainwire.dev/nnodes", "1:2")]),
+    "annotation trainwire.dev/nnodes: \"1:2\" is not valid: the static rendezvous backend cannot run an elastic world; accepted: a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX")]
+#[case(
+    without("/spec", "serviceName"),
+    "StatefulSet llama-ft has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name llama-ft-0.<service>.trainwire-test.svc for the rendezvous"
+)]
+#[case(
+    without("/metadata", "name"),
+    "the StatefulSet has no metadata.name; trainwire needs a fixed name for the pods' DNS names (generateName is not supported)"
+)]
+#[case(fixture("job-nonindexed-create.json").0,
+    "Job eval-nonindexed has spec.completionMode \"NonIndexed\"; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed (or remove it and trainwire sets it)")]
+#[case(sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["containers"] = json!([]); o }),
+    "the pod template has no containers; add the trainer container")]
+#[case(sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["containers"] = json!("x"); o }),
+    "the StatefulSet cannot be read: invalid type: string \"x\", expected a sequence")]
+#[case(with_annotations(&[("trainwire.dev/rdzv-backend", "etcd-v2")]),
+    "policy profile \"default\" rule etcdEndpoint: the etcd-v2 rendezvous backend needs an etcd endpoint and the policy gives none; use rdzv-backend c10d, or ask the platform team to set etcdEndpoint")]
+fn workload_refusals(#[case] obj: Value, #[case] message: &str) {
+    assert_eq!(refusal(&obj, &Profile::default()), message);
+}
+
+trait Pipe: Sized {
+    fn pipe(self, f: impl FnOnce(Self) -> Self) -> Self {
+        f(self)
+    }
+}
+impl Pipe for Value {}
+
+fn profile(f: impl FnOnce(&mut Profile)) -> Profile {
+    let mut p = Profile {
+        name: "ml".to_string(),
+        ..Profile::default()
+    };
+    f(&mut p);
+    p
+}
+
+fn enforced<T>(value: T, enforce: Enforce) -> Setting<T> {
+    Setting { value, enforce }
+}
+
+#[rstest]
+#[case(profile(|p| p.max_nodes = Some(1)), sts_fixture().0,
+    "policy profile \"ml\" rule maxNodes: the world asks for up to 2 nodes (spec.replicas or annotation trainwire.dev/nnodes), more than the 1 allowed")]
+#[case(profile(|p| p.max_gpus_per_node = Some(4)), with_annotations(&[("trainwire.dev/gpus-per-node", "8")]).pipe(|mut o| { o["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({}); o }),
+    "policy profile \"ml\" rule maxGpusPerNode: the trainer asks for 8 GPUs per node (annotation trainwire.dev/gpus-per-node or its nvidia.com/gpu resources), more than the 4 allowed; ask for at most 4")]
+#[case(profile(|p| { p.nccl.insert("NCCL_SOCKET_IFNAME".into(), enforced("eth1".to_string(), Enforce::Refuse)); }),
+    with_annotations(&[("trainwire.dev/nccl", "NCCL_SOCKET_IFNAME=eth0")]),
+    "policy profile \"ml\" rule nccl.NCCL_SOCKET_IFNAME: annotation trainwire.dev/nccl is \"eth0\", but the policy enforces \"eth1\"; remove it or set it to that value")]
+#[case(profile(|p| { p.nccl.insert("NCCL_SOCKET_IFNAME".into(), enforced("eth1".to_string(), Enforce::Refuse)); }),
+    sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "NCCL_SOCKET_IFNAME", "value": "ib0"}]); o }),
+    "policy profile \"ml\" rule nccl.NCCL_SOCKET_IFNAME: env NCCL_SOCKET_IFNAME of container \"trainer\" is \"ib0\", but the policy enforces \"eth1\"; remove it or set it to that value")]
+#[case(profile(|p| p.allowed_claims = Some(vec!["team-*".into()])), sts_fixture().0,
+    "policy profile \"ml\" rule allowedClaims: annotation trainwire.dev/checkpoint-pvc names claim \"ckpt\", which is not among the allowed claims \"team-*\"")]
+#[case(profile(|p| p.allowed_claims = Some(vec!["{namespace}-*".into(), "ckpt".into()])), with_annotations(&[("trainwire.dev/volumes", "other:/data")]),
+    "policy profile \"ml\" rule allowedClaims: annotation trainwire.dev/volumes names claim \"other\", which is not among the allowed claims \"trainwire-test-*\", \"ckpt\"")]
+#[case(profile(|p| p.checkpoint = Some(CheckpointRule { claim: "{name}-ckpt".into(), mount_path: None, enforce: Enforce::Refuse })), sts_fixture().0,
+    "policy profile \"ml\" rule checkpoint: annotation trainwire.dev/checkpoint-pvc is \"ckpt\", but checkpoints must go to a claim matching \"llama-ft-ckpt\"")]
+#[case(profile(|p| p.checkpoint = Some(CheckpointRule { claim: "ckpt-*".into(), mount_path: None, enforce: Enforce::Refuse })), without("/metadata/annotations", "trainwire.dev/checkpoint-pvc"),
+    "policy profile \"ml\" rule checkpoint: every training workload must keep its checkpoints on a shared claim: annotate trainwire.dev/checkpoint-pvc with a claim matching \"ckpt-*\"")]
+#[case(profile(|p| p.shm_size = enforced("16Gi".into(), Enforce::Refuse)), with_annotations(&[("trainwire.dev/shm-size", "off")]),
+    "policy profile \"ml\" rule shmSize: annotation trainwire.dev/shm-size is \"off\", but the policy enforces \"16Gi\"; remove it or set it to that value")]
+#[case(profile(|p| p.rdzv_backend = enforced(RdzvBackend::C10d, Enforce::Refuse)), with_annotations(&[("trainwire.dev/rdzv-backend", "static")]),
+    "policy profile \"ml\" rule rdzvBackend: annotation trainwire.dev/rdzv-backend is Static, but the policy enforces C10d; remove it or set it to that value")]
+#[case(profile(|p| p.sidecar.enabled = enforced(true, Enforce::Refuse)), with_annotations(&[("trainwire.dev/sidecar", "false")]),
+    "policy profile \"ml\" rule sidecar.enabled: annotation trainwire.dev/sidecar is false, but the policy enforces true; remove it or set it to that value")]
+#[case(profile(|p| { p.node_selector.insert("pool".into(), enforced("gpu".to_string(), Enforce::Refuse)); }),
+    sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["nodeSelector"] = json!({"pool": "cpu"}); o }),
+    "policy profile \"ml\" rule nodeSelector.pool: nodeSelector pool of the pod template is \"cpu\", but the policy enforces \"gpu\"; remove it or set it to that value")]
+#[case(profile(|p| p.node_failure_toleration_seconds = Some(enforced(30, Enforce::Refuse))),
+    sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]); o }),
+    "policy profile \"ml\" rule nodeFailureTolerationSeconds: the pod template tolerates node.kubernetes.io/unreachable forever (no tolerationSeconds), but the policy enforces 30 s; remove that toleration or set tolerationSeconds: 30")]
+fn policy_refusals(#[case] profile: Profile, #[case] obj: Value, #[case] message: &str) {
+    assert_eq!(refusal(&obj, &profile), message);
+}
+
+#[test]
+fn policy_overwrites_defaults_and_placement() {
+    let p = profile(|p| {
+        p.nccl.insert(
+            "NCCL_SOCKET_IFNAME".into(),
+            enforced("eth1".to_string(), Enforce::Overwrite),
+        );
+        p.nccl.insert(
+            "NCCL_DEBUG".into(),
+            enforced("WARN".to_string(), Enforce::Default),
+        );
+        p.node_selector.insert(
+            "pool".into(),
+            enforced("gpu".to_string(), Enforce::Overwrite),
+        );
+        p.tolerations.push(k8s_openapi::api::core::v1::Toleration {
+            key: Some("dedicated".into()),
+            operator: Some("Equal".into()),
+            value: Some("ml".into()),
+            effect: Some("NoSchedule".into()),
+            toleration_seconds: None,
+        });
+        p.node_failure_toleration_seconds = Some(enforced(30, Enforce::Overwrite));
+        p.shm_size = enforced("16Gi".into(), Enforce::Default);
+        p.sidecar.image = enforced("registry.example/sidecar:2".into(), Enforce::Refuse);
+        p.checkpoint = Some(CheckpointRule {
+            claim: "{name}-ckpt".into(),
+            mount_path: Some("/ckpt".into()),
+            enforce: Enforce::Overwrite,
+        });
+    });
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = json!([
+        {"name": "NCCL_SOCKET_IFNAME", "value": "ib0"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+    ]);
+    obj["spec"]["template"]["spec"]["nodeSelector"] = json!({"pool": "cpu"});
+    obj["spec"]["template"]["spec"]["tolerations"] = json!([
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    ]);
+    let m = check_round_trip(&obj, Some(&ns), &p);
+    assert_eq!(
+        trainer_value(&m.object, "NCCL_SOCKET_IFNAME").as_deref(),
+        Some("eth1")
+    );
+    assert_eq!(
+        trainer_value(&m.object, "NCCL_DEBUG").as_deref(),
+        Some("INFO"),
+        "a default yields to the manifest"
+    );
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(spec["nodeSelector"], json!({"pool": "gpu"}));
+    assert_eq!(
+        spec["tolerations"],
+        json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+        ])
+    );
+    assert_eq!(
+        spec["initContainers"][0]["image"],
+        "registry.example/sidecar:2"
+    );
+    assert_eq!(
+        spec["volumes"][0]["persistentVolumeClaim"]["claimName"],
+        "llama-ft-ckpt"
+    );
+    assert_eq!(
+        trainer_value(&m.object, "CHECKPOINT_DIR").as_deref(),
+        Some("/ckpt")
+    );
+    assert_eq!(spec["volumes"][1]["emptyDir"]["sizeLimit"], "16Gi");
+    assert_eq!(
+        m.warnings,
+        vec![
+            "policy profile \"ml\" rule checkpoint: annotation trainwire.dev/checkpoint-pvc was \"ckpt\", overwritten with the required claim \"llama-ft-ckpt\"".to_string(),
+            "policy profile \"ml\" rule nccl.NCCL_SOCKET_IFNAME: env NCCL_SOCKET_IFNAME of container \"trainer\" was \"ib0\", overwritten with the enforced \"eth1\"".to_string(),
+            "policy profile \"ml\" rule nodeSelector.pool: nodeSelector pool of the pod template was \"cpu\", overwritten with the enforced \"gpu\"".to_string(),
+            "policy profile \"ml\" rule nodeFailureTolerationSeconds: tolerationSeconds of the pod template's toleration for node.kubernetes.io/not-ready was 300, overwritten with the enforced 30".to_string(),
+        ]
+    );
+    // A policy that stops enforcing gives the user's values back.
+    let relaxed = Profile {
+        name: "ml".into(),
+        ..Profile::default()
+    };
+    let back = check_round_trip(&m.object, Some(&ns), &relaxed);
+    assert_eq!(
+        trainer_value(&back.object, "NCCL_SOCKET_IFNAME").as_deref(),
+        Some("ib0")
+    );
+    let spec = &back.object["spec"]["template"]["spec"];
+    assert_eq!(spec["nodeSelector"], json!({"pool": "cpu"}));
+    assert_eq!(spec["tolerations"][0]["tolerationSeconds"], 300);
+}
+
+#[test]
+fn trainer_uid_is_the_sidecars() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] =
+        json!({"runAsUser": 1000, "runAsGroup": 1000});
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+    assert_eq!(sc["runAsUser"], 1000);
+    assert_eq!(
+        sc["capabilities"],
+        json!({"add": ["KILL"], "drop": ["ALL"]})
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+}
+
+#[test]
+fn unknown_fields_of_a_newer_apiserver_are_kept() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["futureField"] = json!({"x": 1});
+    obj["spec"]["template"]["spec"]["containers"][0]["futureField"] = json!(true);
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.object["spec"]["template"]["spec"]["futureField"],
+        json!({"x": 1})
+    );
+    assert_eq!(
+        m.object["spec"]["template"]["spec"]["containers"][0]["futureField"],
+        json!(true)
+    );
+}
+
+const KEYS: &[&str] = &[
+    "trainwire.dev/container",
+    "trainwire.dev/nnodes",
+    "trainwire.dev/nproc-per-node",
+    "trainwire.dev/gpus-per-node",
+    "trainwire.dev/rdzv-backend",
+    "trainwire.dev/rdzv-port",
+    "trainwire.dev/max-restarts",
+    "trainwire.dev/checkpoint-pvc",
+    "trainwire.dev/checkpoint-path",
+    "trainwire.dev/checkpoint-max-age",
+    "trainwire.dev/volumes",
+    "trainwire.dev/nccl",
+    "trainwire.dev/shm-size",
+    "trainwire.dev/sidecar",
+    "trainwire.dev/on-peer-loss",
+    "trainwire.dev/unknown",
+];
+
+fn plausible_value() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("trainer".to_string()),
+        Just("2:8".to_string()),
+        Just("3".to_string()),
+        Just("off".to_string()),
+        Just("16Gi".to_string()),
+        Just("false".to_string()),
+        Just("static".to_string()),
+        Just("restart-agent".to_string()),
+        Just("data:/data:ro,models:/models".to_string()),
+        Just("NCCL_DEBUG=INFO".to_string()),
+        Just("/ckpt".to_string()),
+        Just("ckpt".to_string()),
+        "[ -~]{0,24}",
+        any::<String>(),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn arbitrary_annotations_never_panic_and_round_trip(
+        pairs in proptest::collection::vec((0..KEYS.len(), plausible_value()), 0..6),
+        replicas in 0i32..6,
+        job in any::<bool>(),
+    ) {
+        let (mut obj, ns) = if job { fixture("job-indexed-create.json") } else { sts_fixture() };
+        if !job {
+            obj["spec"]["replicas"] = json!(replicas);
+        }
+        for (k, v) in &pairs {
+            obj["metadata"]["annotations"][KEYS[*k]] = json!(v);
+        }
+        if let Ok(Outcome::Mutated(m)) = mutate(&obj, Some(&ns), &Profile::default()) {
+            let patched = apply_checked(&obj, &m.patch);
+            prop_assert_eq!(patched.as_ref(), Ok(&m.object));
+            match mutate(&m.object, Some(&ns), &Profile::default()) {
+                Ok(Outcome::Mutated(again)) => {
+                    prop_assert!(again.patch.0.is_empty());
+                    prop_assert_eq!(&again.object, &m.object);
+                }
+                other => prop_assert!(false, "re-injection: {:?}", other),
+            }
+            // Changing the size re-injects to the same result as a fresh injection.
+            if !job {
+                let mut resized = m.object.clone();
+                resized["spec"]["replicas"] = json!(replicas + 1);
+                let mut fresh = obj.clone();
+                fresh["spec"]["replicas"] = json!(replicas + 1);
+                let a = mutate(&resized, Some(&ns), &Profile::default());
+                let b = mutate(&fresh, Some(&ns), &Profile::default());
+                match (a, b) {
+                    (Ok(Outcome::Mutated(a)), Ok(Outcome::Mutated(b))) => {
+                        let applied = apply_checked(&resized, &a.patch);
+                        prop_assert_eq!(applied.as_ref(), Ok(&a.object));
+                        prop_assert_eq!(&a.object["spec"]["template"]["spec"], &b.object["spec"]["template"]["spec"]);
+                    }
+                    (Err(a), Err(b)) => prop_assert_eq!(a, b),
+                    (a, b) => prop_assert!(false, "{:?} vs {:?}", a, b),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn any_annotation_string_never_panics(key in "trainwire\\.dev/[a-z-]{0,20}", value in any::<String>()) {
+        let (mut obj, ns) = sts_fixture();
+        obj["metadata"]["annotations"][key.as_str()] = json!(value);
+        let _ = mutate(&obj, Some(&ns), &Profile::default());
+    }
+}

@@ -1,0 +1,445 @@
+//! Volumes: the shared checkpoint PVC (trainer read-write, sidecar read-only,
+//! `CHECKPOINT_DIR`), the extra shared PVCs of `trainwire.dev/volumes`, and a
+//! memory-backed `/dev/shm` (PyTorch's DataLoader workers and NCCL use shared
+//! memory; the container runtime's default is 64 MiB).
+
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, PersistentVolumeClaimVolumeSource, PodSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::annotations::{self, Annotations};
+use super::status::fingerprint;
+use super::workload::Shape;
+use super::{Ctx, Refusal};
+use crate::policy::{self, Enforce, Setting};
+
+pub const CHECKPOINT_VOLUME: &str = "trainwire-checkpoint";
+pub const SHM_VOLUME: &str = "trainwire-shm";
+pub const SHM_PATH: &str = "/dev/shm";
+
+/// The checkpoint directory as mounted in the trainer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub volume: String,
+    pub path: String,
+    pub max_age: String,
+}
+
+fn glob_match(pattern: &str, value: &str) -> bool {
+    match globset::Glob::new(pattern) {
+        Ok(g) => g.compile_matcher().is_match(value),
+        Err(_) => pattern == value,
+    }
+}
+
+fn is_plain(pattern: &str) -> bool {
+    !pattern.contains(['*', '?', '[', ']', '{', '}'])
+}
+
+fn substitute(pattern: &str, shape: &Shape) -> String {
+    pattern
+        .replace("{namespace}", &shape.namespace)
+        .replace("{name}", &shape.name)
+}
+
+/// Refuse a claim the policy does not allow.
+fn check_allowed(
+    ctx: &Ctx<'_>,
+    shape: &Shape,
+    claim: &str,
+    annotation: &str,
+) -> Result<(), Refusal> {
+    let Some(allowed) = &ctx.profile.allowed_claims else {
+        return Ok(());
+    };
+    let patterns: Vec<String> = allowed.iter().map(|p| substitute(p, shape)).collect();
+    if patterns.iter().any(|p| glob_match(p, claim)) {
+        return Ok(());
+    }
+    Err(Refusal::Policy {
+        profile: ctx.profile.name.clone(),
+        rule: "allowedClaims".to_string(),
+        detail: format!(
+            "annotation {annotation} names claim {claim:?}, which is not among the allowed claims {}",
+            patterns
+                .iter()
+                .map(|p| format!("{p:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
+/// A volume name derived from a claim name (a DNS-1123 label), unique in the pod.
+fn volume_name(spec: &PodSpec, base: &str) -> String {
+    let mut name: String = base
+        .chars()
+        .map(|ch| if ch == '.' { '-' } else { ch })
+        .take(57)
+        .collect();
+    name = name.trim_end_matches('-').to_string();
+    let taken = |n: &str| spec.volumes.iter().flatten().any(|v| v.name == n);
+    if !taken(&name) {
+        return name;
+    }
+    (2..)
+        .map(|i| format!("{name}-{i}"))
+        .find(|n| !taken(n))
+        .unwrap_or(name)
+}
+
+fn claim_of(spec: &PodSpec, volume: &str) -> Option<String> {
+    spec.volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == volume)
+        .and_then(|v| v.persistent_volume_claim.as_ref())
+        .map(|p| p.claim_name.clone())
+}
+
+fn mount_at<'a>(spec: &'a PodSpec, trainer: usize, path: &str) -> Option<&'a VolumeMount> {
+    spec.containers[trainer]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path.trim_end_matches('/') == path)
+}
+
+/// A claim trainwire wants mounted in the trainer.
+struct ClaimMount<'a> {
+    claim: &'a str,
+    path: &'a str,
+    read_only: bool,
+    /// Volume name to use when a new volume is needed.
+    base_name: &'a str,
+    /// Which annotation asked for it, for warnings.
+    why: String,
+}
+
+/// Mount `claim` at `path` in the trainer, reusing the manifest's volume or
+/// mount when it already has them. Returns the volume name mounted there.
+fn mount_claim(
+    ctx: &mut Ctx<'_>,
+    spec: &mut PodSpec,
+    trainer: usize,
+    want: ClaimMount<'_>,
+) -> String {
+    let ClaimMount {
+        claim,
+        path,
+        read_only,
+        base_name,
+        why,
+    } = want;
+    if let Some(m) = mount_at(spec, trainer, path) {
+        let name = m.name.clone();
+        let has = claim_of(spec, &name);
+        if has.as_deref() != Some(claim) {
+            ctx.warn(format!(
+                "container {:?} already mounts volume {name:?} ({}) at {path}, which is kept; {why} asked for claim {claim:?} there",
+                spec.containers[trainer].name,
+                has.map(|c| format!("claim {c:?}")).unwrap_or_else(|| "not a PersistentVolumeClaim".to_string()),
+            ));
+        }
+        return name;
+    }
+    let existing = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.persistent_volume_claim
+                .as_ref()
+                .is_some_and(|p| p.claim_name == claim)
+        })
+        .map(|v| v.name.clone());
+    let name = match existing {
+        Some(n) => n,
+        None => {
+            let name = volume_name(spec, base_name);
+            let v = Volume {
+                name: name.clone(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.to_string(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            };
+            ctx.status.volumes.insert(name.clone(), fingerprint(&v));
+            spec.volumes.get_or_insert_with(Vec::new).push(v);
+            name
+        }
+    };
+    let m = VolumeMount {
+        name: name.clone(),
+        mount_path: path.to_string(),
+        read_only: read_only.then_some(true),
+        ..Default::default()
+    };
+    ctx.status
+        .volume_mounts
+        .insert(path.to_string(), fingerprint(&m));
+    spec.containers[trainer]
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(m);
+    name
+}
+
+/// The checkpoint claim: the annotation against the policy's checkpoint rule.
+fn checkpoint_claim(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+) -> Result<Option<String>, Refusal> {
+    let profile = ctx.profile;
+    let user = ann.checkpoint_pvc.clone();
+    let Some(rule) = &profile.checkpoint else {
+        if let Some(c) = &user {
+            check_allowed(ctx, shape, c, annotations::CHECKPOINT_PVC)?;
+        }
+        return Ok(user);
+    };
+    let pattern = substitute(&rule.claim, shape);
+    let refuse = |detail: String| Refusal::Policy {
+        profile: profile.name.clone(),
+        rule: "checkpoint".to_string(),
+        detail,
+    };
+    match (user, rule.enforce) {
+        (Some(c), _) if glob_match(&pattern, &c) => Ok(Some(c)),
+        (Some(c), Enforce::Default) => {
+            check_allowed(ctx, shape, &c, annotations::CHECKPOINT_PVC)?;
+            Ok(Some(c))
+        }
+        (Some(c), Enforce::Overwrite) if is_plain(&pattern) => {
+            ctx.warn(format!(
+                "policy profile {:?} rule checkpoint: annotation {} was {c:?}, overwritten with the required claim {pattern:?}",
+                profile.name,
+                annotations::CHECKPOINT_PVC
+            ));
+            Ok(Some(pattern))
+        }
+        (Some(c), _) => Err(refuse(format!(
+            "annotation {} is {c:?}, but checkpoints must go to a claim matching {pattern:?}",
+            annotations::CHECKPOINT_PVC
+        ))),
+        (None, Enforce::Refuse) => Err(refuse(format!(
+            "every training workload must keep its checkpoints on a shared claim: annotate {} with a claim matching {pattern:?}",
+            annotations::CHECKPOINT_PVC
+        ))),
+        (None, _) if is_plain(&pattern) => Ok(Some(pattern)),
+        (None, Enforce::Overwrite) => Err(refuse(format!(
+            "annotate {} with a claim matching {pattern:?}",
+            annotations::CHECKPOINT_PVC
+        ))),
+        (None, _) => Ok(None),
+    }
+}
+
+/// Mount the checkpoint claim (or find the manifest's own mount at the
+/// checkpoint path). `None` when there is no checkpoint directory.
+pub fn checkpoint(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    spec: &mut PodSpec,
+    trainer: usize,
+) -> Result<Option<Checkpoint>, Refusal> {
+    let profile = ctx.profile;
+    let claim = checkpoint_claim(ctx, shape, ann)?;
+    let (rule, setting) = match profile
+        .checkpoint
+        .as_ref()
+        .and_then(|r| r.mount_path.clone().map(|p| (r, p)))
+    {
+        Some((r, p)) => (
+            "checkpoint.mountPath",
+            Setting {
+                value: p,
+                enforce: r.enforce,
+            },
+        ),
+        None => ("checkpointPath", profile.checkpoint_path.clone()),
+    };
+    let source = format!("annotation {}", annotations::CHECKPOINT_PATH);
+    let path = policy::resolve(
+        profile,
+        rule,
+        &setting,
+        ann.checkpoint_path.clone().map(|p| (p, source.as_str())),
+    )?;
+    if let Some(w) = path.warning {
+        ctx.warn(w);
+    }
+    let path = path.value.trim_end_matches('/').to_string();
+    let source = format!("annotation {}", annotations::CHECKPOINT_MAX_AGE);
+    let max_age = policy::resolve(
+        profile,
+        "checkpointMaxAge",
+        &profile.checkpoint_max_age,
+        ann.checkpoint_max_age.clone().map(|a| (a, source.as_str())),
+    )?;
+    if let Some(w) = max_age.warning {
+        ctx.warn(w);
+    }
+    let volume = match claim {
+        Some(claim) => mount_claim(
+            ctx,
+            spec,
+            trainer,
+            ClaimMount {
+                claim: &claim,
+                path: &path,
+                read_only: false,
+                base_name: CHECKPOINT_VOLUME,
+                why: format!("annotation {}", annotations::CHECKPOINT_PVC),
+            },
+        ),
+        None => match mount_at(spec, trainer, &path) {
+            Some(m) => m.name.clone(),
+            None => {
+                if ann.checkpoint_path.is_some() {
+                    ctx.warn(format!(
+                        "annotation {} is set but there is no checkpoint volume: annotate {} or mount a volume at {path}",
+                        annotations::CHECKPOINT_PATH,
+                        annotations::CHECKPOINT_PVC
+                    ));
+                }
+                return Ok(None);
+            }
+        },
+    };
+    Ok(Some(Checkpoint {
+        volume,
+        path,
+        max_age: max_age.value,
+    }))
+}
+
+/// The extra shared claims of `trainwire.dev/volumes`.
+pub fn shared(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    spec: &mut PodSpec,
+    trainer: usize,
+) -> Result<(), Refusal> {
+    for v in &ann.volumes {
+        check_allowed(ctx, shape, &v.claim, annotations::VOLUMES)?;
+    }
+    for v in &ann.volumes {
+        mount_claim(
+            ctx,
+            spec,
+            trainer,
+            ClaimMount {
+                claim: &v.claim,
+                path: &v.path,
+                read_only: v.read_only,
+                base_name: &v.claim,
+                why: format!("annotation {}", annotations::VOLUMES),
+            },
+        );
+    }
+    Ok(())
+}
+
+fn shm_volume(name: &str, size: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_string()),
+            size_limit: Some(Quantity(size.to_string())),
+        }),
+        ..Default::default()
+    }
+}
+
+/// A memory-backed `/dev/shm` of the resolved size, unless `off`.
+pub fn shm(
+    ctx: &mut Ctx<'_>,
+    ann: &Annotations,
+    spec: &mut PodSpec,
+    trainer: usize,
+) -> Result<(), Refusal> {
+    let profile = ctx.profile;
+    let source = format!("annotation {}", annotations::SHM_SIZE);
+    let size = policy::resolve(
+        profile,
+        "shmSize",
+        &profile.shm_size,
+        ann.shm_size.clone().map(|s| (s, source.as_str())),
+    )?;
+    if let Some(w) = size.warning {
+        ctx.warn(w);
+    }
+    let size = size.value;
+    if size == "off" {
+        return Ok(());
+    }
+    let Some(m) = mount_at(spec, trainer, SHM_PATH) else {
+        let name = volume_name(spec, SHM_VOLUME);
+        let v = shm_volume(&name, &size);
+        ctx.status.volumes.insert(name.clone(), fingerprint(&v));
+        spec.volumes.get_or_insert_with(Vec::new).push(v);
+        let m = VolumeMount {
+            name,
+            mount_path: SHM_PATH.to_string(),
+            ..Default::default()
+        };
+        ctx.status
+            .volume_mounts
+            .insert(SHM_PATH.to_string(), fingerprint(&m));
+        spec.containers[trainer]
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(m);
+        return Ok(());
+    };
+    let name = m.name.clone();
+    let user = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == name)
+        .map(|v| match &v.empty_dir {
+            Some(e) if e.medium.as_deref() == Some("Memory") => e
+                .size_limit
+                .as_ref()
+                .map(|q| q.0.clone())
+                .unwrap_or_else(|| "unlimited".to_string()),
+            _ => "not a memory emptyDir".to_string(),
+        });
+    let user = user.unwrap_or_else(|| "not a memory emptyDir".to_string());
+    if user == size {
+        return Ok(());
+    }
+    let what = format!("the volume {name:?} mounted at {SHM_PATH}");
+    let resolved = policy::resolve(
+        profile,
+        "shmSize",
+        &profile.shm_size,
+        Some((user.clone(), what.as_str())),
+    )?;
+    if let Some(w) = resolved.warning {
+        ctx.warn(w);
+    }
+    if resolved.value != user {
+        if let Some(vols) = spec.volumes.as_mut()
+            && let Some(slot) = vols.iter_mut().find(|v| v.name == name)
+        {
+            let new = shm_volume(&name, &resolved.value);
+            ctx.status.volumes.insert(name.clone(), fingerprint(&new));
+            let orig = std::mem::replace(slot, new);
+            ctx.status.replaced_volumes.insert(name.clone(), orig);
+        }
+    } else if ann.shm_size.is_some() {
+        ctx.warn(format!(
+            "{what} ({user}) is kept; annotation {} asked for {size}",
+            annotations::SHM_SIZE
+        ));
+    }
+    Ok(())
+}

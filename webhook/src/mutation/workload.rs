@@ -1,0 +1,254 @@
+//! StatefulSet and Job specifics: where the pod template is, the world size
+//! field, the headless Service that gives pods DNS names, the rank source and
+//! the label selector of the workload's pods.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::Value;
+
+use super::{Ctx, Refusal};
+
+/// Downward-API path of a StatefulSet pod's index (Kubernetes 1.28+).
+pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/pod-index']";
+/// Downward-API path of an Indexed Job pod's completion index.
+pub const JOB_RANK_FIELD: &str = "metadata.annotations['batch.kubernetes.io/job-completion-index']";
+
+/// A workload trainwire manages, typed.
+#[derive(Clone, Debug)]
+pub enum Workload {
+    StatefulSet(Box<StatefulSet>),
+    Job(Box<Job>),
+}
+
+/// What the rest of the engine needs to know about the workload.
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub kind: &'static str,
+    pub name: String,
+    pub namespace: String,
+    /// The headless Service: `spec.serviceName` or the pod template's `subdomain`.
+    pub service: String,
+    /// `spec.replicas` or `spec.parallelism`.
+    pub size: i32,
+    pub size_field: &'static str,
+    /// Label selector of exactly this workload's pods (`k=v,...`).
+    pub selector: String,
+    pub rank_field: &'static str,
+}
+
+impl Shape {
+    /// Pod `i`'s DNS name, `{i}` standing for the index in the pattern.
+    pub fn host(&self, i: &str) -> String {
+        format!("{}-{i}.{}.{}.svc", self.name, self.service, self.namespace)
+    }
+}
+
+/// Which kinds are managed: `(apiVersion, kind)`.
+pub fn is_managed_kind(api_version: &str, kind: &str) -> bool {
+    matches!(
+        (api_version, kind),
+        ("apps/v1", "StatefulSet") | ("batch/v1", "Job")
+    )
+}
+
+impl Workload {
+    /// Read the workload. `object` has already been checked to be a managed kind.
+    pub fn from_json(kind: &str, object: Value) -> Result<Workload, Refusal> {
+        let object = quantities_as_strings(object);
+        let unreadable =
+            |e: serde_json::Error| Refusal::Workload(format!("the {kind} cannot be read: {e}"));
+        match kind {
+            "StatefulSet" => Ok(Workload::StatefulSet(Box::new(
+                serde_json::from_value(object).map_err(unreadable)?,
+            ))),
+            _ => Ok(Workload::Job(Box::new(
+                serde_json::from_value(object).map_err(unreadable)?,
+            ))),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        match self {
+            Workload::StatefulSet(s) => serde_json::to_value(s),
+            Workload::Job(j) => serde_json::to_value(j),
+        }
+        .unwrap_or(Value::Null)
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Workload::StatefulSet(_) => "StatefulSet",
+            Workload::Job(_) => "Job",
+        }
+    }
+
+    pub fn template(&self) -> Option<&PodTemplateSpec> {
+        match self {
+            Workload::StatefulSet(s) => s.spec.as_ref().map(|s| &s.template),
+            Workload::Job(j) => j.spec.as_ref().map(|s| &s.template),
+        }
+    }
+
+    pub fn template_mut(&mut self) -> Option<&mut PodTemplateSpec> {
+        match self {
+            Workload::StatefulSet(s) => s.spec.as_mut().map(|s| &mut s.template),
+            Workload::Job(j) => j.spec.as_mut().map(|s| &mut s.template),
+        }
+    }
+
+    /// Unset workload-level fields an earlier injection set (see the status).
+    pub fn unset(&mut self, fields: &[String]) {
+        if let Workload::Job(j) = self
+            && let Some(spec) = j.spec.as_mut()
+        {
+            for f in fields {
+                match f.as_str() {
+                    "completionMode" => spec.completion_mode = None,
+                    "completions" => spec.completions = None,
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Check the shape, complete a Job (Indexed, completions, subdomain) and
+    /// describe the workload.
+    pub fn prepare(&mut self, ctx: &mut Ctx<'_>, namespace: &str) -> Result<Shape, Refusal> {
+        let kind = self.kind();
+        let name = match self {
+            Workload::StatefulSet(s) => s.metadata.name.clone(),
+            Workload::Job(j) => j.metadata.name.clone(),
+        }
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            Refusal::Workload(format!(
+                "the {kind} has no metadata.name; trainwire needs a fixed name for the pods' DNS names (generateName is not supported)"
+            ))
+        })?;
+        if self.template().and_then(|t| t.spec.as_ref()).is_none() {
+            return Err(Refusal::Workload(format!(
+                "{kind} {name} has no spec.template.spec; add the pod template with the trainer container"
+            )));
+        }
+        match self {
+            Workload::StatefulSet(s) => {
+                let spec = s
+                    .spec
+                    .as_ref()
+                    .ok_or_else(|| Refusal::Workload(format!("StatefulSet {name} has no spec")))?;
+                let service = spec.service_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| {
+                    Refusal::Workload(format!(
+                        "StatefulSet {name} has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name {name}-0.<service>.{namespace}.svc for the rendezvous"
+                    ))
+                })?;
+                Ok(Shape {
+                    kind,
+                    selector: selector_string(&spec.selector),
+                    name,
+                    namespace: namespace.to_string(),
+                    service,
+                    size: spec.replicas.unwrap_or(1),
+                    size_field: "spec.replicas",
+                    rank_field: STATEFULSET_RANK_FIELD,
+                })
+            }
+            Workload::Job(j) => {
+                let spec = j
+                    .spec
+                    .as_mut()
+                    .ok_or_else(|| Refusal::Workload(format!("Job {name} has no spec")))?;
+                match spec.completion_mode.as_deref() {
+                    None => {
+                        spec.completion_mode = Some("Indexed".to_string());
+                        ctx.status.fields.push("completionMode".to_string());
+                    }
+                    Some("Indexed") => {}
+                    Some(other) => {
+                        return Err(Refusal::Workload(format!(
+                            "Job {name} has spec.completionMode {other:?}; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed (or remove it and trainwire sets it)"
+                        )));
+                    }
+                }
+                let parallelism = spec.parallelism.unwrap_or(1);
+                match spec.completions {
+                    None => {
+                        spec.completions = Some(parallelism);
+                        ctx.status.fields.push("completions".to_string());
+                    }
+                    Some(c) if c != parallelism => ctx.warn(format!(
+                        "Job {name}: spec.completions is {c} but spec.parallelism is {parallelism}; every rank of a torchrun world must run at once, so set both to the number of nodes"
+                    )),
+                    Some(_) => {}
+                }
+                let pod = spec.template.spec.get_or_insert_with(Default::default);
+                let service = match pod.subdomain.clone().filter(|s| !s.is_empty()) {
+                    Some(s) => s,
+                    None => {
+                        pod.subdomain = Some(name.clone());
+                        ctx.status.fields.push("subdomain".to_string());
+                        name.clone()
+                    }
+                };
+                Ok(Shape {
+                    kind,
+                    selector: format!("batch.kubernetes.io/job-name={name}"),
+                    name,
+                    namespace: namespace.to_string(),
+                    service,
+                    size: parallelism,
+                    size_field: "spec.parallelism",
+                    rank_field: JOB_RANK_FIELD,
+                })
+            }
+        }
+    }
+}
+
+/// A `LabelSelector` as a selector string (`k=v,k2 in (a,b),!k3`).
+pub fn selector_string(sel: &LabelSelector) -> String {
+    let mut parts: Vec<String> = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in sel.match_expressions.iter().flatten() {
+        let values = e.values.clone().unwrap_or_default().join(",");
+        parts.push(match e.operator.as_str() {
+            "In" => format!("{} in ({values})", e.key),
+            "NotIn" => format!("{} notin ({values})", e.key),
+            "Exists" => e.key.clone(),
+            _ => format!("!{}", e.key),
+        });
+    }
+    parts.join(",")
+}
+
+/// YAML turns `nvidia.com/gpu: 1` into a number, which the apiserver accepts
+/// as a quantity but the typed model does not: make quantity values strings.
+fn quantities_as_strings(mut v: Value) -> Value {
+    fn walk(v: &mut Value, quantity_map: bool) {
+        match v {
+            Value::Object(m) => {
+                for (k, child) in m.iter_mut() {
+                    if let Value::Number(n) = child
+                        && (quantity_map || k == "sizeLimit" || k == "storage")
+                    {
+                        *child = Value::String(n.to_string());
+                        continue;
+                    }
+                    walk(
+                        child,
+                        matches!(k.as_str(), "limits" | "requests" | "overhead" | "capacity"),
+                    );
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|c| walk(c, false)),
+            _ => {}
+        }
+    }
+    walk(&mut v, false);
+    v
+}

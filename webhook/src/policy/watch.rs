@@ -1,0 +1,153 @@
+//! Reloading the policy when its file changes, without a restart.
+//!
+//! A ConfigMap volume does not rewrite the file in place: the kubelet writes
+//! a new timestamped directory and atomically renames a `..data` symlink onto
+//! it; `policy.yaml` is a symlink through `..data`. A watch on the file
+//! itself follows the old inode and misses the swap, so the watch is on the
+//! file's directory, and any event there makes the file be read again. A
+//! reload happens only when the bytes differ from the last ones seen, so
+//! unrelated events in the directory cost one read.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::RecursiveMode;
+use notify_debouncer_full::{DebounceEventResult, new_debouncer};
+use tokio::sync::mpsc;
+
+use super::{Policy, PolicyArgs, SharedPolicy, with_args};
+
+/// Events closer together than this are one change (the kubelet's swap is
+/// several renames and a removal).
+const DEBOUNCE: Duration = Duration::from_millis(200);
+/// A slow re-read that catches what the watch misses (an inotify watch
+/// that could not be set up, a filesystem without events).
+const POLL: Duration = Duration::from_secs(30);
+/// Re-read interval when the directory watch cannot be set up at all.
+const POLL_WITHOUT_WATCH: Duration = Duration::from_secs(5);
+
+/// What the watcher last saw in the file.
+#[derive(PartialEq)]
+enum Seen {
+    Bytes(Vec<u8>),
+    Unreadable(String),
+}
+
+/// Watch the policy file's directory and put each new valid policy in force.
+///
+/// Runs until the future is dropped (abort the task). With no policy file
+/// (`--policy` not given) there is nothing to watch and it waits forever.
+/// On a change: the new file is loaded and validated like at start
+/// (including `--sidecar-image`); on success it replaces the policy in
+/// `shared` and `on_reload(Ok(()))` is called; on failure the error is
+/// logged, `on_reload(Err(message))` is called, and the old policy stays in
+/// force. The same broken content is reported once, not at every event.
+pub async fn watch(
+    args: PolicyArgs,
+    shared: SharedPolicy,
+    on_reload: Box<dyn Fn(Result<(), String>) + Send + Sync>,
+) {
+    let Some(path) = args.policy.clone() else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    let dir = watched_dir(&path);
+    let mut seen = read(&path).await;
+
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
+        if let Err(errors) = &result {
+            for e in errors {
+                tracing::warn!(error = %e, "policy watch error");
+            }
+        }
+        let _ = tx.send(());
+    })
+    .and_then(|mut d| d.watch(&dir, RecursiveMode::NonRecursive).map(|()| d));
+    let poll = match &debouncer {
+        Ok(_) => {
+            tracing::info!(file = %path.display(), dir = %dir.display(), "watching the policy for changes");
+            POLL
+        }
+        Err(e) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                error = %e,
+                "cannot watch the policy directory; re-reading the policy every {}s instead",
+                POLL_WITHOUT_WATCH.as_secs()
+            );
+            POLL_WITHOUT_WATCH
+        }
+    };
+    let mut watching = debouncer.is_ok();
+    let mut ticker = tokio::time::interval(poll);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            got = rx.recv(), if watching => {
+                if got.is_none() {
+                    // The watcher is gone; keep polling.
+                    watching = false;
+                    continue;
+                }
+                // Coalesce a burst of batches into one read.
+                while rx.try_recv().is_ok() {}
+            }
+            _ = ticker.tick() => {}
+        }
+        let now = read(&path).await;
+        if now == seen {
+            continue;
+        }
+        let outcome = match &now {
+            Seen::Unreadable(message) => Err(message.clone()),
+            Seen::Bytes(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => Policy::from_yaml(text, &path.display().to_string())
+                    .and_then(|p| with_args(p, &args))
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(format!(
+                    "{}: the policy file is not UTF-8: {e}",
+                    path.display()
+                )),
+            },
+        };
+        seen = now;
+        match outcome {
+            Ok(policy) => {
+                let names = policy.profile_names().join(", ");
+                shared.replace(policy);
+                tracing::info!(file = %path.display(), profiles = %names, "policy reloaded");
+                on_reload(Ok(()));
+            }
+            Err(message) => {
+                tracing::error!(
+                    file = %path.display(),
+                    error = %message,
+                    "new policy rejected; the previous policy stays in force"
+                );
+                on_reload(Err(message));
+            }
+        }
+    }
+    // The debouncer must live as long as the loop; it is dropped with the future.
+    #[allow(unreachable_code)]
+    drop(debouncer);
+}
+
+fn watched_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+async fn read(path: &Path) -> Seen {
+    match tokio::fs::read(path).await {
+        Ok(bytes) => Seen::Bytes(bytes),
+        Err(e) => Seen::Unreadable(format!(
+            "{}: cannot read the policy file: {e}",
+            path.display()
+        )),
+    }
+}

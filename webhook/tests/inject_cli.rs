@@ -1,0 +1,343 @@
+//! `trainwire-webhook inject`: golden renderings of `examples/`, and the real
+//! binary on multi-document YAML, Lists, refusals and KRM ResourceLists (and
+//! through kpt when it is installed).
+//!
+//! `TRAINWIRE_BLESS=1 cargo nextest run -p trainwire-webhook --test inject_cli`
+//! rewrites the golden files.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use trainwire_webhook::inject::{Options, render};
+use trainwire_webhook::policy::PolicyArgs;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_trainwire-webhook")
+}
+
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(bin())
+        .args(args)
+        .env_remove("TRAINWIRE_POLICY")
+        .env_remove("TRAINWIRE_SIDECAR_IMAGE")
+        .env_remove("TRAINWIRE_NAMESPACE")
+        .env_remove("TRAINWIRE_INJECT_FILE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trainwire-webhook");
+    if let Some(mut s) = child.stdin.take() {
+        s.write_all(stdin.as_bytes()).expect("write stdin");
+    }
+    child
+        .wait_with_output()
+        .expect("wait for trainwire-webhook")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Render every `examples/*.yaml` (but the policy file) with `policy` and
+/// compare to `<out_dir>/<name>.yaml` (stdout) and `<out_dir>/<name>.stderr`
+/// (warnings and refusals; a refused example renders nothing).
+/// `TRAINWIRE_BLESS=1` rewrites them.
+fn golden(policy: Option<&Path>, out_dir: &str) {
+    let examples = repo().join("examples");
+    let out = examples.join(out_dir);
+    let bless = std::env::var_os("TRAINWIRE_BLESS").is_some();
+    if bless {
+        std::fs::create_dir_all(&out).expect("create the rendered dir");
+    }
+    let opts = Options::from_args(
+        &PolicyArgs {
+            policy: policy.map(Path::to_path_buf),
+            sidecar_image: None,
+        },
+        None,
+    )
+    .expect("policy loads");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&examples)
+        .expect("examples/")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| p.file_name().is_some_and(|n| n != "policy.yaml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 3, "examples: {names:?}");
+    let mut mismatches = Vec::new();
+    for path in names {
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let input = std::fs::read_to_string(&path).expect("read example");
+        let rendered = render(&input, &opts).expect("example renders");
+        let refused = !rendered.refusals.is_empty();
+        if policy.is_none() {
+            assert!(!refused, "{stem}: {:?}", rendered.refusals);
+        }
+        let stdout = if refused {
+            String::new()
+        } else {
+            rendered.output.clone()
+        };
+        let stderr: String = rendered
+            .warnings
+            .iter()
+            .chain(&rendered.refusals)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        for (file, actual) in [
+            (out.join(format!("{stem}.yaml")), &stdout),
+            (out.join(format!("{stem}.stderr")), &stderr),
+        ] {
+            if bless {
+                std::fs::write(&file, actual).expect("write golden");
+                continue;
+            }
+            let expected = std::fs::read_to_string(&file).unwrap_or_default();
+            if &expected != actual {
+                mismatches.push(format!(
+                    "{} differs (TRAINWIRE_BLESS=1 to rewrite)\n--- expected\n{expected}\n--- actual\n{actual}",
+                    file.display()
+                ));
+            }
+        }
+        if refused {
+            continue;
+        }
+        // The rendered example is a fixed point.
+        let again = render(&rendered.output, &opts).expect("rendered example renders");
+        assert_eq!(
+            again.output, rendered.output,
+            "{stem}: injecting twice changes it"
+        );
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n\n"));
+}
+
+#[test]
+fn examples_render_as_checked_in() {
+    golden(None, "rendered");
+}
+
+#[test]
+fn examples_render_under_the_example_policy_as_checked_in() {
+    golden(
+        Some(&repo().join("examples/policy.yaml")),
+        "rendered-policy",
+    );
+}
+
+const MANIFEST: &str = "\
+# a ConfigMap passes through untouched, comments and all
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings   # inline comment
+data:
+  mode: '010'
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: llama
+  annotations:
+    trainwire.dev/inject: \"true\"
+    trainwire.dev/nnode: \"2\"
+spec:
+  replicas: 2
+  serviceName: llama
+  selector:
+    matchLabels: {app: llama}
+  template:
+    metadata:
+      labels: {app: llama}
+    spec:
+      containers:
+      - name: trainer
+        image: x
+        resources:
+          limits:
+            nvidia.com/gpu: 2
+";
+
+#[test]
+fn inject_multi_document_file_with_warnings_on_stderr() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("m.yaml");
+    std::fs::write(&file, MANIFEST).expect("write manifest");
+    let out = run(
+        &[
+            "inject",
+            "-f",
+            file.to_str().unwrap_or_default(),
+            "-n",
+            "team-a",
+        ],
+        "",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let first = stdout.split("---\n").next().unwrap_or_default();
+    assert_eq!(first, MANIFEST.split("---\n").next().unwrap_or_default());
+    assert!(
+        stdout.contains("value: llama-0.llama.team-a.svc:29500"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("name: PET_NPROC_PER_NODE\n          value: \"2\""),
+        "{stdout}"
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "document 2 StatefulSet/llama: warning: unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?\n"
+    );
+    // stdin, and the output is a fixed point.
+    let again = run(&["inject", "-f", "-", "-n", "team-a"], &stdout);
+    assert!(again.status.success());
+    assert_eq!(text(&again.stdout), stdout);
+}
+
+#[test]
+fn a_refusal_exits_non_zero_naming_the_document() {
+    let bad = MANIFEST.replace(
+        "trainwire.dev/nnode: \"2\"",
+        "trainwire.dev/nnodes: \"many\"",
+    );
+    let out = run(&["inject", "-f", "-"], &bad);
+    assert!(!out.status.success());
+    assert!(
+        out.stdout.is_empty(),
+        "nothing rendered: {}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: not a node count or range; accepted: "),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn list_items_are_injected() {
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama"}, "spec": {"clusterIP": "None"}},
+            serde_saphyr::from_str::<Value>(MANIFEST.split("---\n").nth(1).unwrap_or_default()).expect("yaml"),
+        ]
+    });
+    let out = run(&["inject", "-f", "-"], &list.to_string());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("YAML out");
+    assert_eq!(v["kind"], "List");
+    assert_eq!(v["items"][0], list["items"][0]);
+    assert_eq!(
+        v["items"][1]["spec"]["template"]["spec"]["shareProcessNamespace"],
+        true
+    );
+    assert!(text(&out.stderr).starts_with("document 1 item 2 StatefulSet/llama: warning: "));
+}
+
+fn resource_list(items: &[&str]) -> String {
+    let items: Vec<Value> = items
+        .iter()
+        .map(|i| serde_saphyr::from_str::<Value>(i).expect("item yaml"))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "config.kubernetes.io/v1",
+        "kind": "ResourceList",
+        "items": items,
+        "functionConfig": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "trainwire"}},
+    })
+    .to_string()
+}
+
+#[test]
+fn krm_function_without_a_subcommand() {
+    let docs: Vec<&str> = MANIFEST.split("---\n").collect();
+    let input = resource_list(&docs);
+    let out = run(&[], &input);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
+    assert_eq!(v["kind"], "ResourceList");
+    assert_eq!(v["items"][0]["kind"], "ConfigMap");
+    assert_eq!(
+        v["items"][1]["spec"]["template"]["spec"]["initContainers"][0]["name"],
+        "trainwire-sidecar"
+    );
+    assert_eq!(v["results"][0]["severity"], "warning");
+    assert_eq!(
+        v["results"][0]["resourceRef"],
+        serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "llama"})
+    );
+    assert_eq!(v["functionConfig"]["metadata"]["name"], "trainwire");
+
+    // The same through `inject -f -`.
+    let out = run(&["inject"], &input);
+    assert!(out.status.success());
+    assert_eq!(
+        serde_saphyr::from_str::<Value>(&text(&out.stdout)).ok(),
+        Some(v)
+    );
+}
+
+#[test]
+fn krm_refusal_is_an_error_result_and_a_failure() {
+    let bad = MANIFEST.replace(
+        "trainwire.dev/nnode: \"2\"",
+        "trainwire.dev/rdzv-backend: etcd",
+    );
+    let docs: Vec<&str> = bad.split("---\n").collect();
+    let out = run(&[], &resource_list(&docs));
+    assert!(!out.status.success());
+    let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
+    assert_eq!(v["results"][0]["severity"], "error");
+    assert_eq!(
+        v["results"][0]["message"],
+        "item 2 StatefulSet/llama: refused: annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: unknown rendezvous backend; accepted: \"c10d\", \"static\" or \"etcd-v2\""
+    );
+}
+
+/// kpt runs the binary as an exec function. (`kubectl kustomize` cannot: it
+/// has no `--enable-exec`; the standalone `kustomize` can, the same way.)
+#[test]
+fn kpt_exec_function() {
+    let Ok(version) = Command::new("kpt").arg("version").output() else {
+        eprintln!("SKIP: kpt is not installed");
+        return;
+    };
+    assert!(version.status.success());
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(
+        repo().join("examples/statefulset-retrofit.yaml"),
+        dir.path().join("retrofit.yaml"),
+    )
+    .expect("copy example");
+    let out = Command::new("kpt")
+        .args(["fn", "eval", "--exec", bin()])
+        .arg(dir.path())
+        .env_remove("TRAINWIRE_POLICY")
+        .output()
+        .expect("run kpt");
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("MASTER_ADDR"),
+        "kpt shows the warning result: {stderr}"
+    );
+    let rendered = std::fs::read_to_string(dir.path().join("retrofit.yaml")).expect("read back");
+    assert!(rendered.contains("PET_RDZV_ENDPOINT"), "{rendered}");
+    assert!(rendered.contains("train-llm-0.train-rdzv.ml-train.svc:29500"));
+}
