@@ -903,3 +903,51 @@ proptest! {
         let _ = mutate(&obj, Some(&ns), &Profile::default());
     }
 }
+
+#[test]
+fn a_deleted_trainwire_entry_comes_back() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let mut edited = first.object.clone();
+    edited["spec"]["template"]["spec"]
+        .as_object_mut()
+        .expect("pod spec")
+        .remove("initContainers");
+    let m = check_round_trip(&edited, Some(&ns), &Profile::default());
+    assert_eq!(m.object, first.object);
+}
+
+#[test]
+fn quantities_the_apiserver_respells_are_still_recognised() {
+    let (mut obj, ns) = sts_fixture();
+    obj["metadata"]["annotations"]["trainwire.dev/shm-size"] = json!("1024Mi");
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    // What the apiserver stores: the canonical spelling.
+    let mut stored = first.object.clone();
+    let volumes = stored
+        .pointer_mut("/spec/template/spec/volumes")
+        .and_then(Value::as_array_mut)
+        .expect("volumes");
+    for v in volumes.iter_mut() {
+        if v["name"] == "trainwire-shm" {
+            v["emptyDir"]["sizeLimit"] = json!("1Gi");
+        }
+    }
+    let again = mutated(&stored, Some(&ns), &Profile::default());
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    stored["spec"]["replicas"] = json!(3);
+    let resized = check_round_trip(&stored, Some(&ns), &Profile::default());
+    let vols = resized.object["spec"]["template"]["spec"]["volumes"].clone();
+    assert_eq!(vols.as_array().map(Vec::len), Some(2), "{vols}");
+    assert!(resized.warnings.is_empty(), "{:?}", resized.warnings);
+}
+
+#[test]
+fn a_job_that_never_restarts_is_warned_about() {
+    let (obj, ns) = fixture("job-indexed-create.json");
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.warnings,
+        vec!["Job bert-pretrain: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place".to_string()]
+    );
+}
