@@ -36,9 +36,21 @@ fn fixture(name: &str) -> (Value, String) {
     (review["request"]["object"].clone(), ns)
 }
 
+/// The apiserver may truncate an admission warning past 256 characters.
+const MAX_WARNING: usize = 256;
+
 fn mutated(obj: &Value, ns: Option<&str>, profile: &Profile) -> Mutation {
     match mutate(obj, ns, profile) {
-        Ok(Outcome::Mutated(m)) => m,
+        Ok(Outcome::Mutated(m)) => {
+            for w in &m.warnings {
+                assert!(
+                    w.len() <= MAX_WARNING,
+                    "warning of {} characters: {w}",
+                    w.len()
+                );
+            }
+            m
+        }
         other => panic!("expected a mutation, got {other:?}"),
     }
 }
@@ -417,8 +429,8 @@ fn retrofit_keeps_the_manifest_values_and_warns() {
         m.warnings,
         vec![
             "env PET_RDZV_CONF of container \"trainer\" sets keep_alive_interval=5, which is kept, but trainwire would set keep_alive_interval=1: a lost node then stays in the rendezvous longer".to_string(),
-            "env MASTER_ADDR of container \"trainer\" is \"train-rdzv\" in the manifest and is kept, but trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name would resolve to every pod); remove it to let trainwire manage it".to_string(),
-            "env NNODES of container \"trainer\" is \"3\" in the manifest and is kept, but trainwire would set \"4\" (spec.replicas); remove it to let trainwire manage it".to_string(),
+            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name resolves to every pod)".to_string(),
+            "env NNODES of container \"trainer\": the manifest's \"3\" is kept; trainwire would set \"4\" (spec.replicas)".to_string(),
         ]
     );
     let count = |n: &str| {
