@@ -7,13 +7,19 @@
 //! Everything with I/O (serving, certificates, the reconciler, the CLI) is
 //! built around it.
 
+pub mod admission;
 pub mod certs;
 pub mod cli;
 pub mod error;
 pub mod inject;
+pub mod metrics;
 pub mod mutation;
 pub mod policy;
 pub mod reconciler;
+pub mod scale;
 pub mod serve;
+pub mod shutdown;
+pub mod telemetry;
+pub mod tls;
 
 pub use error::{Error, Result};

@@ -1,0 +1,198 @@
+//! Prometheus metrics of the admission server, served as OpenMetrics text on
+//! the probe port's `/metrics`. Every label is a small closed set: no names,
+//! namespaces or UIDs.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The kind of object an admission was about.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Kind {
+    StatefulSet,
+    Job,
+    /// `statefulsets/scale` (an `autoscaling/v1 Scale`).
+    Scale,
+    Pod,
+    Other,
+}
+
+/// The admission operation.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum Operation {
+    CREATE,
+    UPDATE,
+    DELETE,
+    CONNECT,
+    /// The review was unreadable.
+    UNKNOWN,
+}
+
+impl From<&kube::core::admission::Operation> for Operation {
+    fn from(op: &kube::core::admission::Operation) -> Self {
+        use kube::core::admission::Operation as O;
+        match op {
+            O::Create => Operation::CREATE,
+            O::Update => Operation::UPDATE,
+            O::Delete => Operation::DELETE,
+            O::Connect => Operation::CONNECT,
+        }
+    }
+}
+
+/// What the webhook answered.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    /// Allowed with a non-empty JSON Patch.
+    patched,
+    /// Allowed unchanged (not managed, already injected, a Job UPDATE, ...).
+    allowed,
+    /// Refused, with the engine's or the scale guard's message.
+    denied,
+    /// The review could not be understood (`AdmissionResponse::invalid`).
+    invalid,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub kind: Kind,
+    pub operation: Operation,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: Kind,
+}
+
+/// Why a request to `/mutate` got an HTTP error instead of an AdmissionReview.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Rejection {
+    /// 400: not JSON, or JSON that is not an `admission.k8s.io/v1` AdmissionReview.
+    bad_request,
+    /// 413: body over the limit.
+    too_large,
+    /// 415: not `application/json`.
+    unsupported_media_type,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub reason: Rejection,
+}
+
+/// Result of a certificate or policy reload.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReloadResult {
+    success,
+    failure,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub result: ReloadResult,
+}
+
+type HistogramFamily = Family<KindLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// All metrics, registered under the `trainwire_webhook_` prefix.
+pub struct Metrics {
+    registry: Registry,
+    pub admissions: Family<AdmissionLabels, Counter>,
+    pub admission_duration: HistogramFamily,
+    pub rejected_requests: Family<RejectionLabels, Counter>,
+    pub cert_reloads: Family<ReloadLabels, Counter>,
+    pub cert_expiry: Gauge,
+    pub policy_reloads: Family<ReloadLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("trainwire_webhook");
+        let admissions = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "admissions",
+            "Admission reviews answered, by object kind, operation and outcome",
+            admissions.clone(),
+        );
+        let admission_duration: HistogramFamily =
+            Family::new_with_constructor(latency_histogram as fn() -> Histogram);
+        registry.register(
+            "admission_duration_seconds",
+            "Time from the full request body to the answer, by object kind",
+            admission_duration.clone(),
+        );
+        let rejected_requests = Family::<RejectionLabels, Counter>::default();
+        registry.register(
+            "rejected_requests",
+            "Requests to /mutate answered with an HTTP error (400, 413, 415) instead of a review",
+            rejected_requests.clone(),
+        );
+        let cert_reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Serving certificate loads from --tls-cert/--tls-key, by result",
+            cert_reloads.clone(),
+        );
+        let cert_expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, as a Unix timestamp (0 before one is loaded)",
+            cert_expiry.clone(),
+        );
+        let policy_reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "policy_reloads",
+            "Platform policy file reloads, by result",
+            policy_reloads.clone(),
+        );
+        Metrics {
+            registry,
+            admissions,
+            admission_duration,
+            rejected_requests,
+            cert_reloads,
+            cert_expiry,
+            policy_reloads,
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn reload(family: &Family<ReloadLabels, Counter>, result: ReloadResult) {
+        family.get_or_create(&ReloadLabels { result }).inc();
+    }
+}
+
+/// Content type of [`Metrics::encode`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

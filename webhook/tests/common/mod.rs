@@ -1,0 +1,89 @@
+//! Helpers shared by the webhook's integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// The captured AdmissionReview fixtures: `$TRAINWIRE_SHARED/fixtures/admission`,
+/// else `<repo>/../shared/...`, else `/work/shared/...`.
+pub fn fixtures_dir() -> PathBuf {
+    let shared = if let Some(dir) = std::env::var_os("TRAINWIRE_SHARED") {
+        PathBuf::from(dir)
+    } else {
+        let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+        if beside.join("fixtures").is_dir() {
+            beside
+        } else {
+            PathBuf::from("/work/shared")
+        }
+    };
+    shared.join("fixtures/admission")
+}
+
+pub fn fixture_bytes(name: &str) -> Vec<u8> {
+    let path = fixtures_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+pub fn fixture(name: &str) -> serde_json::Value {
+    serde_json::from_slice(&fixture_bytes(name)).expect("fixture is JSON")
+}
+
+/// Every fixture file name, sorted.
+pub fn fixture_names() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
+        .expect("fixtures dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    names.sort();
+    assert!(
+        names.len() >= 17,
+        "expected the captured fixtures, found {names:?}"
+    );
+    names
+}
+
+/// The container named `trainer`, else the first, of a workload's pod template.
+pub fn trainer(object: &serde_json::Value) -> &serde_json::Value {
+    let containers = object["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers");
+    containers
+        .iter()
+        .find(|c| c["name"] == "trainer")
+        .unwrap_or(&containers[0])
+}
+
+pub fn env_value<'a>(
+    container: &'a serde_json::Value,
+    name: &str,
+) -> Option<&'a serde_json::Value> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+}
+
+/// Apply an AdmissionResponse's base64 patch (as serialized by kube) to `object`.
+pub fn apply_response_patch(
+    response: &serde_json::Value,
+    object: &serde_json::Value,
+) -> serde_json::Value {
+    let mut patched = object.clone();
+    if let Some(patch_b64) = response["patch"].as_str() {
+        assert_eq!(response["patchType"], "JSONPatch");
+        let bytes = base64_decode(patch_b64);
+        let patch: json_patch::Patch =
+            serde_json::from_slice(&bytes).expect("patch is a JSON Patch");
+        json_patch::patch(&mut patched, &patch).expect("the patch applies to request.object");
+    }
+    patched
+}
+
+pub fn base64_decode(input: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(input)
+        .expect("patch is base64")
+}

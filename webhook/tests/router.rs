@@ -1,0 +1,617 @@
+//! In-process tests of the HTTPS router (`tower::ServiceExt::oneshot`):
+//! every AdmissionReview a real kube-apiserver sent, bad input, the scale
+//! guard, probes and metrics.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use futures::future::BoxFuture;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use trainwire_webhook::admission::Admitter;
+use trainwire_webhook::metrics::Metrics;
+use trainwire_webhook::policy::{Policy, SharedPolicy};
+use trainwire_webhook::scale::StatefulSetSource;
+use trainwire_webhook::serve::{AppState, Readiness, probe_router, router};
+use trainwire_webhook::tls::CertStore;
+
+type Lookup = Result<Option<Value>, String>;
+
+/// A StatefulSet source fed by the test: `(namespace, name)` → answer.
+#[derive(Default)]
+struct FakeStatefulSets {
+    answers: Mutex<HashMap<(String, String), Lookup>>,
+    lookups: Mutex<Vec<(String, String)>>,
+}
+
+impl FakeStatefulSets {
+    fn with(namespace: &str, name: &str, answer: Result<Option<Value>, String>) -> Arc<Self> {
+        let fake = FakeStatefulSets::default();
+        fake.answers
+            .lock()
+            .expect("lock")
+            .insert((namespace.to_string(), name.to_string()), answer);
+        Arc::new(fake)
+    }
+}
+
+impl StatefulSetSource for FakeStatefulSets {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Value>, String>> {
+        let key = (namespace.to_string(), name.to_string());
+        self.lookups.lock().expect("lock").push(key.clone());
+        let answer = self
+            .answers
+            .lock()
+            .expect("lock")
+            .get(&key)
+            .cloned()
+            .unwrap_or(Ok(None));
+        Box::pin(async move { answer })
+    }
+}
+
+fn state_with(statefulsets: Arc<dyn StatefulSetSource>) -> AppState {
+    let metrics = Arc::new(Metrics::new());
+    AppState {
+        admitter: Admitter {
+            policy: SharedPolicy::new(Policy::default()),
+            statefulsets,
+            metrics: metrics.clone(),
+        },
+        certs: Arc::new(CertStore::new(
+            "/nonexistent/tls.crt".into(),
+            "/nonexistent/tls.key".into(),
+            metrics.clone(),
+        )),
+        metrics,
+        readiness: Arc::new(Readiness::default()),
+    }
+}
+
+fn state() -> AppState {
+    state_with(Arc::new(FakeStatefulSets::default()))
+}
+
+struct Reply {
+    status: StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "answer is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+async fn send(state: &AppState, request: Request<Body>) -> Reply {
+    let response = router(state.clone())
+        .oneshot(request)
+        .await
+        .expect("router is infallible");
+    let status = response.status();
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        content_type,
+        body,
+    }
+}
+
+async fn post(state: &AppState, body: impl Into<Body>) -> Reply {
+    send(
+        state,
+        Request::post("/mutate")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.into())
+            .expect("request"),
+    )
+    .await
+}
+
+/// The fields every answered review must have.
+fn check_review_envelope(review: &Value, uid: &str) -> Value {
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1", "{review}");
+    assert_eq!(review["kind"], "AdmissionReview", "{review}");
+    assert!(review.get("request").is_none(), "{review}");
+    let response = review["response"].clone();
+    assert_eq!(response["uid"], uid, "{review}");
+    response
+}
+
+#[tokio::test]
+async fn every_captured_review_gets_a_review_back_with_its_uid() {
+    let state = state();
+    for name in common::fixture_names() {
+        let fixture = common::fixture(&name);
+        let uid = fixture["request"]["uid"].as_str().expect("uid").to_string();
+        let reply = post(&state, common::fixture_bytes(&name)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{name}: {}", reply.text());
+        assert_eq!(reply.content_type, "application/json", "{name}");
+        let response = check_review_envelope(&reply.json(), &uid);
+        let request = &fixture["request"];
+        let kind = request["kind"]["kind"].as_str().expect("kind");
+        match (kind, request["operation"].as_str().expect("op")) {
+            // Not managed: allowed, untouched, no warnings.
+            ("Pod", _) | ("Job", "UPDATE") => {
+                assert_eq!(response["allowed"], true, "{name}: {response}");
+                assert!(response.get("patch").is_none(), "{name}: {response}");
+                assert!(response.get("warnings").is_none(), "{name}: {response}");
+            }
+            // The scale guard: with no StatefulSet found it lets the
+            // apiserver answer (NotFound).
+            ("Scale", _) => assert_eq!(response["allowed"], true, "{name}: {response}"),
+            _ => check_managed_answer(&name, request, &response),
+        }
+    }
+}
+
+/// A StatefulSet/Job the webhook manages: apply the patch to the request's
+/// object and check the result is a torchrun world, or check the refusal.
+fn check_managed_answer(name: &str, request: &Value, response: &Value) {
+    let object = &request["object"];
+    if response["allowed"] == false {
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert_eq!(response["status"]["code"], 403, "{name}: {response}");
+        assert!(!message.is_empty(), "{name}: {response}");
+        // The only refusal among the fixtures: a NonIndexed Job.
+        assert_eq!(name, "job-nonindexed-create.json", "{name}: {message}");
+        assert!(
+            message.contains("NonIndexed") || message.contains("Indexed"),
+            "{name}: {message}"
+        );
+        return;
+    }
+    if response.get("patch").is_none() {
+        // Engine not producing patches (or the object already injected).
+        return;
+    }
+    let patched = common::apply_response_patch(response, object);
+    let trainer = common::trainer(&patched);
+    for var in ["PET_NODE_RANK", "PET_NNODES", "PET_RDZV_ENDPOINT"] {
+        assert!(
+            common::env_value(trainer, var).is_some(),
+            "{name}: {var} missing from the patched trainer: {trainer}"
+        );
+    }
+    assert_eq!(
+        patched["spec"]["template"]["spec"]["shareProcessNamespace"], true,
+        "{name}"
+    );
+}
+
+#[tokio::test]
+async fn dry_run_is_answered_like_the_real_request() {
+    let state = state();
+    for (dry, real) in [
+        ("statefulset-create-dryrun.json", "statefulset-create.json"),
+        ("job-indexed-create-dryrun.json", "job-indexed-create.json"),
+    ] {
+        let a = post(&state, common::fixture_bytes(dry)).await.json();
+        let b = post(&state, common::fixture_bytes(real)).await.json();
+        assert_eq!(a["response"]["allowed"], b["response"]["allowed"], "{dry}");
+        assert_eq!(
+            a["response"]["warnings"], b["response"]["warnings"],
+            "{dry}"
+        );
+        let pa = common::apply_response_patch(
+            &a["response"],
+            &common::fixture(dry)["request"]["object"],
+        );
+        let pb = common::apply_response_patch(
+            &b["response"],
+            &common::fixture(real)["request"]["object"],
+        );
+        assert_eq!(pa["spec"], pb["spec"], "{dry}: same mutation of the spec");
+    }
+}
+
+fn with_request(mut review: Value, edit: impl FnOnce(&mut Value)) -> Vec<u8> {
+    edit(&mut review["request"]);
+    serde_json::to_vec(&review).expect("json")
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_documented_answer() {
+    let state = state();
+    let good = common::fixture_bytes("statefulset-create.json");
+    let review = common::fixture("statefulset-create.json");
+    let uid = review["request"]["uid"].as_str().expect("uid").to_string();
+
+    // Not JSON / not a review: HTTP 400 with the reason as text.
+    let mut non_utf8 = good.clone();
+    let at = non_utf8
+        .windows(8)
+        .position(|w| w == b"llama-ft")
+        .expect("name in body");
+    non_utf8[at] = 0xff;
+    non_utf8[at + 1] = 0xfe;
+    let mut wrong_api_version = review.clone();
+    wrong_api_version["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let mut wrong_kind = review.clone();
+    wrong_kind["kind"] = json!("StatefulSet");
+    let http_400: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "truncated JSON",
+            good[..good.len() / 2].to_vec(),
+            "not JSON",
+        ),
+        ("empty body", Vec::new(), "not JSON"),
+        ("non-UTF-8", non_utf8, "not JSON"),
+        ("a JSON array", b"[1,2]".to_vec(), "JSON array"),
+        (
+            "wrong apiVersion",
+            serde_json::to_vec(&wrong_api_version).expect("json"),
+            "admission.k8s.io/v1 only",
+        ),
+        (
+            "wrong kind",
+            serde_json::to_vec(&wrong_kind).expect("json"),
+            "expected \"AdmissionReview\"",
+        ),
+    ];
+    for (case, body, reason) in http_400 {
+        let reply = post(&state, body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{case}: {}",
+            reply.text()
+        );
+        assert!(reply.text().contains(reason), "{case}: {}", reply.text());
+    }
+
+    // A review the webhook cannot read: HTTP 200, `invalid` (allowed false,
+    // code 400, the reason in status.message), uid echoed when readable.
+    let object_kind_mismatch = with_request(review.clone(), |r| {
+        r["object"] = common::fixture("job-indexed-create.json")["request"]["object"].clone();
+    });
+    let object_not_an_object = with_request(review.clone(), |r| r["object"] = json!("llama-ft"));
+    let object_missing = with_request(review.clone(), |r| {
+        r.as_object_mut().expect("map").remove("object");
+    });
+    let no_uid = with_request(review.clone(), |r| {
+        r.as_object_mut().expect("map").remove("uid");
+    });
+    let bad_operation = with_request(review.clone(), |r| r["operation"] = json!("MERGE"));
+    let scale_bad_replicas = {
+        let mut scale = common::fixture("statefulset-scale-subresource.json");
+        scale["request"]["object"]["spec"]["replicas"] = json!("two");
+        serde_json::to_vec(&scale).expect("json")
+    };
+    let invalid: Vec<(&str, Vec<u8>, &str, &str)> = vec![
+        (
+            "missing request",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#.to_vec(),
+            "",
+            "no request",
+        ),
+        (
+            "null request",
+            br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":null}"#
+                .to_vec(),
+            "",
+            "no request",
+        ),
+        (
+            "object does not match its kind",
+            object_kind_mismatch,
+            &uid,
+            "request.kind is apps/v1 StatefulSet but request.object is batch/v1 Job",
+        ),
+        (
+            "object is a string",
+            object_not_an_object,
+            &uid,
+            "not a StatefulSet",
+        ),
+        (
+            "object missing",
+            object_missing,
+            &uid,
+            "request.object is missing",
+        ),
+        ("no uid", no_uid, "", "uid"),
+        ("unknown operation", bad_operation, &uid, "MERGE"),
+        (
+            "scale replicas not a number",
+            scale_bad_replicas,
+            "aa0fce72-9b80-4105-bc0e-8eab320a9ef2",
+            "spec.replicas",
+        ),
+    ];
+    for (case, body, uid, reason) in invalid {
+        let reply = post(&state, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{case}: {}", reply.text());
+        let response = check_review_envelope(&reply.json(), uid);
+        assert_eq!(response["allowed"], false, "{case}: {response}");
+        assert_eq!(response["status"]["code"], 400, "{case}: {response}");
+        assert_eq!(
+            response["status"]["reason"], "InvalidRequest",
+            "{case}: {response}"
+        );
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(reason), "{case}: {message}");
+    }
+
+    // Not JSON by Content-Type: 415.
+    for content_type in [Some("text/plain"), Some("application/yaml"), None] {
+        let mut request = Request::post("/mutate");
+        if let Some(ct) = content_type {
+            request = request.header(header::CONTENT_TYPE, ct);
+        }
+        let reply = send(&state, request.body(Body::from(good.clone())).expect("req")).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "{content_type:?}"
+        );
+        assert!(
+            reply.text().contains("application/json"),
+            "{}",
+            reply.text()
+        );
+    }
+    // `application/json; charset=utf-8` is JSON.
+    let reply = send(
+        &state,
+        Request::post("/mutate")
+            .header(header::CONTENT_TYPE, "application/json; charset=utf-8")
+            .body(Body::from(good.clone()))
+            .expect("req"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+
+    // Too large: 413, whether announced by Content-Length or streamed.
+    let mut huge =
+        b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"x\":\"".to_vec();
+    huge.resize(5 * 1024 * 1024, b'a');
+    huge.extend_from_slice(b"\"}");
+    let reply = send(
+        &state,
+        Request::post("/mutate")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, huge.len())
+            .body(Body::from(huge.clone()))
+            .expect("req"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = huge
+        .chunks(64 * 1024)
+        .map(|c| Ok(bytes::Bytes::copy_from_slice(c)))
+        .collect();
+    let reply = post(&state, Body::from_stream(futures::stream::iter(chunks))).await;
+    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
+
+    // Wrong method and path.
+    let reply = send(
+        &state,
+        Request::get("/mutate").body(Body::empty()).expect("req"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED);
+    let reply = send(
+        &state,
+        Request::post("/validate").body(Body::empty()).expect("req"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+
+    // Every answer was counted, with closed label sets.
+    let metrics = state.metrics.encode();
+    for line in [
+        "trainwire_webhook_rejected_requests_total{reason=\"bad_request\"} 6",
+        "trainwire_webhook_rejected_requests_total{reason=\"unsupported_media_type\"} 3",
+        "trainwire_webhook_rejected_requests_total{reason=\"too_large\"} 2",
+        "trainwire_webhook_admissions_total{kind=\"Other\",operation=\"UNKNOWN\",outcome=\"invalid\"} 4",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+}
+
+/// The StatefulSet the scale fixture scales, as the webhook would have
+/// stored it (injected when the engine injects).
+fn stored_statefulset(edit: impl FnOnce(&mut Value)) -> Value {
+    let mut sts = common::fixture("statefulset-update-scale.json")["request"]["object"].clone();
+    edit(&mut sts);
+    match trainwire_webhook::mutation::mutate(
+        &sts,
+        Some("trainwire-test"),
+        &trainwire_webhook::policy::Profile::default(),
+    ) {
+        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => m.object,
+        _ => sts,
+    }
+}
+
+async fn scale_answer(source: Arc<dyn StatefulSetSource>, body: Vec<u8>) -> Value {
+    let state = state_with(source);
+    let reply = post(&state, body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    check_review_envelope(&reply.json(), "aa0fce72-9b80-4105-bc0e-8eab320a9ef2")
+}
+
+#[tokio::test]
+async fn scale_guard_refuses_kubectl_scale_of_a_fixed_size_world() {
+    let scale = common::fixture_bytes("statefulset-scale-subresource.json");
+    let fixed = stored_statefulset(|_| {});
+    let fake = FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(fixed)));
+    let response = scale_answer(fake.clone(), scale).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert_eq!(response["status"]["code"], 403, "{response}");
+    let message = response["status"]["message"].as_str().expect("message");
+    for words in ["kubectl apply", "kubectl patch", "replicas"] {
+        assert!(message.contains(words), "{words} not in {message}");
+    }
+    assert_eq!(
+        *fake.lookups.lock().expect("lock"),
+        vec![("trainwire-test".to_string(), "llama-ft".to_string())]
+    );
+}
+
+#[tokio::test]
+async fn scale_guard_lets_an_elastic_world_scale_within_its_range() {
+    let scale = common::fixture_bytes("statefulset-scale-subresource.json");
+    let elastic = stored_statefulset(|sts| {
+        sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("1:4");
+    });
+    let response = scale_answer(
+        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(elastic))),
+        scale.clone(),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // Outside the range: refused.
+    let narrow = stored_statefulset(|sts| {
+        sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("3:4");
+    });
+    let response = scale_answer(
+        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(narrow))),
+        scale,
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+}
+
+#[tokio::test]
+async fn scale_guard_leaves_other_statefulsets_alone() {
+    let scale = common::fixture_bytes("statefulset-scale-subresource.json");
+    let plain = stored_statefulset(|sts| {
+        sts["metadata"]["annotations"]
+            .as_object_mut()
+            .expect("annotations")
+            .remove("trainwire.dev/inject");
+    });
+    let response = scale_answer(
+        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(plain))),
+        scale.clone(),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // Not found: the apiserver answers NotFound itself.
+    let response = scale_answer(Arc::new(FakeStatefulSets::default()), scale.clone()).await;
+    assert_eq!(response["allowed"], true, "{response}");
+
+    // Same size as before: no lookup at all.
+    let mut same: Value = serde_json::from_slice(&scale).expect("json");
+    same["request"]["object"]["spec"]["replicas"] = json!(3);
+    let fake = Arc::new(FakeStatefulSets::default());
+    let response = scale_answer(fake.clone(), serde_json::to_vec(&same).expect("json")).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(fake.lookups.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn scale_guard_says_why_when_the_api_is_unreachable() {
+    let scale = common::fixture_bytes("statefulset-scale-subresource.json");
+    let response = scale_answer(
+        FakeStatefulSets::with(
+            "trainwire-test",
+            "llama-ft",
+            Err("error trying to connect: tcp connect error: Connection refused".to_string()),
+        ),
+        scale.clone(),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().expect("message");
+    assert!(
+        message.contains("cannot read StatefulSet trainwire-test/llama-ft")
+            && message.contains("Connection refused"),
+        "{message}"
+    );
+
+    // No client at all (no in-cluster config, no kubeconfig).
+    let response = scale_answer(
+        Arc::new(trainwire_webhook::scale::NoKubernetesApi(
+            "no kubeconfig found".to_string(),
+        )),
+        scale,
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().expect("message");
+    assert!(message.contains("no kubeconfig found"), "{message}");
+}
+
+#[tokio::test]
+async fn probes_and_metrics() {
+    let state = state();
+    let probe = |path: &str| {
+        let state = state.clone();
+        let request = Request::get(path).body(Body::empty()).expect("req");
+        async move {
+            let response = probe_router(state)
+                .oneshot(request)
+                .await
+                .expect("infallible");
+            let status = response.status();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    assert_eq!(probe("/healthz").await.0, StatusCode::OK);
+    // Not bound, no certificate: not ready, and says why.
+    let (status, body) = probe("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("not bound"), "{body}");
+    state.readiness.set_bound();
+    let (status, body) = probe("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("no serving certificate"), "{body}");
+
+    post(
+        &state,
+        common::fixture_bytes("pod-create-from-deployment.json"),
+    )
+    .await;
+    let (status, metrics) = probe("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    for needle in [
+        "trainwire_webhook_admissions_total{kind=\"Pod\",operation=\"CREATE\",outcome=\"allowed\"} 1",
+        "trainwire_webhook_admission_duration_seconds_bucket{le=",
+        "trainwire_webhook_certificate_expiry_timestamp_seconds 0",
+        "# EOF",
+    ] {
+        assert!(metrics.contains(needle), "{needle} not in\n{metrics}");
+    }
+}
