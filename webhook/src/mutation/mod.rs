@@ -111,6 +111,13 @@ pub fn mutate(
     if !workload::is_managed_kind(api_version, kind) {
         return Ok(Outcome::NotManaged);
     }
+    // Being deleted: let the garbage collector's finalizer updates through.
+    if object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
+        return Ok(Outcome::NotManaged);
+    }
     let ann_map = object
         .pointer("/metadata/annotations")
         .and_then(Value::as_object);
