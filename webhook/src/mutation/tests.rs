@@ -988,3 +988,24 @@ fn a_per_pod_claim_at_the_checkpoint_path_is_named_in_the_warning() {
         "ckpt-local"
     );
 }
+
+#[test]
+fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let raised = profile(|p| p.max_nodes = Some(64));
+    let again = mutated(&first.object, Some(&ns), &raised);
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    // A policy edit that does touch it is applied.
+    let nccl = profile(|p| {
+        p.nccl.insert(
+            "NCCL_DEBUG".into(),
+            enforced("WARN".to_string(), Enforce::Default),
+        );
+    });
+    let changed = check_round_trip(&first.object, Some(&ns), &nccl);
+    assert_eq!(
+        trainer_value(&changed.object, "NCCL_DEBUG").as_deref(),
+        Some("WARN")
+    );
+}
