@@ -33,11 +33,14 @@ const SCALE: &str = "scale.trainwire.dev";
 /// What the scale guard calls: it reads the StatefulSet behind a Scale.
 const SCALE_GUARD_PERMISSIONS: &[(&str, &str, &str)] = &[("apps", "statefulsets", "get")];
 
-/// What the sidecar calls in its Kubernetes-watch mode.
+/// What the sidecar calls in its Kubernetes-watch mode (sidecar/src/kubewatch.rs:
+/// a pod watcher, a SelfSubjectAccessReview; sidecar/src/events.rs: kube-rs's
+/// event recorder). `get` pods is the contract, for `kubectl`-style reads.
 const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
 ];
