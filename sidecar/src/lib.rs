@@ -6,14 +6,18 @@
 //! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
 //! - [`peers`]: the pure peer-health state machine and loss generations;
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
+//! - [`kubewatch`]: the Kubernetes pod watch and its pure decision logic;
 //! - [`signal`] / [`respond`]: finding torchrun in `/proc` and acting on a loss;
+//! - [`checkpoint`]: checkpoint freshness (inotify or polling);
 //! - [`events`]: Kubernetes Events on the sidecar's pod;
 //! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
 
+pub mod checkpoint;
 pub mod config;
 pub mod env;
 pub mod events;
 pub mod heartbeat;
+pub mod kubewatch;
 pub mod peers;
 pub mod respond;
 pub mod server;
@@ -120,8 +124,25 @@ pub async fn run(
     tracing::info!(%addr, rank = config.node_rank, nnodes = %config.nnodes, on_peer_loss = config.on_peer_loss.as_str(), "trainwire-sidecar listening");
     let shared = Shared::new(config.clone());
 
-    let kube_allowed: Result<(), String> =
-        Err("the Kubernetes watch is not available in this build".into());
+    let client = match kube::Client::try_default().await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::info!(error = %e, "no Kubernetes API configuration: no pod watch, no Events");
+            shared.status().kubernetes_api = Some(format!("not configured: {e}"));
+            None
+        }
+    };
+    let kube_allowed: Result<(), String> = match (&client, &config.selector, config.detection) {
+        (_, _, Detection::Heartbeat) => Err("not asked for".into()),
+        (None, _, _) => Err("there is no Kubernetes API configuration".into()),
+        (Some(_), None, _) => Err(format!("{} is not set", env::SELECTOR)),
+        (Some(c), Some(_), _) => kubewatch::check_access(c, &config.namespace).await,
+    };
+    if let (Some(_), Err(why)) = (&client, &kube_allowed) {
+        shared.status().kubernetes_api = Some(why.clone());
+    } else if client.is_some() {
+        shared.status().kubernetes_api = Some("reachable; pods may be listed and watched".into());
+    }
     let choice = choose_detection(&config, kube_allowed);
     if !choice.heartbeat && !choice.kubernetes {
         tracing::error!("{}", choice.why);
@@ -154,8 +175,30 @@ pub async fn run(
     if choice.heartbeat {
         tasks.spawn(heartbeat::run(config.clone(), tx.clone()));
     }
+    let events = match &client {
+        Some(c) => EventSink::new(
+            c.clone(),
+            &config.namespace,
+            &config.pod_name,
+            &config.pod_uid,
+        ),
+        None => EventSink::disabled(),
+    };
+    if choice.kubernetes {
+        match &client {
+            Some(c) => {
+                tasks.spawn(kubewatch::run(config.clone(), c.clone(), tx.clone()));
+            }
+            None => tracing::error!(
+                "TRAINWIRE_DETECTION asks for the Kubernetes watch but there is no API configuration; no pod watch"
+            ),
+        }
+    }
+    if let Some(ck) = config.checkpoint.clone() {
+        tasks.spawn(checkpoint::run(shared.clone(), ck, events.clone()));
+    }
     drop(tx);
-    let responder = Responder::new(shared.clone(), EventSink::disabled());
+    let responder = Responder::new(shared.clone(), events.clone());
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 
     shared.set_ready(true);

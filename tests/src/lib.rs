@@ -28,5 +28,69 @@ pub fn admission_fixtures_dir() -> PathBuf {
     shared_dir().join("fixtures/admission")
 }
 
+pub mod kubelet;
+pub mod netns;
 pub mod process;
 pub mod torch;
+
+/// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
+///
+/// `cargo nextest run --workspace` builds it (the sidecar crate has
+/// integration tests). When it is missing or older than the sidecar's
+/// sources, it is built with `cargo build -p trainwire-sidecar` first.
+/// `$TRAINWIRE_SIDECAR_BIN` overrides it (a release build, say).
+pub fn sidecar_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("TRAINWIRE_SIDECAR_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    // target/<profile>/deps/<test binary> -> target/<profile>/trainwire-sidecar
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("trainwire-sidecar"))
+        .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    let root = repo_root();
+    let sources = newest_mtime(&root.join("sidecar")).max(newest_mtime(&root.join("Cargo.lock")));
+    if built.is_some_and(|b| sources.is_none_or(|s| s <= b)) {
+        return Ok(bin);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let out = std::process::Command::new(&cargo)
+        .args([
+            "build",
+            "-p",
+            "trainwire-sidecar",
+            "--bin",
+            "trainwire-sidecar",
+        ])
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo build -p trainwire-sidecar` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("{} does not exist after the build", bin.display()))
+    }
+}
+
+/// The newest modification time of a file, or of the files under a directory.
+fn newest_mtime(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() {
+        return meta.modified().ok();
+    }
+    std::fs::read_dir(path)
+        .ok()?
+        .flatten()
+        .filter_map(|e| newest_mtime(&e.path()))
+        .max()
+}

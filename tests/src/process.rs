@@ -77,7 +77,8 @@ impl Drop for Tag {
     }
 }
 
-fn pids_with_env(needle: &str) -> Vec<i32> {
+/// Live processes whose environment holds exactly `needle` (`KEY=value`).
+pub fn pids_with_env(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return out;
@@ -186,9 +187,10 @@ struct LogInner {
 
 /// The captured output (stdout and stderr, interleaved by arrival) of one or
 /// more processes. Cheap to clone; clones share the lines.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Log {
     name: String,
+    created: Instant,
     inner: Arc<(Mutex<LogInner>, Condvar)>,
 }
 
@@ -196,13 +198,21 @@ impl Log {
     pub fn new(name: &str) -> Self {
         Log {
             name: name.to_string(),
+            created: Instant::now(),
             inner: Arc::default(),
         }
     }
 
     /// Read `stream` line by line on a thread, appending to this log.
     pub fn attach(&self, stream: impl Read + Send + 'static) {
+        self.attach_as(stream, "");
+    }
+
+    /// Like [`Log::attach`], each line starting with `prefix` (which process
+    /// wrote it, when several share one timeline).
+    pub fn attach_as(&self, stream: impl Read + Send + 'static, prefix: &str) {
         let log = self.clone();
+        let prefix = prefix.to_string();
         {
             let (m, _) = &*self.inner;
             if let Ok(mut g) = m.lock() {
@@ -213,7 +223,10 @@ impl Log {
             let reader = BufReader::new(stream);
             for line in reader.split(b'\n') {
                 let Ok(line) = line else { break };
-                log.push(String::from_utf8_lossy(&line).trim_end().to_string());
+                log.push(format!(
+                    "{prefix}{}",
+                    String::from_utf8_lossy(&line).trim_end()
+                ));
             }
             let (m, cv) = &*log.inner;
             if let Ok(mut g) = m.lock() {
@@ -226,7 +239,11 @@ impl Log {
     /// Append a line (the harness's own notes go in the same timeline).
     pub fn push(&self, text: String) {
         if std::env::var_os("TRAINWIRE_TEST_ECHO").is_some() {
-            eprintln!("[{}] {text}", self.name);
+            eprintln!(
+                "[{} +{:.3}s] {text}",
+                self.name,
+                self.created.elapsed().as_secs_f64()
+            );
         }
         let (m, cv) = &*self.inner;
         if let Ok(mut g) = m.lock() {
@@ -286,7 +303,10 @@ impl Log {
         lines
             .iter()
             .skip(skip)
-            .map(|l| format!("[{}] {}", self.name, l.text))
+            .map(|l| {
+                let at = l.at.duration_since(self.created).as_secs_f64();
+                format!("[{} +{at:.3}s] {}", self.name, l.text)
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
@@ -301,16 +321,27 @@ pub struct Proc {
 impl Proc {
     /// Spawn `cmd` with stdout and stderr captured into `log`, tagged with `tag`.
     pub fn spawn(cmd: &mut Command, tag: &Tag, log: &Log) -> std::io::Result<Proc> {
-        tag.apply(cmd);
+        Proc::spawn_as(cmd, tag.value(), log, "")
+    }
+
+    /// Spawn `cmd` tagged with the tag value `tag`, its output lines going to
+    /// `log`, each starting with `prefix`.
+    pub fn spawn_as(
+        cmd: &mut Command,
+        tag: &str,
+        log: &Log,
+        prefix: &str,
+    ) -> std::io::Result<Proc> {
+        cmd.env(TAG_VAR, tag);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
         if let Some(out) = child.stdout.take() {
-            log.attach(out);
+            log.attach_as(out, prefix);
         }
         if let Some(err) = child.stderr.take() {
-            log.attach(err);
+            log.attach_as(err, prefix);
         }
         Ok(Proc {
             child,

@@ -1,0 +1,578 @@
+//! Peer health from the Kubernetes API: a watch on the workload's pods.
+//!
+//! The decisions are a pure function of pod snapshots ([`Tracker`]), so they
+//! are tested on recorded event sequences; [`run`] only feeds it from a
+//! kube-rs runtime watcher and a timer.
+//!
+//! A peer is lost when its pod is deleted, fails, stays not Ready past the
+//! grace after having been Ready, gets a new UID, has a container restart,
+//! carries a `DisruptionTarget` condition (taint eviction, preemption,
+//! drain), is on a node that is unreachable (`status.reason: NodeLost`, or the
+//! node's `node.kubernetes.io/unreachable`/`not-ready` taints when the
+//! service account may read nodes), or stays Terminating past the grace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::mpsc;
+
+use crate::config::Config;
+use crate::peers::{Evidence, Identity, LossReason, Observation, Source};
+
+/// Label of StatefulSet pods holding the pod's ordinal.
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
+/// Label and annotation of Indexed Job pods holding the completion index.
+pub const JOB_INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+
+/// What the decision needs from a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub rank: Option<u32>,
+    pub created: Option<Timestamp>,
+    pub phase: String,
+    pub status_reason: Option<String>,
+    pub ready: Option<bool>,
+    pub ready_since: Option<Timestamp>,
+    pub ready_reason: Option<String>,
+    pub disruption: Option<String>,
+    pub deletion: Option<Timestamp>,
+    pub node: Option<String>,
+    /// Restart counts of the regular containers (not the init/sidecar ones).
+    pub restarts: BTreeMap<String, i32>,
+}
+
+impl PodView {
+    /// Extracts the view from a pod object.
+    pub fn of(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let name = meta.name.clone().unwrap_or_default();
+        let rank = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(POD_INDEX_LABEL).or_else(|| l.get(JOB_INDEX_KEY)))
+            .or_else(|| meta.annotations.as_ref().and_then(|a| a.get(JOB_INDEX_KEY)))
+            .and_then(|v| v.parse().ok())
+            .or_else(|| name.rsplit('-').next().and_then(|s| s.parse().ok()));
+        let status = pod.status.as_ref();
+        let conditions = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let ready_cond = conditions.iter().find(|c| c.type_ == "Ready");
+        let disruption = conditions
+            .iter()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+            .map(|c| {
+                format!(
+                    "{}{}",
+                    c.reason
+                        .clone()
+                        .unwrap_or_else(|| "DisruptionTarget".into()),
+                    c.message
+                        .as_ref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                )
+            });
+        let restarts = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (c.name.clone(), c.restart_count))
+                    .collect()
+            })
+            .unwrap_or_default();
+        PodView {
+            name,
+            uid: meta.uid.clone().unwrap_or_default(),
+            rank,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            phase: status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+            status_reason: status.and_then(|s| s.reason.clone()),
+            ready: ready_cond.map(|c| c.status == "True"),
+            ready_since: ready_cond.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0)),
+            ready_reason: ready_cond.and_then(|c| c.reason.clone()),
+            disruption,
+            deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
+            node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            restarts,
+        }
+    }
+
+    fn identity(&self) -> Identity {
+        Identity {
+            pod: self.name.clone(),
+            uid: self.uid.clone(),
+            start_time: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Tracked {
+    view: PodView,
+    was_ready: bool,
+}
+
+/// Evidence about one rank, decided from pod snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub rank: u32,
+    pub evidence: Evidence,
+}
+
+/// The pure decision logic over the pods of the workload.
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    self_name: String,
+    grace: Duration,
+    pods: BTreeMap<String, Tracked>,
+    unreachable_nodes: BTreeSet<String>,
+    relist: Option<BTreeSet<String>>,
+}
+
+fn since(now: Timestamp, then: Timestamp) -> Duration {
+    now.duration_since(then)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+impl Tracker {
+    /// `self_name`: this pod (never a peer); `grace`: how long a pod may stay
+    /// not Ready or Terminating.
+    pub fn new(self_name: &str, grace: Duration) -> Self {
+        Tracker {
+            self_name: self_name.to_string(),
+            grace,
+            pods: BTreeMap::new(),
+            unreachable_nodes: BTreeSet::new(),
+            relist: None,
+        }
+    }
+
+    /// Whether `uid` is the newest pod of its rank (an old pod being
+    /// replaced says nothing about the peer any more).
+    fn is_current(&self, uid: &str) -> bool {
+        let Some(t) = self.pods.get(uid) else {
+            return false;
+        };
+        let Some(rank) = t.view.rank else {
+            return false;
+        };
+        !self.pods.values().any(|o| {
+            o.view.uid != uid && o.view.rank == Some(rank) && o.view.created > t.view.created
+        })
+    }
+
+    fn judge(&self, t: &Tracked, prev: Option<&PodView>, now: Timestamp) -> Option<Evidence> {
+        let v = &t.view;
+        if v.phase == "Failed" {
+            return Some(Evidence::Lost(
+                LossReason::Failed,
+                format!(
+                    "pod {} failed{}",
+                    v.name,
+                    v.status_reason
+                        .as_ref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        if v.phase == "Succeeded" {
+            // The trainer finished on that node: the end of training, not a loss.
+            return None;
+        }
+        if v.status_reason.as_deref() == Some("NodeLost") {
+            return Some(Evidence::Lost(
+                LossReason::NodeUnreachable,
+                format!("pod {}: its node is unresponsive (NodeLost)", v.name),
+            ));
+        }
+        if let Some(node) = &v.node
+            && self.unreachable_nodes.contains(node)
+            && t.was_ready
+        {
+            return Some(Evidence::Lost(
+                LossReason::NodeUnreachable,
+                format!("pod {}: node {node} is unreachable or not ready", v.name),
+            ));
+        }
+        if let Some(prev) = prev
+            && prev.uid == v.uid
+        {
+            for (container, count) in &v.restarts {
+                let before = prev.restarts.get(container).copied().unwrap_or(0);
+                if *count > before {
+                    return Some(Evidence::Lost(
+                        LossReason::ContainerRestarted,
+                        format!(
+                            "pod {}: container {container} restarted (restartCount {before} -> {count})",
+                            v.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(d) = &v.disruption {
+            return Some(Evidence::Lost(
+                LossReason::Disrupted,
+                format!("pod {} is about to be disrupted: {d}", v.name),
+            ));
+        }
+        if let Some(deleted) = v.deletion {
+            if now > deleted && since(now, deleted) >= self.grace {
+                return Some(Evidence::Lost(
+                    LossReason::StuckTerminating,
+                    format!(
+                        "pod {} still Terminating {}s after its deletion deadline {deleted}",
+                        v.name,
+                        since(now, deleted).as_secs()
+                    ),
+                ));
+            }
+            return Some(Evidence::Suspect(format!("pod {} is terminating", v.name)));
+        }
+        match v.ready {
+            Some(true) => Some(Evidence::Alive(v.identity())),
+            _ if !t.was_ready => {
+                // Never Ready yet (starting, or a replacement pulling its
+                // image): present, not lost.
+                Some(Evidence::Alive(v.identity()))
+            }
+            _ => {
+                let reason = v.ready_reason.clone().unwrap_or_else(|| "not ready".into());
+                let for_how_long = v.ready_since.map(|s| since(now, s)).unwrap_or_default();
+                if for_how_long >= self.grace {
+                    Some(Evidence::Lost(
+                        LossReason::NotReady,
+                        format!(
+                            "pod {} not Ready for {}s ({reason})",
+                            v.name,
+                            for_how_long.as_secs()
+                        ),
+                    ))
+                } else {
+                    Some(Evidence::Suspect(format!(
+                        "pod {} not Ready ({reason})",
+                        v.name
+                    )))
+                }
+            }
+        }
+    }
+
+    /// A pod was added or changed.
+    pub fn apply(&mut self, view: PodView, now: Timestamp) -> Vec<Verdict> {
+        if view.name == self.self_name || view.uid.is_empty() {
+            return Vec::new();
+        }
+        if let Some(seen) = &mut self.relist {
+            seen.insert(view.uid.clone());
+        }
+        let uid = view.uid.clone();
+        let prev = self.pods.get(&uid).map(|t| t.view.clone());
+        let was_ready =
+            self.pods.get(&uid).is_some_and(|t| t.was_ready) || view.ready == Some(true);
+        let tracked = Tracked { view, was_ready };
+        self.pods.insert(uid.clone(), tracked.clone());
+        if !self.is_current(&uid) {
+            return Vec::new();
+        }
+        let Some(rank) = tracked.view.rank else {
+            return Vec::new();
+        };
+        self.judge(&tracked, prev.as_ref(), now)
+            .map(|evidence| vec![Verdict { rank, evidence }])
+            .unwrap_or_default()
+    }
+
+    /// A pod was deleted.
+    pub fn delete(&mut self, view: &PodView) -> Vec<Verdict> {
+        if view.name == self.self_name {
+            return Vec::new();
+        }
+        let current = self.is_current(&view.uid) || !self.pods.contains_key(&view.uid);
+        let newer_exists = self.pods.values().any(|o| {
+            o.view.uid != view.uid && o.view.rank == view.rank && o.view.created > view.created
+        });
+        self.pods.remove(&view.uid);
+        match view.rank {
+            Some(rank) if current && !newer_exists && view.phase != "Succeeded" => vec![Verdict {
+                rank,
+                evidence: Evidence::Lost(
+                    LossReason::Deleted,
+                    format!("pod {} was deleted", view.name),
+                ),
+            }],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The watch restarted: a full list follows.
+    pub fn relist_started(&mut self) {
+        self.relist = Some(BTreeSet::new());
+    }
+
+    /// The full list is complete: pods not in it were deleted while the
+    /// watch was down.
+    pub fn relist_done(&mut self) -> Vec<Verdict> {
+        let Some(seen) = self.relist.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<PodView> = self
+            .pods
+            .values()
+            .filter(|t| !seen.contains(&t.view.uid))
+            .map(|t| t.view.clone())
+            .collect();
+        gone.iter().flat_map(|v| self.delete(v)).collect()
+    }
+
+    /// Time passed: pods not Ready or Terminating past the grace are lost.
+    pub fn tick(&mut self, now: Timestamp) -> Vec<Verdict> {
+        let uids: Vec<String> = self.pods.keys().cloned().collect();
+        let mut out = Vec::new();
+        for uid in uids {
+            if !self.is_current(&uid) {
+                continue;
+            }
+            let Some(t) = self.pods.get(&uid) else {
+                continue;
+            };
+            let Some(rank) = t.view.rank else { continue };
+            if let Some(e @ Evidence::Lost(..)) = self.judge(t, None, now) {
+                out.push(Verdict { rank, evidence: e });
+            }
+        }
+        out
+    }
+
+    /// The node `node` was found unreachable (or reachable again).
+    pub fn node_unreachable(
+        &mut self,
+        node: &str,
+        unreachable: bool,
+        now: Timestamp,
+    ) -> Vec<Verdict> {
+        if unreachable {
+            self.unreachable_nodes.insert(node.to_string());
+            let uids: Vec<String> = self
+                .pods
+                .values()
+                .filter(|t| t.view.node.as_deref() == Some(node))
+                .map(|t| t.view.uid.clone())
+                .collect();
+            let mut out = Vec::new();
+            for uid in uids {
+                if !self.is_current(&uid) {
+                    continue;
+                }
+                let Some(t) = self.pods.get(&uid) else {
+                    continue;
+                };
+                let Some(rank) = t.view.rank else { continue };
+                if let Some(e @ Evidence::Lost(..)) = self.judge(t, None, now) {
+                    out.push(Verdict { rank, evidence: e });
+                }
+            }
+            out
+        } else {
+            self.unreachable_nodes.remove(node);
+            Vec::new()
+        }
+    }
+
+    /// Nodes of current pods that look unhealthy (not Ready after having
+    /// been Ready): worth a look at the node's taints.
+    pub fn suspicious_nodes(&self) -> BTreeSet<String> {
+        self.pods
+            .values()
+            .filter(|t| t.was_ready && t.view.ready != Some(true) && self.is_current(&t.view.uid))
+            .filter_map(|t| t.view.node.clone())
+            .collect()
+    }
+}
+
+/// Whether a node object says the node is gone: the unreachable or
+/// not-ready taint, or a Ready condition that is not True.
+pub fn node_is_unreachable(node: &Node) -> bool {
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.key == "node.kubernetes.io/unreachable" || t.key == "node.kubernetes.io/not-ready"
+            })
+        });
+    let not_ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status != "True");
+    tainted || not_ready
+}
+
+/// Asks the API server whether this service account may `verb` `resource`.
+pub async fn may(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    verb: &str,
+    resource: &str,
+) -> Result<bool, kube::Error> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: namespace.map(str::to_string),
+                verb: Some(verb.into()),
+                resource: Some(resource.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SelfSubjectAccessReviewSpec::default()
+        },
+        ..SelfSubjectAccessReview::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await?;
+    Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// Whether the pod watch may be used: `Ok` or the reason it may not.
+pub async fn check_access(client: &kube::Client, namespace: &str) -> Result<(), String> {
+    let check = async {
+        for verb in ["list", "watch"] {
+            match may(client, Some(namespace), verb, "pods").await {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err(format!(
+                        "the service account may not {verb} pods in namespace {namespace} (RBAC)"
+                    ));
+                }
+                Err(e) => return Err(format!("the Kubernetes API is not usable: {e}")),
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), check).await {
+        Ok(r) => r,
+        Err(_) => Err("the Kubernetes API did not answer within 10s".into()),
+    }
+}
+
+fn send_all(tx: &mpsc::Sender<Observation>, verdicts: Vec<Verdict>) -> bool {
+    for v in verdicts {
+        let obs = Observation {
+            rank: v.rank,
+            source: Source::Kubernetes,
+            evidence: v.evidence,
+            at: Instant::now(),
+        };
+        if tx.try_send(obs).is_err() && tx.is_closed() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Watches the workload's pods until `tx` closes. API errors are logged
+/// and retried with backoff; never fatal.
+pub async fn run(config: Config, client: kube::Client, tx: mpsc::Sender<Observation>) {
+    let selector = config.selector.clone().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let may_read_nodes = matches!(may(&client, None, "get", "nodes").await, Ok(true));
+    if may_read_nodes {
+        tracing::info!("node taints: checked for peers that stop being Ready");
+    } else {
+        tracing::info!(
+            "node taints: not readable by this service account; relying on pod conditions (Ready, DisruptionTarget, NodeLost)"
+        );
+    }
+    let mut tracker = Tracker::new(&config.pod_name, config.not_ready_grace);
+    let stream = watcher(pods, watcher::Config::default().labels(&selector)).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let tick_every =
+        (config.not_ready_grace / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
+    let mut ticker = tokio::time::interval(tick_every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        let verdicts = tokio::select! {
+            ev = stream.next() => match ev {
+                None => return,
+                Some(Err(e)) => {
+                    if !failing {
+                        tracing::warn!(error = %e, "pod watch failed; retrying with backoff");
+                        failing = true;
+                    }
+                    continue;
+                }
+                Some(Ok(ev)) => {
+                    if failing {
+                        tracing::info!("pod watch working again");
+                        failing = false;
+                    }
+                    let now = Timestamp::now();
+                    match ev {
+                        watcher::Event::Init => { tracker.relist_started(); Vec::new() }
+                        watcher::Event::InitApply(p) | watcher::Event::Apply(p) => tracker.apply(PodView::of(&p), now),
+                        watcher::Event::InitDone => tracker.relist_done(),
+                        watcher::Event::Delete(p) => tracker.delete(&PodView::of(&p)),
+                    }
+                }
+            },
+            _ = ticker.tick() => {
+                let mut v = tracker.tick(Timestamp::now());
+                if may_read_nodes {
+                    for node in tracker.suspicious_nodes() {
+                        match tokio::time::timeout(Duration::from_secs(5), nodes.get(&node)).await {
+                            Ok(Ok(n)) => {
+                                v.extend(tracker.node_unreachable(&node, node_is_unreachable(&n), Timestamp::now()));
+                            }
+                            Ok(Err(e)) => tracing::debug!(%node, error = %e, "cannot read node"),
+                            Err(_) => tracing::debug!(%node, "reading the node timed out"),
+                        }
+                    }
+                }
+                v
+            }
+        };
+        if !send_all(&tx, verdicts) {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> PodView {
+        PodView::of(&serde_json::from_value::<Pod>(json).expect("pod"))
+    }
+
+    #[test]
+    fn rank_from_label_annotation_or_name() {
+        let p = pod(
+            serde_json::json!({"metadata": {"name": "a-3", "uid": "u", "labels": {POD_INDEX_LABEL: "1"}}}),
+        );
+        assert_eq!(p.rank, Some(1));
+        let p = pod(
+            serde_json::json!({"metadata": {"name": "j-0-abcde", "uid": "u", "annotations": {JOB_INDEX_KEY: "2"}}}),
+        );
+        assert_eq!(p.rank, Some(2));
+        let p = pod(serde_json::json!({"metadata": {"name": "a-3", "uid": "u"}}));
+        assert_eq!(p.rank, Some(3));
+    }
+}

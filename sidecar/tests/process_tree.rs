@@ -1,0 +1,434 @@
+//! The sidecar against a process tree shaped like torchrun's: real sidecar
+//! processes heartbeating on distinct loopback addresses, a fake agent
+//! (`fake_torchrun.py`) whose workers run in their own sessions, and a peer
+//! frozen with SIGSTOP (it stops answering without closing its sockets).
+//!
+//! Bounded waits only; no timing assertions beyond generous windows.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+fn python() -> Option<&'static str> {
+    let ok = Command::new("python3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        Some("python3")
+    } else if std::env::var_os("CI").is_some() {
+        panic!("python3 is required for the process-tree tests in CI");
+    } else {
+        eprintln!("SKIP: python3 not found; the process-tree tests need it");
+        None
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(29655)
+}
+
+struct Sidecar {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sidecar {
+    fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+}
+
+/// Starts the sidecar of `rank` of `nnodes` on 127.0.0.1<rank>.
+fn sidecar(
+    rank: u32,
+    nnodes: u32,
+    port: u16,
+    action: &str,
+    agent_tag: &str,
+    log: &Path,
+) -> Sidecar {
+    let out = std::fs::File::create(log).expect("sidecar log");
+    let err = out.try_clone().expect("sidecar log");
+    let child = Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .env("TRAINWIRE_POD_NAME", format!("job-{rank}"))
+        .env("TRAINWIRE_POD_UID", format!("uid-{rank}-{port}"))
+        .env("TRAINWIRE_NNODES", nnodes.to_string())
+        .env("TRAINWIRE_NODE_RANK", rank.to_string())
+        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
+        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
+        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
+        .env("TRAINWIRE_DETECTION", "heartbeat")
+        .env("TRAINWIRE_HEARTBEAT_INTERVAL", "200ms")
+        .env("TRAINWIRE_HEARTBEAT_MISSES", "5")
+        .env("TRAINWIRE_HEARTBEAT_TIMEOUT", "300ms")
+        .env("TRAINWIRE_ON_PEER_LOSS", action)
+        .env("TRAINWIRE_AGENT_MATCH", agent_tag)
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start trainwire-sidecar");
+    Sidecar {
+        child,
+        addr: format!("127.0.0.1{rank}:{port}"),
+    }
+}
+
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(py: &str, tag: &str, workers: u32, log: PathBuf) -> Agent {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_torchrun.py");
+        let child = Command::new(py)
+            .arg(script)
+            .args(["--log", &log.display().to_string()])
+            .args(["--workers", &workers.to_string()])
+            .args(["--tag", tag])
+            .spawn()
+            .expect("start fake torchrun");
+        Agent { child, log }
+    }
+
+    fn lines(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    fn count(&self, event: &str) -> usize {
+        self.lines()
+            .iter()
+            .filter(|l| l.get(1).map(String::as_str) == Some(event))
+            .count()
+    }
+
+    fn pids(&self, event: &str) -> Vec<i32> {
+        self.lines()
+            .iter()
+            .filter(|l| l.get(1).map(String::as_str) == Some(event))
+            .filter_map(|l| l.get(2).and_then(|p| p.parse().ok()))
+            .collect()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for pid in self.pids("spawn") {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+fn status(addr: &str) -> serde_json::Value {
+    http_get(addr, "/status")
+        .and_then(|b| serde_json::from_str(&b).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Waits (bounded) until `pred` holds; panics with `what` otherwise.
+fn wait_until(what: &str, limit: Duration, mut pred: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if pred() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {limit:?} waiting for: {what}");
+}
+
+fn all_peers_healthy(addr: &str, n: usize) -> bool {
+    let s = status(addr);
+    s["peers"]
+        .as_array()
+        .is_some_and(|p| p.len() == n && p.iter().all(|x| x["state"] == "healthy"))
+}
+
+fn alive(pid: i32) -> bool {
+    // A zombie is as good as dead: read the state letter.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .map(|zombie| !zombie)
+        .unwrap_or(false)
+}
+
+#[test]
+fn restart_workers_terms_each_worker_once_and_spares_the_agent() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let tag = format!("fake-torchrun-rw-{port}");
+    let agent = Agent::start(py, &tag, 2, dir.path().join("agent.log"));
+    wait_until("two workers spawned", Duration::from_secs(20), || {
+        agent.count("spawn") == 2
+    });
+    let first_workers = agent.pids("spawn");
+
+    // Ranks 0 and 2 have no trainer here; rank 1's is `agent`.
+    let s0 = sidecar(
+        0,
+        3,
+        port,
+        "restart-workers",
+        &format!("{tag}-none"),
+        &dir.path().join("s0.log"),
+    );
+    let s1 = sidecar(
+        1,
+        3,
+        port,
+        "restart-workers",
+        &tag,
+        &dir.path().join("s1.log"),
+    );
+    let s2 = sidecar(
+        2,
+        3,
+        port,
+        "restart-workers",
+        &format!("{tag}-none"),
+        &dir.path().join("s2.log"),
+    );
+    wait_until(
+        "every rank sees both peers healthy",
+        Duration::from_secs(30),
+        || {
+            [&s0, &s1, &s2]
+                .iter()
+                .all(|s| all_peers_healthy(&s.addr, 2))
+        },
+    );
+
+    kill(s2.pid(), Signal::SIGSTOP).expect("freeze rank 2");
+    // 200ms x 5 misses: well within 15s even on a loaded machine.
+    wait_until(
+        "both original workers got SIGTERM",
+        Duration::from_secs(15),
+        || agent.count("worker-sigterm") >= 2,
+    );
+    let termed = agent.pids("worker-sigterm");
+    let mut sorted = termed.clone();
+    sorted.sort();
+    let mut expected = first_workers.clone();
+    expected.sort();
+    assert_eq!(sorted, expected, "the original workers, each once");
+    // The agent restarts them and is itself left alone.
+    wait_until(
+        "agent restarted its workers",
+        Duration::from_secs(15),
+        || agent.count("spawn") >= 4,
+    );
+    assert!(alive(agent.child.id() as i32), "the agent is left alone");
+    assert_eq!(agent.count("agent-sigterm"), 0);
+
+    // Exactly once: give the sidecar time to act again if it wrongly would.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        agent.count("worker-sigterm"),
+        2,
+        "no second action for the same loss"
+    );
+    let st = status(&s1.addr);
+    assert_eq!(st["generation"], 1, "{st}");
+    assert_eq!(st["actions_total"], 1, "{st}");
+    let last = &st["last_action"];
+    assert_eq!(last["lost_rank"], 2, "{st}");
+    assert_eq!(last["action"], "restart-workers", "{st}");
+    assert_eq!(last["result"], "signalled", "{st}");
+    assert_eq!(last["signals"].as_array().map(Vec::len), Some(2), "{st}");
+    let peer2 = st["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|x| x["rank"] == 2).cloned());
+    assert_eq!(
+        peer2.map(|p| p["state"].clone()),
+        Some(serde_json::json!("lost"))
+    );
+    let metrics = http_get(&s1.addr, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains(
+            r#"trainwire_sidecar_actions_total{action="restart-workers",result="signalled"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains("trainwire_sidecar_detection_latency_seconds_count{source=\"heartbeat\"} 1"),
+        "{metrics}"
+    );
+    // Rank 0 also saw the loss but runs no trainer: nothing to signal.
+    wait_until("rank 0 reports no trainer", Duration::from_secs(10), || {
+        status(&s0.addr)["last_action"]["result"] == "no-trainer"
+    });
+
+    // The frozen peer thaws: healthy again, no new loss.
+    kill(s2.pid(), Signal::SIGCONT).expect("thaw rank 2");
+    wait_until("rank 2 healthy again", Duration::from_secs(10), || {
+        all_peers_healthy(&s1.addr, 2)
+    });
+    assert_eq!(status(&s1.addr)["generation"], 1);
+}
+
+#[test]
+fn auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let tag = format!("fake-torchrun-auto-{port}");
+    let mut agent = Agent::start(py, &tag, 2, dir.path().join("agent.log"));
+    wait_until("two workers spawned", Duration::from_secs(20), || {
+        agent.count("spawn") == 2
+    });
+    let workers = agent.pids("spawn");
+
+    let s0 = sidecar(
+        0,
+        2,
+        port,
+        "auto",
+        &format!("{tag}-none"),
+        &dir.path().join("s0.log"),
+    );
+    let s1 = sidecar(1, 2, port, "auto", &tag, &dir.path().join("s1.log"));
+    wait_until("rank 1 sees rank 0", Duration::from_secs(30), || {
+        all_peers_healthy(&s1.addr, 1)
+    });
+
+    kill(s0.pid(), Signal::SIGSTOP).expect("freeze rank 0");
+    let mut status_code = None;
+    wait_until("the agent is killed", Duration::from_secs(15), || {
+        status_code = agent.child.try_wait().ok().flatten();
+        status_code.is_some()
+    });
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status_code.and_then(|s| s.signal()),
+        Some(9),
+        "SIGKILL, not SIGTERM"
+    );
+    assert_eq!(agent.count("agent-sigterm"), 0);
+    wait_until(
+        "the workers are killed too",
+        Duration::from_secs(10),
+        || workers.iter().all(|w| !alive(*w)),
+    );
+    assert_eq!(
+        agent.count("worker-sigterm"),
+        0,
+        "SIGKILL leaves no handler a chance"
+    );
+    let st = status(&s1.addr);
+    assert_eq!(st["last_action"]["action"], "restart-agent", "{st}");
+    assert_eq!(st["last_action"]["result"], "signalled", "{st}");
+    assert_eq!(st["last_action"]["lost_rank"], 0, "{st}");
+    let sigs = st["last_action"]["signals"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        sigs.iter()
+            .any(|s| s["role"] == "agent" && s["signal"] == "SIGKILL"),
+        "{st}"
+    );
+    assert_eq!(
+        sigs.iter().filter(|s| s["role"] == "worker").count(),
+        2,
+        "{st}"
+    );
+}
+
+#[test]
+fn none_only_reports() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let tag = format!("fake-torchrun-none-{port}");
+    let agent = Agent::start(py, &tag, 1, dir.path().join("agent.log"));
+    wait_until("worker spawned", Duration::from_secs(20), || {
+        agent.count("spawn") == 1
+    });
+    let worker = agent.pids("spawn")[0];
+
+    let s0 = sidecar(
+        0,
+        2,
+        port,
+        "none",
+        &format!("{tag}-none"),
+        &dir.path().join("s0.log"),
+    );
+    let s1 = sidecar(1, 2, port, "none", &tag, &dir.path().join("s1.log"));
+    wait_until("rank 1 sees rank 0", Duration::from_secs(30), || {
+        all_peers_healthy(&s1.addr, 1)
+    });
+    kill(s0.pid(), Signal::SIGSTOP).expect("freeze rank 0");
+    wait_until("the loss is reported", Duration::from_secs(15), || {
+        status(&s1.addr)["last_action"]["result"] == "reported"
+    });
+    let st = status(&s1.addr);
+    assert_eq!(st["last_action"]["action"], "report-only", "{st}");
+    assert_eq!(st["last_action"]["signals"], serde_json::json!([]), "{st}");
+    assert_eq!(st["actions_total"], 0, "{st}");
+    let metrics = http_get(&s1.addr, "/metrics").unwrap_or_default();
+    assert!(
+        metrics.contains(
+            r#"trainwire_sidecar_peers_lost_total{source="heartbeat",reason="missed-heartbeats"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            r#"trainwire_sidecar_actions_total{action="report-only",result="reported"} 1"#
+        ),
+        "{metrics}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(alive(worker) && alive(agent.child.id() as i32));
+    assert_eq!(agent.count("worker-sigterm"), 0);
+}

@@ -1,0 +1,299 @@
+//! Network namespaces as "nodes" for end-to-end tests.
+//!
+//! A [`Network`] is a switch namespace holding a bridge, and one namespace
+//! per node, each joined to the bridge by a veth pair whose switch end is
+//! named after the node. Cutting a node off sets its switch-side link down:
+//! its processes see nothing (no error, no reset), exactly like a node whose
+//! network or power went away. Each node namespace gets its own
+//! `/etc/netns/<ns>/hosts`, so peers are reached by names like `node-1`, and
+//! a replacement node can take over a name with a new address.
+//!
+//! Everything is named uniquely per test run, and removed on drop (processes
+//! still inside a namespace are SIGKILLed first). Interfaces live only inside
+//! the test's own namespaces, so nothing in the host's network changes.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use nix::sys::signal::Signal;
+
+use crate::process::{signal_all, unique_name};
+
+/// Run `ip ARGS`; the error names the command and what `ip` said.
+pub fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run `ip {}`: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Why network-namespace tests cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    if !crate::process::is_root() {
+        return Some("not running as root (ip netns needs it)".to_string());
+    }
+    if Command::new("unshare")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        return Some("`unshare` (util-linux) is missing".to_string());
+    }
+    let probe = unique_name("twprobe");
+    if let Err(e) = ip(&["netns", "add", &probe]) {
+        return Some(format!("`ip netns` does not work here: {e}"));
+    }
+    let _ = ip(&["netns", "del", &probe]);
+    None
+}
+
+/// Whether the test may run; prints a clear skip message when it may not.
+pub fn require_netns(test: &str) -> bool {
+    match unavailable() {
+        None => true,
+        Some(why) => {
+            eprintln!("SKIPPED {test}: {why}");
+            false
+        }
+    }
+}
+
+/// One node: a namespace with `eth0` on the bridge.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// The namespace name (`ip netns exec <ns>`).
+    pub ns: String,
+    /// The switch-side interface; set down to cut the node off.
+    pub port: String,
+    /// The host name its processes see (`hostname`) and peers resolve.
+    pub hostname: String,
+    pub addr: Ipv4Addr,
+}
+
+/// The test's network: a switch namespace with a bridge, and nodes.
+pub struct Network {
+    prefix: String,
+    switch: String,
+    nodes: Vec<Node>,
+    hosts: Vec<(String, Ipv4Addr)>,
+}
+
+const SUBNET: [u8; 3] = [10, 77, 0];
+
+impl Network {
+    /// A new switch namespace with a bridge `br0`.
+    pub fn create(prefix: &str) -> Result<Network, String> {
+        let prefix = unique_name(prefix);
+        let switch = format!("{prefix}-sw");
+        ip(&["netns", "add", &switch])?;
+        let net = Network {
+            prefix,
+            switch,
+            nodes: Vec::new(),
+            hosts: Vec::new(),
+        };
+        net.in_switch(&["link", "add", "br0", "type", "bridge"])?;
+        net.in_switch(&["link", "set", "br0", "up"])?;
+        Ok(net)
+    }
+
+    fn in_switch(&self, args: &[&str]) -> Result<(), String> {
+        let mut full = vec!["-n", self.switch.as_str()];
+        full.extend_from_slice(args);
+        ip(&full)
+    }
+
+    /// An address on the test subnet, `10.77.0.<host>`.
+    pub fn addr(host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], host)
+    }
+
+    /// Add a node namespace `label`, with `eth0` at `addr` on the bridge, and
+    /// make `hostname` resolve to `addr` in every node (a replacement node
+    /// takes over the name from the node it replaces).
+    pub fn add_node(
+        &mut self,
+        label: &str,
+        hostname: &str,
+        addr: Ipv4Addr,
+    ) -> Result<Node, String> {
+        let ns = format!("{}-{label}", self.prefix);
+        ip(&["netns", "add", &ns])?;
+        let node = Node {
+            ns: ns.clone(),
+            port: format!("p-{label}"),
+            hostname: hostname.to_string(),
+            addr,
+        };
+        self.nodes.push(node.clone());
+        std::fs::create_dir_all(self.etc(&ns))
+            .map_err(|e| format!("create {}: {e}", self.etc(&ns).display()))?;
+        let cidr = format!("{addr}/24");
+        self.in_switch(&[
+            "link", "add", &node.port, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+        ])?;
+        self.in_switch(&["link", "set", &node.port, "master", "br0"])?;
+        self.in_switch(&["link", "set", &node.port, "up"])?;
+        ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        self.set_host(hostname, addr)?;
+        Ok(node)
+    }
+
+    fn etc(&self, ns: &str) -> PathBuf {
+        PathBuf::from("/etc/netns").join(ns)
+    }
+
+    /// Point `hostname` at `addr` in every node's hosts file. The files are
+    /// rewritten in place, so processes already running see the change (like
+    /// a DNS record that follows a rescheduled pod).
+    pub fn set_host(&mut self, hostname: &str, addr: Ipv4Addr) -> Result<(), String> {
+        self.hosts.retain(|(h, _)| h != hostname);
+        self.hosts.push((hostname.to_string(), addr));
+        let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
+        for (h, a) in &self.hosts {
+            text.push_str(&format!("{a}\t{h}\n"));
+        }
+        for node in &self.nodes {
+            let path = self.etc(&node.ns).join("hosts");
+            // Truncate and write the same inode: `ip netns exec` bind-mounts
+            // this file over /etc/hosts, and a rename would not be seen.
+            std::fs::write(&path, &text).map_err(|e| format!("write {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Cut a node off: its switch port goes down. Nothing inside the node
+    /// notices; its peers stop hearing from it.
+    pub fn cut(&self, node: &Node) -> Result<(), String> {
+        self.in_switch(&["link", "set", &node.port, "down"])
+    }
+
+    /// Processes running inside a node's namespace.
+    pub fn pids(&self, node: &Node) -> Vec<i32> {
+        namespace_pids(&node.ns)
+    }
+
+    /// Freeze every process of a node (SIGSTOP): with [`Network::cut`], a
+    /// node that lost power.
+    pub fn freeze(&self, node: &Node) {
+        signal_all(&self.pids(node), Signal::SIGSTOP);
+    }
+
+    /// A command that runs `program` inside `node`'s namespace, with the
+    /// node's own host name (a private UTS namespace, like a pod's), so that
+    /// `socket.gethostname()` there is the name its peers resolve. The spawned
+    /// process is `program` itself (`ip netns exec`, `unshare` and `sh` exec
+    /// into it), so its pid is the program's pid.
+    pub fn command(&self, node: &Node, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns", "exec", &node.ns, "unshare", "--uts", "--", "sh", "-c",
+        ])
+        .arg("hostname \"$0\" && exec \"$@\"")
+        .arg(&node.hostname)
+        .arg(program);
+        cmd
+    }
+}
+
+/// Pids of the processes in namespace `ns` (`ip netns pids`).
+pub fn namespace_pids(ns: &str) -> Vec<i32> {
+    Command::new("ip")
+        .args(["netns", "pids", ns])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            // SIGKILL works on stopped processes too; retry while some remain.
+            for _ in 0..50 {
+                let pids = namespace_pids(&node.ns);
+                if pids.is_empty() {
+                    break;
+                }
+                signal_all(&pids, Signal::SIGKILL);
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            let _ = ip(&["netns", "del", &node.ns]);
+            let _ = std::fs::remove_dir_all(self.etc(&node.ns));
+        }
+        // Deleting the switch namespace removes the bridge and the veth pairs.
+        let _ = ip(&["netns", "del", &self.switch]);
+    }
+}
+
+/// A TCP connection to `addr` made from inside namespace `ns` (the socket
+/// belongs to the namespace it was created in; only a short-lived thread
+/// switches namespace, the test process stays where it is).
+pub fn connect_in(
+    ns: &str,
+    addr: std::net::SocketAddr,
+    timeout: std::time::Duration,
+) -> Result<std::net::TcpStream, String> {
+    let path = PathBuf::from("/run/netns").join(ns);
+    std::thread::spawn(move || {
+        let file =
+            std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("setns {}: {e}", path.display()))?;
+        std::net::TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|e| format!("connect {addr} in {}: {e}", path.display()))
+    })
+    .join()
+    .map_err(|_| "the namespace thread panicked".to_string())?
+}
+
+/// `GET path` over HTTP/1.0 from inside namespace `ns`; the response body.
+pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let timeout = std::time::Duration::from_secs(2);
+    let mut stream = connect_in(ns, addr, timeout)?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("send GET {path}: {e}"))?;
+    let mut raw = String::new();
+    stream
+        .read_to_string(&mut raw)
+        .map_err(|e| format!("read GET {path}: {e}"))?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP response: {raw:?}"))?;
+    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1) != Some("200") {
+        return Err(format!(
+            "GET {path}: {}",
+            head.lines().next().unwrap_or_default()
+        ));
+    }
+    Ok(body.to_string())
+}

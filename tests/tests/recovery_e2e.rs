@@ -1,0 +1,497 @@
+//! The sidecar's headline claim, end to end with a real torchrun: two
+//! "nodes", each its own network namespace on a bridge, each running a
+//! torchrun agent (c10d rendezvous on node 0, the env the webhook injects)
+//! with one worker training `examples/train.py` into a shared checkpoint
+//! directory, and each with a `trainwire-sidecar` on heartbeats. One node is
+//! cut off silently (its switch port goes down and its processes freeze, like
+//! a node that lost power), a replacement node with the same host name and a
+//! new address starts 5 s later, and training must resume from the last
+//! checkpoint with both nodes.
+//!
+//! - Scenario A: the lost node is not the rendezvous host. torchrun recovers
+//!   on its own once the replacement joins; the sidecar (`auto`) only reports.
+//! - Scenario B: the lost node is the rendezvous host. The survivor's agent
+//!   never recovers on its own; its sidecar must SIGKILL the agent and its
+//!   workers, the "kubelet" (this harness) restarts the trainer container, and
+//!   training resumes once the replacement host is up.
+//!
+//! Each run prints one `RECOVERY ...` line with the measured times
+//! (`docs/benchmarks.md`, "Recovery end to end"). Skips with a clear message
+//! when PyTorch is missing, when not root, or when `ip netns` does not work.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tempfile::TempDir;
+use trainwire_sidecar::env as tw;
+use trainwire_tests::kubelet::Kubelet;
+use trainwire_tests::netns::{self, Network, Node};
+use trainwire_tests::process::{Line, Log, Proc, Tag, descendants, signal_all, unique_name};
+use trainwire_tests::torch::{self, TrainEvent};
+
+/// Bound of every wait for the trainers (imports and rendezvous are slow on a busy 2-core machine).
+const WAIT: Duration = Duration::from_secs(180);
+/// When the replacement node starts after the cut (as in DESIGN.md's measured facts).
+const REPLACEMENT_AFTER: Duration = Duration::from_secs(5);
+const CHECKPOINT_INTERVAL: u64 = 5;
+const RDZV_PORT: u16 = 29400;
+
+/// Who sends the signals: the real sidecar; or, to reproduce DESIGN.md's
+/// measured facts without it, the harness itself (`harness`), or nobody
+/// (`none`: the baseline, where losing the rendezvous host must leave the
+/// survivor stuck). Chosen by `TRAINWIRE_E2E_RESPONDER`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Responder {
+    Sidecar,
+    Harness,
+    Nobody,
+}
+
+fn responder() -> Responder {
+    match std::env::var("TRAINWIRE_E2E_RESPONDER").as_deref() {
+        Ok("harness") => Responder::Harness,
+        Ok("none") => Responder::Nobody,
+        _ => Responder::Sidecar,
+    }
+}
+
+struct Trainer {
+    node: Node,
+    kubelet: Kubelet,
+    sidecar: Option<Proc>,
+}
+
+/// Fields drop in order: trainers and sidecars first, then every tagged
+/// process, then the namespaces, then the checkpoint directory.
+struct Cluster {
+    trainers: Vec<Trainer>,
+    tag: Tag,
+    net: Network,
+    ckpt: TempDir,
+    log: Log,
+    run: String,
+    responder: Responder,
+    sidecar_bin: Option<PathBuf>,
+}
+
+impl Cluster {
+    fn new(responder: Responder) -> Result<Cluster, String> {
+        let sidecar_bin = match responder {
+            Responder::Sidecar => Some(trainwire_tests::sidecar_binary()?),
+            Responder::Harness | Responder::Nobody => None,
+        };
+        Ok(Cluster {
+            trainers: Vec::new(),
+            tag: Tag::new("twe2e"),
+            net: Network::create("twe")?,
+            ckpt: tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?,
+            log: Log::new("e2e"),
+            run: unique_name("run"),
+            responder,
+            sidecar_bin,
+        })
+    }
+
+    fn note(&self, text: String) {
+        self.log.push(format!("harness| {text}"));
+    }
+
+    /// A node: namespace, sidecar, and the trainer container under a kubelet.
+    fn start_node(&mut self, label: &str, rank: u32, addr: Ipv4Addr) -> Result<Node, String> {
+        let hostname = format!("node-{rank}");
+        let node = self.net.add_node(label, &hostname, addr)?;
+        let agent_token = format!("trainwire_agent={label}.{}", self.run);
+        let sidecar = match &self.sidecar_bin {
+            Some(bin) => {
+                let mut cmd = self.net.command(&node, &bin.to_string_lossy());
+                cmd.envs([
+                    (tw::POD_NAME, hostname.clone()),
+                    (tw::POD_NAMESPACE, "e2e".to_string()),
+                    (tw::POD_UID, format!("{label}-{}", self.run)),
+                    (tw::NODE_RANK, rank.to_string()),
+                    (tw::NNODES, "2".to_string()),
+                    (tw::PEER_HOSTS, "node-{i}".to_string()),
+                    (tw::RDZV_HOST_RANK, "0".to_string()),
+                    (tw::HEALTH_PORT, tw::DEFAULT_HEALTH_PORT.to_string()),
+                    (tw::BIND_ADDRESS, "0.0.0.0".to_string()),
+                    (
+                        tw::CHECKPOINT_DIR,
+                        self.ckpt.path().to_string_lossy().into_owned(),
+                    ),
+                    (tw::ON_PEER_LOSS, "auto".to_string()),
+                    (tw::DETECTION, "heartbeat".to_string()),
+                    (tw::HEARTBEAT_INTERVAL, "1s".to_string()),
+                    (tw::HEARTBEAT_MISSES, "3".to_string()),
+                    (tw::AGENT_MATCH, agent_token.clone()),
+                    ("RUST_LOG", "info".to_string()),
+                ]);
+                let proc = Proc::spawn_as(
+                    &mut cmd,
+                    self.tag.value(),
+                    &self.log,
+                    &format!("{label}/sidecar| "),
+                )
+                .map_err(|e| format!("start the sidecar: {e}"))?;
+                Some(proc)
+            }
+            None => None,
+        };
+        let (net_cmd, script) = (
+            self.net.command(&node, &torch::python()),
+            torch::train_script(),
+        );
+        let program: Vec<String> = net_cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let mut env = torch::webhook_env("2", 1, &format!("node-0:{RDZV_PORT}"), &self.run, rank);
+        env.push((
+            "CHECKPOINT_DIR".into(),
+            self.ckpt.path().to_string_lossy().into_owned(),
+        ));
+        env.push(("GLOO_SOCKET_IFNAME".into(), "eth0".into()));
+        let make = move || {
+            let mut cmd = Command::new("ip");
+            cmd.args(&program)
+                .args(["-X", &agent_token, "-m", "torch.distributed.run"])
+                .arg(&script)
+                .args([
+                    "--steps",
+                    "100000",
+                    "--checkpoint-interval",
+                    &CHECKPOINT_INTERVAL.to_string(),
+                ])
+                .args(["--log-every", "1", "--sleep", "0.2"])
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            cmd
+        };
+        let kubelet = Kubelet::run(
+            &format!("{label}/trainer"),
+            self.tag.value(),
+            &self.log,
+            Duration::from_secs(1),
+            make,
+        );
+        self.trainers.push(Trainer {
+            node: node.clone(),
+            kubelet,
+            sidecar,
+        });
+        Ok(node)
+    }
+
+    fn trainer(&self, label: &str) -> Option<&Trainer> {
+        self.trainers
+            .iter()
+            .find(|t| t.node.ns.ends_with(&format!("-{label}")))
+    }
+
+    fn wait(&self, what: &str, pred: impl Fn(&str) -> bool) -> Result<Line, String> {
+        self.log.wait_for(WAIT, pred).ok_or_else(|| {
+            format!(
+                "timed out after {WAIT:?} waiting for {what}\n{}",
+                self.log.tail(200)
+            )
+        })
+    }
+
+    /// The `latest` checkpoint's step.
+    fn latest_step(&self) -> Option<u64> {
+        std::fs::read_to_string(self.ckpt.path().join("latest"))
+            .ok()?
+            .trim()
+            .strip_prefix("ckpt-")?
+            .strip_suffix(".pt")?
+            .parse()
+            .ok()
+    }
+
+    /// The state (`healthy`, `lost`, ...) of peer `rank` in the `/status` of
+    /// the sidecar on node `label`.
+    fn peer_state(&self, label: &str, rank: u64) -> Option<String> {
+        let t = self.trainer(label)?;
+        t.sidecar.as_ref()?;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], tw::DEFAULT_HEALTH_PORT));
+        let body = netns::http_get(&t.node.ns, addr, "/status").ok()?;
+        let status: serde_json::Value = serde_json::from_str(&body).ok()?;
+        status["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["rank"].as_u64() == Some(rank))
+            .and_then(|p| p["state"].as_str())
+            .map(str::to_string)
+    }
+
+    /// Cut a node off and freeze all its processes (a node that lost power).
+    fn lose(&self, label: &str) -> Result<Instant, String> {
+        let t = self
+            .trainer(label)
+            .ok_or_else(|| format!("no node {label}"))?;
+        self.net.cut(&t.node)?;
+        let at = Instant::now();
+        self.net.freeze(&t.node);
+        self.note(format!("cut off and froze {label} ({})", t.node.hostname));
+        Ok(at)
+    }
+}
+
+fn is_event(line: &str, event: &str) -> Option<TrainEvent> {
+    TrainEvent::parse(line).filter(|e| e.event == event)
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+struct Measured {
+    resumed_from: u64,
+    cold_start: Duration,
+    cut_to_detect: Option<Duration>,
+    cut_to_signal: Option<Duration>,
+    /// `None`: no resume (the `none` baseline).
+    replacement_to_resume: Option<Duration>,
+}
+
+/// Runs one scenario; `lose_host` picks B (node 0, the rendezvous host) over A.
+fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
+    let mut c = Cluster::new(responder)?;
+    let cold = Instant::now();
+    c.start_node("n0", 0, Network::addr(10))?;
+    c.start_node("n1", 1, Network::addr(11))?;
+
+    // Both nodes train together and a few checkpoints exist.
+    c.wait("a 2-node world", |l| {
+        is_event(l, "start").is_some_and(|e| e.num("world_size") == Some(2))
+    })?;
+    // The baseline, measured in the same run on the same machine: a cold
+    // start of both nodes to the first training step.
+    let first = c.wait("the first step", |l| is_event(l, "step").is_some())?;
+    let cold_start = first.at.duration_since(cold);
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+
+    let (lost, survivor, rank) = if lose_host {
+        ("n0", "n1", 0)
+    } else {
+        ("n1", "n0", 1)
+    };
+    let survivor_exits = c.trainer(survivor).map(|t| t.kubelet.exits()).unwrap_or(0);
+    let cut = c.lose(lost)?;
+    let at_cut = c.latest_step().ok_or("no checkpoint at the cut")?;
+    c.note(format!("latest checkpoint at the cut: step {at_cut}"));
+
+    // Scenario B: the survivor's agent is stuck on the dead store; it must be
+    // killed. The sidecar does it; in harness mode the harness stands in,
+    // after the same 3 missed 1 s heartbeats.
+    // Scenario B: the survivor's agent is stuck on the dead store; it must be
+    // killed. The sidecar does it; in harness mode the harness stands in,
+    // after the same 3 missed 1 s heartbeats.
+    if lose_host && c.responder == Responder::Harness {
+        std::thread::sleep(Duration::from_secs(3));
+        if let Some(pid) = c.trainer(survivor).and_then(|t| t.kubelet.pid()) {
+            let mut pids = descendants(pid);
+            pids.push(pid);
+            signal_all(&pids, Signal::SIGKILL);
+            c.note(format!(
+                "SIGKILLed the survivor's agent {pid} and {} descendants",
+                pids.len() - 1
+            ));
+        }
+    }
+    // When the survivor's sidecar reports the loss, and (B) when the
+    // survivor's trainer container exits.
+    let with_sidecar = c.responder == Responder::Sidecar;
+    let lost_rank = if lose_host { 0 } else { 1 };
+    let (mut detected, mut signalled) = (None, None);
+    let deadline = cut + Duration::from_secs(30);
+    let expect_signal = lose_host && c.responder != Responder::Nobody;
+    while Instant::now() < deadline
+        && ((with_sidecar && detected.is_none()) || (expect_signal && signalled.is_none()))
+    {
+        if with_sidecar
+            && detected.is_none()
+            && c.peer_state(survivor, lost_rank).as_deref() == Some("lost")
+        {
+            detected = Some(cut.elapsed());
+            c.note(format!(
+                "the survivor's sidecar reports rank {lost_rank} lost"
+            ));
+        }
+        if lose_host
+            && signalled.is_none()
+            && c.trainer(survivor)
+                .is_some_and(|t| t.kubelet.exits() > survivor_exits)
+        {
+            signalled = Some(cut.elapsed());
+            c.note("the survivor's trainer container exited".to_string());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if with_sidecar && detected.is_none() {
+        return Err(format!(
+            "the survivor's sidecar did not report rank {lost_rank} lost within 30 s\n{}",
+            c.log.tail(200)
+        ));
+    }
+    if lose_host && signalled.is_none() && c.responder != Responder::Nobody {
+        return Err(format!(
+            "the survivor's trainer was not killed within 30 s of losing the rendezvous host\n{}",
+            c.log.tail(200)
+        ));
+    }
+
+    let wait_more = REPLACEMENT_AFTER.saturating_sub(cut.elapsed());
+    std::thread::sleep(wait_more);
+    // The replacement takes over the lost node's name with a new address.
+    let label = if lose_host { "n0b" } else { "n1b" };
+    let mark = c.log.mark();
+    let replaced = Instant::now();
+    c.start_node(label, rank, Network::addr(if lose_host { 20 } else { 21 }))?;
+    c.note(format!("started the replacement {label} as node-{rank}"));
+
+    if c.responder == Responder::Nobody && lose_host {
+        // The baseline: nobody kills the survivor's agent, which stays blocked
+        // on the dead store; the world never forms again.
+        let window = Duration::from_secs(90);
+        let resumed = c.log.wait_for_after(mark, window, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        });
+        if let Some(l) = resumed {
+            return Err(format!(
+                "without a helper, training resumed anyway: {}\n{}",
+                l.text,
+                c.log.tail(250)
+            ));
+        }
+        c.note(format!(
+            "no resume within {window:?} of the replacement, as DESIGN.md measured"
+        ));
+        return Ok(Measured {
+            resumed_from: at_cut,
+            cold_start,
+            cut_to_detect: None,
+            cut_to_signal: None,
+            replacement_to_resume: None,
+        });
+    }
+    // Training resumes from the checkpoint of the cut, with both nodes.
+    let resumed = c
+        .log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        })
+        .ok_or_else(|| {
+            format!(
+                "training did not resume within {WAIT:?}\n{}",
+                c.log.tail(250)
+            )
+        })?;
+    let took = resumed.at.duration_since(replaced);
+    let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
+    let from = ev.num("resumed_from").ok_or("no resumed_from")?;
+    if from != at_cut {
+        return Err(format!(
+            "resumed from step {from}, the checkpoint at the cut was {at_cut}\n{}",
+            c.log.tail(250)
+        ));
+    }
+    if ev.num("world_size") != Some(2) {
+        return Err(format!(
+            "resumed with world size {:?}, not 2: {}",
+            ev.num("world_size"),
+            resumed.text
+        ));
+    }
+    // Both the survivor and the replacement run a worker that resumed.
+    for who in [survivor, label] {
+        let prefix = format!("{who}/trainer| ");
+        c.log
+            .wait_for_after(mark, Duration::from_secs(10), |l| {
+                l.starts_with(&prefix)
+                    && is_event(l, "start").is_some_and(|e| e.num("resumed_from") == Some(at_cut))
+            })
+            .ok_or_else(|| {
+                format!(
+                    "{who} did not resume from step {at_cut}\n{}",
+                    c.log.tail(250)
+                )
+            })?;
+    }
+    // And it goes on: a new checkpoint past the resume point.
+    c.log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "checkpoint")
+                .is_some_and(|e| e.num("step") >= Some(at_cut + 2 * CHECKPOINT_INTERVAL))
+        })
+        .ok_or_else(|| format!("training did not go on after resuming\n{}", c.log.tail(250)))?;
+
+    // Scenario A in `auto`: torchrun recovered by itself; the sidecar must
+    // not have killed the survivor's trainer.
+    if !lose_host && responder == Responder::Sidecar {
+        let exits = c.trainer(survivor).map(|t| t.kubelet.exits()).unwrap_or(0);
+        if exits != survivor_exits {
+            return Err(format!(
+                "the survivor's trainer exited although its lost peer was not the rendezvous host\n{}",
+                c.log.tail(250)
+            ));
+        }
+    }
+    if std::env::var_os("TRAINWIRE_E2E_DUMP").is_some() {
+        eprintln!("{}", c.log.tail(100_000));
+    }
+    Ok(Measured {
+        resumed_from: from,
+        cold_start,
+        cut_to_detect: detected,
+        cut_to_signal: signalled,
+        replacement_to_resume: Some(took),
+    })
+}
+
+fn run(test: &str, lose_host: bool) {
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    let responder = responder();
+    let started = Instant::now();
+    match scenario(lose_host, responder) {
+        Ok(m) => println!(
+            "RECOVERY scenario={} responder={responder:?} resumed_from={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cold_start_s={} total_s={}",
+            if lose_host {
+                "B-lose-rendezvous-host"
+            } else {
+                "A-lose-other-node"
+            },
+            m.resumed_from,
+            m.cut_to_detect
+                .map(|d| secs(d).to_string())
+                .unwrap_or_else(|| "-".into()),
+            m.cut_to_signal
+                .map(|d| secs(d).to_string())
+                .unwrap_or_else(|| "-".into()),
+            m.replacement_to_resume
+                .map(|d| secs(d).to_string())
+                .unwrap_or_else(|| "never".into()),
+            secs(m.cold_start),
+            secs(started.elapsed()),
+        ),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+#[test]
+fn torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host() {
+    run(
+        "torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host",
+        false,
+    );
+}
+
+#[test]
+fn torchrun_resumes_after_losing_the_rendezvous_host() {
+    run("torchrun_resumes_after_losing_the_rendezvous_host", true);
+}

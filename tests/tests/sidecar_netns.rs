@@ -1,0 +1,332 @@
+//! Two sidecars on heartbeats, each in its own network namespace joined by
+//! veth to a bridge, each beside a process tree shaped like torchrun's (an
+//! agent that starts two workers in their own sessions and restarts them
+//! when they die). The link is cut: both sides must report the other lost
+//! within interval × misses (plus a margin for a loaded machine), and act as
+//! `TRAINWIRE_ON_PEER_LOSS` says, exactly once:
+//!
+//! - `auto`: the survivor that lost rank 1 (not the rendezvous host) leaves
+//!   its processes alone; the side that lost rank 0 (the rendezvous host)
+//!   SIGKILLs its agent and both workers.
+//! - `restart-workers`: each side SIGTERMs its workers once; the agent stays,
+//!   restarts them, and the new workers are left alone.
+//!
+//! Skips with a clear message when not root or when `ip netns` does not work.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use trainwire_sidecar::env as tw;
+use trainwire_tests::netns::{self, Network, Node};
+use trainwire_tests::process::{Log, Proc, Tag, alive, descendants, unique_name};
+
+const INTERVAL_MS: u64 = 500;
+const MISSES: u64 = 3;
+/// Margin over interval × misses for a probe timeout and a busy machine.
+const MARGIN: Duration = Duration::from_secs(3);
+const PORT: u16 = tw::DEFAULT_HEALTH_PORT;
+
+/// An agent like torchrun's: workers in new sessions, restarted when they exit.
+const FAKE_AGENT: &str = r#"
+import subprocess, sys, time
+def spawn():
+    w = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], start_new_session=True)
+    print(f"started worker {w.pid}", flush=True)
+    return w
+workers = [spawn(), spawn()]
+while True:
+    for i, w in enumerate(workers):
+        code = w.poll()
+        if code is not None:
+            print(f"worker {w.pid} exited {code}", flush=True)
+            workers[i] = spawn()
+    time.sleep(0.05)
+"#;
+
+struct Pod {
+    label: String,
+    node: Node,
+    agent: Proc,
+    _sidecar: Proc,
+}
+
+struct Cluster {
+    pods: Vec<Pod>,
+    tag: Tag,
+    net: Network,
+    log: Log,
+}
+
+impl Cluster {
+    fn new() -> Result<Cluster, String> {
+        Ok(Cluster {
+            pods: Vec::new(),
+            tag: Tag::new("twsn"),
+            net: Network::create("tws")?,
+            log: Log::new("netns"),
+        })
+    }
+
+    fn start_pod(&mut self, label: &str, rank: u32, action: &str) -> Result<(), String> {
+        let sidecar_bin = trainwire_tests::sidecar_binary()?;
+        let node = self.net.add_node(
+            label,
+            &format!("node-{rank}"),
+            Network::addr(10 + rank as u8),
+        )?;
+        let token = unique_name(&format!("fake_torchrun_{label}_"));
+        let mut cmd = self.net.command(&node, &sidecar_bin.to_string_lossy());
+        cmd.envs([
+            (tw::POD_NAME, format!("node-{rank}")),
+            (tw::POD_NAMESPACE, "e2e".to_string()),
+            (tw::POD_UID, unique_name("uid")),
+            (tw::NODE_RANK, rank.to_string()),
+            (tw::NNODES, "2".to_string()),
+            (tw::PEER_HOSTS, "node-{i}".to_string()),
+            (tw::RDZV_HOST_RANK, "0".to_string()),
+            (tw::HEALTH_PORT, PORT.to_string()),
+            (tw::BIND_ADDRESS, "0.0.0.0".to_string()),
+            (tw::ON_PEER_LOSS, action.to_string()),
+            (tw::DETECTION, "heartbeat".to_string()),
+            (tw::HEARTBEAT_INTERVAL, format!("{INTERVAL_MS}ms")),
+            (tw::HEARTBEAT_MISSES, MISSES.to_string()),
+            (tw::AGENT_MATCH, token.clone()),
+            ("RUST_LOG", "info".to_string()),
+        ]);
+        let sidecar = Proc::spawn_as(
+            &mut cmd,
+            self.tag.value(),
+            &self.log,
+            &format!("{label}/sidecar| "),
+        )
+        .map_err(|e| format!("start the sidecar: {e}"))?;
+        let mut cmd: Command = self.net.command(&node, &trainwire_tests::torch::python());
+        cmd.args(["-c", FAKE_AGENT, &token]);
+        let agent = Proc::spawn_as(
+            &mut cmd,
+            self.tag.value(),
+            &self.log,
+            &format!("{label}/agent| "),
+        )
+        .map_err(|e| format!("start the fake agent: {e}"))?;
+        self.pods.push(Pod {
+            label: label.to_string(),
+            node,
+            agent,
+            _sidecar: sidecar,
+        });
+        Ok(())
+    }
+
+    fn pod(&self, label: &str) -> &Pod {
+        self.pods
+            .iter()
+            .find(|p| p.label == label)
+            .unwrap_or_else(|| panic!("no pod {label}"))
+    }
+
+    fn status(&self, label: &str) -> Result<Value, String> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], PORT));
+        let body = netns::http_get(&self.pod(label).node.ns, addr, "/status")?;
+        serde_json::from_str(&body).map_err(|e| format!("/status is not JSON ({e}): {body}"))
+    }
+
+    fn peer_state(&self, label: &str, rank: u64) -> Option<String> {
+        let status = self.status(label).ok()?;
+        status["peers"]
+            .as_array()?
+            .iter()
+            .find(|p| p["rank"].as_u64() == Some(rank))
+            .and_then(|p| p["state"].as_str())
+            .map(str::to_string)
+    }
+
+    /// Poll until `pred` holds (bounded), returning how long it took.
+    fn until(&self, what: &str, timeout: Duration, pred: impl Fn() -> bool) -> Duration {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if pred() {
+                return start.elapsed();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            self.log.tail(150)
+        );
+    }
+
+    fn workers(&self, label: &str) -> Vec<i32> {
+        descendants(self.pod(label).agent.pid())
+    }
+
+    fn count(&self, label: &str, needle: &str) -> usize {
+        let prefix = format!("{label}/agent| ");
+        self.log
+            .lines()
+            .iter()
+            .filter(|l| l.text.starts_with(&prefix) && l.text.contains(needle))
+            .count()
+    }
+}
+
+/// Both pods up, both sidecars healthy with each other, two workers each.
+fn start(action: &str) -> Option<Cluster> {
+    let test = format!("sidecar_netns ({action})");
+    if !netns::require_netns(&test) {
+        return None;
+    }
+    let mut c = Cluster::new().unwrap_or_else(|e| panic!("{test}: {e}"));
+    for (label, rank) in [("n0", 0), ("n1", 1)] {
+        c.start_pod(label, rank, action)
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    }
+    c.until(
+        "both sidecars to see each other healthy",
+        Duration::from_secs(60),
+        || {
+            c.peer_state("n0", 1).as_deref() == Some("healthy")
+                && c.peer_state("n1", 0).as_deref() == Some("healthy")
+        },
+    );
+    c.until(
+        "two workers under each agent",
+        Duration::from_secs(30),
+        || c.workers("n0").len() == 2 && c.workers("n1").len() == 2,
+    );
+    Some(c)
+}
+
+fn detection_bound() -> Duration {
+    Duration::from_millis(INTERVAL_MS * MISSES) + MARGIN
+}
+
+#[test]
+fn cut_link_auto_kills_only_the_side_that_lost_the_rendezvous_host() {
+    let Some(c) = start("auto") else { return };
+    let before0 = c.workers("n0");
+    let agent1 = c.pod("n1").agent.pid();
+    let workers1 = c.workers("n1");
+
+    c.net
+        .cut(&c.pod("n1").node)
+        .unwrap_or_else(|e| panic!("cut: {e}"));
+    let cut = Instant::now();
+    let bound = detection_bound();
+    // Poll both sides together, noting when each first reports the loss.
+    let (mut lost0, mut lost1) = (None, None);
+    while (lost0.is_none() || lost1.is_none()) && cut.elapsed() < bound + Duration::from_secs(10) {
+        if lost0.is_none() && c.peer_state("n0", 1).as_deref() == Some("lost") {
+            lost0 = Some(cut.elapsed());
+        }
+        if lost1.is_none() && c.peer_state("n1", 0).as_deref() == Some("lost") {
+            lost1 = Some(cut.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (Some(lost0), Some(lost1)) = (lost0, lost1) else {
+        panic!(
+            "not both sides reported the loss: n0 {lost0:?}, n1 {lost1:?}\n{}",
+            c.log.tail(150)
+        );
+    };
+    println!(
+        "DETECTION action=auto interval_ms={INTERVAL_MS} misses={MISSES} n0_lost_rank1_s={:.2} n1_lost_rank0_s={:.2}",
+        lost0.as_secs_f64(),
+        lost1.as_secs_f64()
+    );
+    assert!(
+        lost0 <= bound,
+        "n0 saw rank 1 lost after {lost0:?}, over {bound:?}"
+    );
+    assert!(
+        lost1 <= bound,
+        "n1 saw rank 0 lost after {lost1:?}, over {bound:?}"
+    );
+
+    // n1 lost the rendezvous host: its agent and workers are SIGKILLed.
+    c.until(
+        "n1's agent and workers to die",
+        Duration::from_secs(10),
+        || !alive(agent1) && workers1.iter().all(|w| !alive(*w)),
+    );
+    let s1 = c.status("n1").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s1["last_action"]["action"], "restart-agent", "{s1:#}");
+    assert_eq!(s1["last_action"]["result"], "signalled", "{s1:#}");
+    assert_eq!(s1["last_action"]["lost_rank"], 0, "{s1:#}");
+    let signals = s1["last_action"]["signals"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        signals.iter().all(|s| s["signal"] == "SIGKILL") && signals.len() == 3,
+        "the agent and its two workers, each SIGKILLed once: {s1:#}"
+    );
+
+    // n0 lost a peer that is not the rendezvous host: it only reports.
+    std::thread::sleep(Duration::from_secs(2));
+    let s0 = c.status("n0").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s0["last_action"]["result"], "reported", "{s0:#}");
+    assert_eq!(s0["actions_total"], 0, "{s0:#}");
+    assert!(
+        alive(c.pod("n0").agent.pid()),
+        "n0's agent must be left alone"
+    );
+    assert_eq!(c.workers("n0"), before0, "n0's workers must be left alone");
+    assert_eq!(c.count("n0", "exited"), 0, "{}", c.log.tail(80));
+}
+
+#[test]
+fn cut_link_restart_workers_terms_each_sides_workers_once() {
+    let Some(c) = start("restart-workers") else {
+        return;
+    };
+    let agents = [c.pod("n0").agent.pid(), c.pod("n1").agent.pid()];
+    let old: Vec<Vec<i32>> = ["n0", "n1"].iter().map(|l| c.workers(l)).collect();
+
+    c.net
+        .cut(&c.pod("n1").node)
+        .unwrap_or_else(|e| panic!("cut: {e}"));
+    let bound = detection_bound();
+    let took = c.until(
+        "both sides' workers to be SIGTERMed",
+        bound + Duration::from_secs(10),
+        || c.count("n0", "exited -15") == 2 && c.count("n1", "exited -15") == 2,
+    );
+    println!(
+        "DETECTION action=restart-workers interval_ms={INTERVAL_MS} misses={MISSES} cut_to_both_terminated_s={:.2}",
+        took.as_secs_f64()
+    );
+    assert!(
+        took <= bound + Duration::from_secs(1),
+        "signalled after {took:?}, over {bound:?}"
+    );
+
+    // The agents were left alone and restarted their workers; the new
+    // workers are not signalled again (one action per loss).
+    c.until("new workers", Duration::from_secs(10), || {
+        ["n0", "n1"].iter().all(|l| c.workers(l).len() == 2)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for (i, label) in ["n0", "n1"].into_iter().enumerate() {
+        assert!(alive(agents[i]), "{label}'s agent must be left alone");
+        let now = c.workers(label);
+        assert_eq!(now.len(), 2, "{label}: {now:?}");
+        assert!(
+            now.iter().all(|w| !old[i].contains(w)),
+            "{label}: workers were restarted"
+        );
+        assert_eq!(
+            c.count(label, "exited"),
+            2,
+            "{label}: exactly one signal per worker\n{}",
+            c.log.tail(80)
+        );
+        let s = c.status(label).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(s["last_action"]["action"], "restart-workers", "{s:#}");
+        assert_eq!(s["last_action"]["result"], "signalled", "{s:#}");
+        assert_eq!(s["actions_total"], 1, "{s:#}");
+    }
+}
