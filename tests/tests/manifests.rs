@@ -438,6 +438,13 @@ fn webhook_entries_are_what_design_md_asks() -> Result<()> {
             );
         }
         assert_eq!(scale.reinvocation_policy.as_deref(), Some("Never"));
+        // The apiserver must wait longer than the guard's own StatefulSet
+        // lookup, or a slow lookup turns into "allowed" (failurePolicy).
+        let timeout = u64::try_from(scale.timeout_seconds.unwrap_or(10))?;
+        assert!(
+            timeout > trainwire_webhook::scale::LOOKUP_TIMEOUT.as_secs(),
+            "scale timeoutSeconds {timeout} is not above the lookup timeout"
+        );
         assert_eq!(scale.failure_policy.as_deref(), Some("Ignore"));
     }
     Ok(())
@@ -663,6 +670,14 @@ fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Resu
         // inside the mounted volumes.
         let args = c.args.clone().unwrap_or_default();
         assert_eq!(args.first().map(String::as_str), Some("serve"));
+        // The real command line accepts them.
+        let argv = std::iter::once("trainwire-webhook".to_string()).chain(args.iter().cloned());
+        let cli = <trainwire_webhook::cli::Cli as clap::Parser>::try_parse_from(argv)
+            .map_err(|e| anyhow::anyhow!("the Deployment's args do not parse: {e}"))?;
+        let Some(trainwire_webhook::cli::Command::Serve(serve)) = cli.command else {
+            bail!("not the serve command")
+        };
+        assert!(serve.reconcile, "the reconciler is on");
         let flag = |name: &str| -> Option<String> {
             args.iter()
                 .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(String::from))
@@ -920,14 +935,4 @@ fn the_sidecar_rolebinding_example_binds_the_sidecar_role_in_one_namespace() -> 
     Ok(())
 }
 
-#[test]
-fn the_shipped_policy_is_a_valid_policy() -> Result<()> {
-    let text = std::fs::read_to_string(manifests_dir().join("base/policy.yaml"))?;
-    let cm: Value = serde_saphyr::from_str(&text)?;
-    let policy_text = cm["data"]["policy.yaml"]
-        .as_str()
-        .context("data.policy.yaml")?;
-    let policy: trainwire_webhook::policy::Policy = serde_saphyr::from_str(policy_text)?;
-    assert_eq!(policy.profile_for("any-namespace").name, "default");
-    Ok(())
-}
+// The shipped policy ConfigMap is loaded by webhook/tests/policy_check.rs.

@@ -564,8 +564,7 @@ fn unknown_warning(key: &str) -> String {
     match nearest {
         Some(k) => format!("unknown annotation {key} is ignored; did you mean {k}?"),
         None => format!(
-            "unknown annotation {key} is ignored; trainwire reads {}",
-            KNOWN.join(", ")
+            "unknown annotation {key} is ignored; it is not a trainwire annotation (see docs/annotations.md)"
         ),
     }
 }
@@ -624,7 +623,7 @@ mod tests {
                 "unknown annotation trainwire.dev/chekpoint-pvc is ignored; did you mean trainwire.dev/checkpoint-pvc?".to_string(),
                 "unknown annotation trainwire.dev/gpus is ignored; did you mean trainwire.dev/gpus-per-node?".to_string(),
                 "unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?".to_string(),
-                format!("unknown annotation trainwire.dev/zzzzzzzz is ignored; trainwire reads {}", KNOWN.join(", ")),
+                "unknown annotation trainwire.dev/zzzzzzzz is ignored; it is not a trainwire annotation (see docs/annotations.md)".to_string(),
             ]
         );
     }

@@ -136,11 +136,13 @@ pub fn mutate(
     }
 
     let previous = workload.template().and_then(status::read);
+    let mut complete = false;
     if let Some(prev) = &previous
         && let Some(template) = workload.template_mut()
     {
-        let fields = status::strip(template, prev);
-        workload.unset(&fields);
+        let stripped = status::strip(template, prev);
+        workload.unset(&stripped.workload_fields);
+        complete = stripped.complete;
     }
     let profile_json = serde_json::to_value(profile).unwrap_or(Value::Null);
     let hash = status::input_hash(&workload.to_json(), &namespace, &profile_json);
@@ -152,7 +154,7 @@ pub fn mutate(
         status::write(template, &ctx.status);
     }
 
-    if previous.is_some_and(|p| p.hash == hash) {
+    if complete && previous.is_some_and(|p| p.hash == hash) {
         return Ok(Outcome::Mutated(Mutation {
             object: object.clone(),
             patch: json_patch::Patch(Vec::new()),

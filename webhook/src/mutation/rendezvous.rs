@@ -148,7 +148,7 @@ pub fn desired(
         Some(_) => format!("annotation {}", annotations::NPROC_PER_NODE),
         None => "the GPUs the trainer asks for, else 1".to_string(),
     };
-    let host_why = "pod 0's own DNS name; a Service name would resolve to every pod".to_string();
+    let host_why = "pod 0's own DNS name; a Service name resolves to every pod".to_string();
     let mut out = vec![
         Desired::field("PET_NODE_RANK", shape.rank_field, rank_why.clone()),
         Desired::field("NODE_RANK", shape.rank_field, rank_why),

@@ -200,6 +200,16 @@ pub fn inject(
         inits.insert(0, sidecar);
     }
 
+    if shape.kind == "Job"
+        && spec.restart_policy.as_deref() == Some("Never")
+        && action.value != PeerLossAction::None
+    {
+        ctx.warn(format!(
+            "Job {}: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place",
+            shape.name
+        ));
+    }
+
     if spec.host_pid == Some(true) {
         // The host PID namespace is already shared; Kubernetes refuses both.
     } else {

@@ -70,10 +70,66 @@ pub struct Status {
 }
 
 /// A short, stable fingerprint of any serialisable entry.
+///
+/// Quantities are compared by value, not spelling: the apiserver stores
+/// `1024Mi` as `1Gi`, and trainwire must still recognise its own entry.
 pub fn fingerprint<T: Serialize>(entry: &T) -> String {
-    let json = serde_json::to_vec(entry).unwrap_or_default();
-    let digest = Sha256::digest(&json);
+    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+    normalize_quantities(&mut value, false);
+    let digest = Sha256::digest(value.to_string().as_bytes());
     hex::encode(&digest[..6])
+}
+
+fn normalize_quantities(v: &mut Value, quantity_map: bool) {
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m.iter_mut() {
+                if let Value::String(q) = child
+                    && (quantity_map || k == "sizeLimit")
+                {
+                    if let Some(n) = quantity_value(q) {
+                        *q = n;
+                    }
+                    continue;
+                }
+                normalize_quantities(child, matches!(k.as_str(), "limits" | "requests"));
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|c| normalize_quantities(c, false)),
+        _ => {}
+    }
+}
+
+/// A quantity's value in base units, as a canonical string (`1Gi` and
+/// `1024Mi` give the same); `None` when it does not parse.
+pub fn quantity_value(q: &str) -> Option<String> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let num: f64 = num.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse::<i32>().ok()?),
+        _ => return None,
+    };
+    Some(format!("{}", num * factor))
 }
 
 /// The status recorded on a template, if any and readable.
@@ -98,12 +154,58 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
+/// What [`strip`] found.
+#[derive(Debug, Default)]
+pub struct Stripped {
+    /// Workload-level fields (`completionMode`, `completions`) the earlier
+    /// injection set, for the workload to unset.
+    pub workload_fields: Vec<String>,
+    /// Every entry the status records was still there (as written or edited
+    /// by the user). When one was deleted, the injection is redone even if
+    /// the input hash is unchanged.
+    pub complete: bool,
+}
+
+/// Whether every entry the status records is present in the template.
+fn complete(template: &PodTemplateSpec, status: &Status) -> bool {
+    let Some(spec) = template.spec.as_ref() else {
+        return false;
+    };
+    let Some(c) = spec.containers.iter().find(|c| c.name == status.container) else {
+        return false;
+    };
+    let env_ok = status
+        .env
+        .keys()
+        .all(|n| c.env.iter().flatten().any(|e| &e.name == n));
+    let mounts_ok = status
+        .volume_mounts
+        .keys()
+        .all(|p| c.volume_mounts.iter().flatten().any(|m| &m.mount_path == p));
+    let volumes_ok = status
+        .volumes
+        .keys()
+        .all(|n| spec.volumes.iter().flatten().any(|v| &v.name == n));
+    let inits_ok = status
+        .init_containers
+        .keys()
+        .all(|n| spec.init_containers.iter().flatten().any(|i| &i.name == n));
+    env_ok && mounts_ok && volumes_ok && inits_ok
+}
+
 /// Undo an earlier injection recorded in `status`: remove the entries trainwire
 /// added and still match what it wrote, restore the user values it replaced,
-/// and drop the status annotation. Returns which workload-level fields
-/// (`completionMode`, `completions`) the earlier injection set, for the
-/// workload to unset.
-pub fn strip(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+/// and drop the status annotation.
+pub fn strip(template: &mut PodTemplateSpec, status: &Status) -> Stripped {
+    let complete = complete(template, status);
+    let workload_fields = strip_entries(template, status);
+    Stripped {
+        workload_fields,
+        complete,
+    }
+}
+
+fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
     if let Some(annotations) = template
         .metadata
         .as_mut()
@@ -206,7 +308,7 @@ fn strip_container(c: &mut Container, status: &Status) {
                 _ => None,
             };
             if let Some(map) = map
-                && map.get(name).map(|q| q.0.as_str()) == Some(value.as_str())
+                && map.get(name).and_then(|q| quantity_value(&q.0)) == quantity_value(value)
             {
                 map.remove(name);
             }

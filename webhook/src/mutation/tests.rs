@@ -36,9 +36,21 @@ fn fixture(name: &str) -> (Value, String) {
     (review["request"]["object"].clone(), ns)
 }
 
+/// The apiserver may truncate an admission warning past 256 characters.
+const MAX_WARNING: usize = 256;
+
 fn mutated(obj: &Value, ns: Option<&str>, profile: &Profile) -> Mutation {
     match mutate(obj, ns, profile) {
-        Ok(Outcome::Mutated(m)) => m,
+        Ok(Outcome::Mutated(m)) => {
+            for w in &m.warnings {
+                assert!(
+                    w.len() <= MAX_WARNING,
+                    "warning of {} characters: {w}",
+                    w.len()
+                );
+            }
+            m
+        }
         other => panic!("expected a mutation, got {other:?}"),
     }
 }
@@ -417,8 +429,8 @@ fn retrofit_keeps_the_manifest_values_and_warns() {
         m.warnings,
         vec![
             "env PET_RDZV_CONF of container \"trainer\" sets keep_alive_interval=5, which is kept, but trainwire would set keep_alive_interval=1: a lost node then stays in the rendezvous longer".to_string(),
-            "env MASTER_ADDR of container \"trainer\" is \"train-rdzv\" in the manifest and is kept, but trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name would resolve to every pod); remove it to let trainwire manage it".to_string(),
-            "env NNODES of container \"trainer\" is \"3\" in the manifest and is kept, but trainwire would set \"4\" (spec.replicas); remove it to let trainwire manage it".to_string(),
+            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name resolves to every pod)".to_string(),
+            "env NNODES of container \"trainer\": the manifest's \"3\" is kept; trainwire would set \"4\" (spec.replicas)".to_string(),
         ]
     );
     let count = |n: &str| {
@@ -902,4 +914,52 @@ proptest! {
         obj["metadata"]["annotations"][key.as_str()] = json!(value);
         let _ = mutate(&obj, Some(&ns), &Profile::default());
     }
+}
+
+#[test]
+fn a_deleted_trainwire_entry_comes_back() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let mut edited = first.object.clone();
+    edited["spec"]["template"]["spec"]
+        .as_object_mut()
+        .expect("pod spec")
+        .remove("initContainers");
+    let m = check_round_trip(&edited, Some(&ns), &Profile::default());
+    assert_eq!(m.object, first.object);
+}
+
+#[test]
+fn quantities_the_apiserver_respells_are_still_recognised() {
+    let (mut obj, ns) = sts_fixture();
+    obj["metadata"]["annotations"]["trainwire.dev/shm-size"] = json!("1024Mi");
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    // What the apiserver stores: the canonical spelling.
+    let mut stored = first.object.clone();
+    let volumes = stored
+        .pointer_mut("/spec/template/spec/volumes")
+        .and_then(Value::as_array_mut)
+        .expect("volumes");
+    for v in volumes.iter_mut() {
+        if v["name"] == "trainwire-shm" {
+            v["emptyDir"]["sizeLimit"] = json!("1Gi");
+        }
+    }
+    let again = mutated(&stored, Some(&ns), &Profile::default());
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    stored["spec"]["replicas"] = json!(3);
+    let resized = check_round_trip(&stored, Some(&ns), &Profile::default());
+    let vols = resized.object["spec"]["template"]["spec"]["volumes"].clone();
+    assert_eq!(vols.as_array().map(Vec::len), Some(2), "{vols}");
+    assert!(resized.warnings.is_empty(), "{:?}", resized.warnings);
+}
+
+#[test]
+fn a_job_that_never_restarts_is_warned_about() {
+    let (obj, ns) = fixture("job-indexed-create.json");
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.warnings,
+        vec!["Job bert-pretrain: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place".to_string()]
+    );
 }

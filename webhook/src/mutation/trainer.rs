@@ -171,14 +171,17 @@ pub fn apply_env(
         match d.conflict {
             Conflict::Quiet => {}
             Conflict::ManifestWins => ctx.warn(format!(
-                "{source} is {} in the manifest and is kept, but trainwire would set {} ({}); remove it to let trainwire manage it",
+                "{source}: the manifest's {} is kept; trainwire would set {} ({})",
                 describe(&env[pos]),
                 describe(&d.var),
                 d.why
             )),
             Conflict::Replace => replace(ctx, &mut env[pos], d.var),
             Conflict::Policy { rule, setting } => {
-                let Some(user) = env[pos].value.clone().filter(|_| env[pos].value_from.is_none())
+                let Some(user) = env[pos]
+                    .value
+                    .clone()
+                    .filter(|_| env[pos].value_from.is_none())
                 else {
                     if setting.enforce != policy::Enforce::Default {
                         return Err(Refusal::Policy {
@@ -193,8 +196,12 @@ pub fn apply_env(
                     }
                     continue;
                 };
-                let resolved =
-                    policy::resolve(ctx.profile, &rule, &setting, Some((user.clone(), source.as_str())))?;
+                let resolved = policy::resolve(
+                    ctx.profile,
+                    &rule,
+                    &setting,
+                    Some((user.clone(), source.as_str())),
+                )?;
                 if let Some(w) = resolved.warning {
                     ctx.warn(w);
                 }

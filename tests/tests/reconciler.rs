@@ -1,0 +1,662 @@
+//! The headless-Service reconciler against a mock API server (kube-rs's
+//! `tower-test` pattern): every request it makes is checked (method, path,
+//! query, body) and answered as a kube-apiserver would, and a test fails if
+//! it makes one more than expected.
+//!
+//! The workloads are the Job and StatefulSet a real kube-apiserver sent in
+//! `../shared/fixtures/admission/`, injected by the real engine (so the
+//! reconciler reads what the engine writes: the status annotation, the
+//! rendezvous env, the sidecar) and given a UID, as stored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Service;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use serde_json::{Value, json};
+use trainwire_webhook::reconciler::{self, Context, Error};
+
+/// A bound on every wait, so that a reconciler waiting for an answer the
+/// test never gives fails the test instead of hanging it.
+const BOUND: Duration = Duration::from_secs(30);
+
+/// The reconcile's result, once it has finished.
+async fn outcome<T>(
+    task: tokio::task::JoinHandle<reconciler::Result<T>>,
+) -> Result<reconciler::Result<T>> {
+    Ok(tokio::time::timeout(BOUND, task)
+        .await
+        .context("the reconciler did not finish: it made a request the test did not expect")??)
+}
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+const NS: &str = "trainwire-test";
+const JOB_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a001";
+const STS_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a002";
+
+/// One request the reconciler made.
+struct Call {
+    method: Method,
+    path: String,
+    query: String,
+    content_type: String,
+    body: Value,
+    respond: tower_test::mock::SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn reply(self, status: StatusCode, body: &Value) {
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap_or_default()));
+        match response {
+            Ok(r) => self.respond.send_response(r),
+            Err(e) => self.respond.send_error(e),
+        }
+    }
+}
+
+/// The mock API server's side.
+struct ApiServer(Handle);
+
+impl ApiServer {
+    /// The next request; fails after a generous bound instead of hanging.
+    async fn next(&mut self) -> Result<Call> {
+        let (request, respond) = tokio::time::timeout(BOUND, self.0.next_request())
+            .await
+            .context("the reconciler made no further request")?
+            .context("the client is gone")?;
+        let (parts, body) = request.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).context("request body is not JSON")?
+        };
+        Ok(Call {
+            method: parts.method,
+            path: parts.uri.path().to_string(),
+            query: parts.uri.query().unwrap_or_default().to_string(),
+            content_type: parts
+                .headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+            body,
+            respond,
+        })
+    }
+
+    async fn expect(&mut self, method: Method, path: &str) -> Result<Call> {
+        let call = self.next().await?;
+        ensure!(
+            call.method == method && call.path == path,
+            "expected {method} {path}, got {} {}?{}",
+            call.method,
+            call.path,
+            call.query
+        );
+        Ok(call)
+    }
+
+    /// The reconciler has finished and made no other request.
+    async fn done(mut self) -> Result<()> {
+        match tokio::time::timeout(BOUND, self.0.next_request()).await {
+            Ok(None) => Ok(()),
+            Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
+            Err(_) => bail!("the client was never released"),
+        }
+    }
+}
+
+fn mock() -> (Arc<Context>, ApiServer) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    (Arc::new(Context::new(client)), ApiServer(handle))
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+fn fixture_object(name: &str) -> Result<Value> {
+    let path = trainwire_tests::admission_fixtures_dir().join(name);
+    let review: Value =
+        serde_json::from_slice(&std::fs::read(&path).with_context(|| path.display().to_string())?)?;
+    Ok(review["request"]["object"].clone())
+}
+
+/// The fixture object injected by the real engine, as the apiserver
+/// stores it after admission (plus a UID).
+fn injected(fixture: &str, uid: &str) -> Result<Value> {
+    let object = fixture_object(fixture)?;
+    let profile = trainwire_webhook::policy::Profile::default();
+    match trainwire_webhook::mutation::mutate(&object, Some(NS), &profile) {
+        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => {
+            let mut o = m.object;
+            o["metadata"]["uid"] = json!(uid);
+            Ok(o)
+        }
+        Ok(_) => bail!("{fixture}: the engine does not manage it"),
+        Err(refusal) => bail!("{fixture}: refused: {refusal}"),
+    }
+}
+
+/// Set the injected PET_RDZV_ENDPOINT of the trainer.
+fn set_endpoint(o: &mut Value, endpoint: &str) -> Result<()> {
+    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .context("trainer env")?;
+    let e = env
+        .iter_mut()
+        .find(|e| e["name"] == "PET_RDZV_ENDPOINT")
+        .context("no PET_RDZV_ENDPOINT injected")?;
+    e["value"] = json!(endpoint);
+    Ok(())
+}
+
+/// The fixture Job `bert-pretrain`, stored (UID) and injected.
+fn job() -> Result<Job> {
+    Ok(serde_json::from_value(injected(
+        "job-indexed-create.json",
+        JOB_UID,
+    )?)?)
+}
+
+/// The fixture StatefulSet `llama-ft`, stored and injected, its rendezvous
+/// port changed by hand to 29400 (the user's env wins over the engine's).
+fn statefulset() -> Result<StatefulSet> {
+    let mut o = injected("statefulset-create.json", STS_UID)?;
+    set_endpoint(&mut o, "llama-ft-0.llama-ft.trainwire-test.svc:29400")?;
+    Ok(serde_json::from_value(o)?)
+}
+
+/// A Service as the apiserver stores what the reconciler sent: defaults
+/// filled in (type, clusterIPs, ipFamilies, sessionAffinity).
+fn stored(sent: &Value) -> Value {
+    let mut s = sent.clone();
+    s["metadata"]["uid"] = json!("svc-uid");
+    s["metadata"]["resourceVersion"] = json!("42");
+    s["spec"]["type"] = json!("ClusterIP");
+    s["spec"]["clusterIPs"] = json!(["None"]);
+    s["spec"]["ipFamilies"] = json!(["IPv4"]);
+    s["spec"]["ipFamilyPolicy"] = json!("SingleStack");
+    s["spec"]["sessionAffinity"] = json!("None");
+    s["status"] = json!({"loadBalancer": {}});
+    s
+}
+
+fn desired_job_service() -> Result<Value> {
+    let w = reconciler::Workload::from_job(&job()?)?.context("the Job is injected")?;
+    Ok(serde_json::to_value(w.desired_service())?)
+}
+
+fn event_of(call: &Call) -> (String, String, String, String) {
+    let b = &call.body;
+    (
+        b["type"].as_str().unwrap_or_default().to_string(),
+        b["reason"].as_str().unwrap_or_default().to_string(),
+        b["regarding"]["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        b["regarding"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+const SERVICES: &str = "/api/v1/namespaces/trainwire-test/services";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/trainwire-test/events";
+
+#[tokio::test]
+async fn an_injected_job_gets_its_headless_service_owned_by_the_job() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(
+            StatusCode::NOT_FOUND,
+            &status(404, "NotFound", "services \"bert-pretrain\" not found"),
+        );
+
+    let create = server.expect(Method::POST, SERVICES).await?;
+    assert!(
+        create.query.contains("fieldManager=trainwire"),
+        "{}",
+        create.query
+    );
+    let sent = create.body.clone();
+    assert_eq!(
+        sent["metadata"]["name"], "bert-pretrain",
+        "named after spec.template.spec.subdomain"
+    );
+    assert_eq!(sent["metadata"]["namespace"], NS);
+    assert_eq!(
+        sent["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "trainwire"
+    );
+    assert_eq!(
+        sent["metadata"]["annotations"]["trainwire.dev/service-for"],
+        "Job/bert-pretrain"
+    );
+    // Garbage collection deletes it with the Job: one controller owner
+    // reference with the Job's UID, and no blockOwnerDeletion (which would
+    // need update on jobs/finalizers).
+    assert_eq!(
+        sent["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "bert-pretrain",
+                "uid": JOB_UID, "controller": true}])
+    );
+    assert_eq!(sent["spec"]["clusterIP"], "None");
+    assert_eq!(sent["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(
+        sent["spec"]["selector"],
+        json!({"batch.kubernetes.io/job-name": "bert-pretrain"})
+    );
+    assert_eq!(
+        sent["spec"]["ports"],
+        json!([
+            {"name": "rdzv", "port": 29500, "targetPort": 29500, "protocol": "TCP"},
+            {"name": "trainwire", "port": 29600, "targetPort": 29600, "protocol": "TCP"},
+        ])
+    );
+    create.reply(StatusCode::CREATED, &stored(&sent));
+
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Normal".into(),
+            "ServiceCreated".into(),
+            "Job".into(),
+            "bert-pretrain".into()
+        )
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_service_already_in_place_is_not_written() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &stored(&desired_job_service()?));
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_foreign_service_in_the_way_is_left_alone_and_reported_once() -> Result<()> {
+    let (ctx, mut server) = mock();
+    // Someone's ClusterIP Service of the same name, selecting other pods.
+    let foreign = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "bert-pretrain", "namespace": NS, "uid": "foreign-uid", "resourceVersion": "7"},
+        "spec": {"clusterIP": "10.96.0.12", "selector": {"app": "dashboard"},
+                 "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+    });
+
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx.clone()));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &foreign);
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Warning".into(),
+            "ServiceConflict".into(),
+            "Job".into(),
+            "bert-pretrain".into()
+        )
+    );
+    let note = event.body["note"].as_str().unwrap_or_default().to_string();
+    assert!(note.contains("not created by trainwire"), "{note}");
+    assert!(note.contains("not headless"), "{note}");
+    assert!(note.contains("does not select"), "{note}");
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    // Looked at again later, in case the user deletes it.
+    assert_eq!(
+        outcome(task).await??,
+        Action::requeue(Duration::from_secs(60))
+    );
+
+    // The next pass reads it again, writes nothing, reports nothing new.
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &foreign);
+    assert_eq!(
+        outcome(task).await??,
+        Action::requeue(Duration::from_secs(60))
+    );
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_users_own_usable_service_for_a_job_is_left_alone_with_a_normal_event() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let users = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "bert-pretrain", "namespace": NS, "uid": "user-uid"},
+        "spec": {"clusterIP": "None", "selector": {"app": "bert-pretrain"}},
+    });
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &users);
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Normal".into(),
+            "ServiceNotManaged".into(),
+            "Job".into(),
+            "bert-pretrain".into()
+        )
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_deleted_job_needs_nothing_garbage_collection_removes_the_service() -> Result<()> {
+    let (ctx, server) = mock();
+    let mut deleting = job()?;
+    deleting.metadata.deletion_timestamp = serde_json::from_value(json!("2026-11-21T18:00:00Z"))?;
+    let action = reconciler::reconcile_job(Arc::new(deleting), ctx.clone()).await?;
+    assert_eq!(action, Action::await_change());
+    drop(ctx);
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_finished_or_not_injected_job_is_not_touched() -> Result<()> {
+    let (ctx, server) = mock();
+    let mut finished = job()?;
+    finished.status = serde_json::from_value(json!({
+        "conditions": [{"type": "Complete", "status": "True"}], "succeeded": 2}))?;
+    assert_eq!(
+        reconciler::reconcile_job(Arc::new(finished), ctx.clone()).await?,
+        Action::await_change()
+    );
+    // Annotated but never injected (say, created before the webhook ran).
+    let mut plain: Job = serde_json::from_value(fixture_object("job-indexed-create.json")?)?;
+    plain.metadata.uid = Some(JOB_UID.to_string());
+    assert_eq!(
+        reconciler::reconcile_job(Arc::new(plain), ctx.clone()).await?,
+        Action::await_change()
+    );
+    drop(ctx);
+    server.done().await
+}
+
+#[tokio::test]
+async fn its_own_service_changed_by_hand_is_brought_back_with_server_side_apply() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let mut drifted = stored(&desired_job_service()?);
+    drifted["spec"]["publishNotReadyAddresses"] = json!(false);
+    drifted["spec"]["selector"] = json!({"app": "something-else"});
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &drifted);
+    let patch = server
+        .expect(Method::PATCH, &format!("{SERVICES}/bert-pretrain"))
+        .await?;
+    assert_eq!(patch.content_type, "application/apply-patch+yaml");
+    assert!(
+        patch.query.contains("fieldManager=trainwire"),
+        "{}",
+        patch.query
+    );
+    assert!(patch.query.contains("force=true"), "{}", patch.query);
+    assert_eq!(
+        patch.body["spec"]["selector"],
+        json!({"batch.kubernetes.io/job-name": "bert-pretrain"})
+    );
+    assert_eq!(patch.body["spec"]["publishNotReadyAddresses"], true);
+    let applied = stored(&patch.body);
+    patch.reply(StatusCode::OK, &applied);
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(event_of(&event).1, "ServiceUpdated");
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[tokio::test]
+async fn losing_the_creation_race_to_another_replica_is_not_an_error() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::NOT_FOUND, &status(404, "NotFound", "not found"));
+    server.expect(Method::POST, SERVICES).await?.reply(
+        StatusCode::CONFLICT,
+        &status(
+            409,
+            "AlreadyExists",
+            "services \"bert-pretrain\" already exists",
+        ),
+    );
+    assert_eq!(
+        outcome(task).await??,
+        Action::requeue(Duration::from_secs(1))
+    );
+    server.done().await
+}
+
+#[tokio::test]
+async fn the_service_of_an_earlier_job_of_the_same_name_is_waited_out() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let mut earlier = stored(&desired_job_service()?);
+    earlier["metadata"]["ownerReferences"][0]["uid"] = json!("uid-of-the-deleted-job");
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(StatusCode::OK, &earlier);
+    assert_eq!(
+        outcome(task).await??,
+        Action::requeue(Duration::from_secs(5))
+    );
+    server.done().await
+}
+
+#[tokio::test]
+async fn forbidden_says_which_clusterrole_to_check() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job()?), ctx));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
+        .await?
+        .reply(
+            StatusCode::FORBIDDEN,
+            &status(403, "Forbidden", "services \"bert-pretrain\" is forbidden: User \"system:serviceaccount:trainwire-system:trainwire-webhook\" cannot get resource \"services\""),
+        );
+    let err = outcome(task).await?.expect_err("a 403 is an error");
+    assert!(matches!(err, Error::Api { .. }));
+    let text = err.to_string();
+    assert!(
+        text.contains(
+            "reading Service trainwire-test/bert-pretrain for Job trainwire-test/bert-pretrain"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("ClusterRole trainwire-webhook"), "{text}");
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_statefulset_whose_service_is_missing_gets_one_owned_by_it() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_statefulset(
+        Arc::new(statefulset()?),
+        ctx,
+    ));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft"))
+        .await?
+        .reply(StatusCode::NOT_FOUND, &status(404, "NotFound", "not found"));
+    let create = server.expect(Method::POST, SERVICES).await?;
+    let sent = create.body.clone();
+    assert_eq!(sent["metadata"]["name"], "llama-ft", "spec.serviceName");
+    assert_eq!(
+        sent["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "llama-ft",
+                "uid": STS_UID, "controller": true}])
+    );
+    assert_eq!(
+        sent["spec"]["selector"],
+        json!({"app": "llama-ft"}),
+        "the StatefulSet's matchLabels"
+    );
+    assert_eq!(sent["spec"]["clusterIP"], "None");
+    assert_eq!(sent["spec"]["publishNotReadyAddresses"], true);
+    // The rendezvous port is the one injected into PET_RDZV_ENDPOINT.
+    assert_eq!(sent["spec"]["ports"][0]["port"], 29400);
+    create.reply(StatusCode::CREATED, &stored(&sent));
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Normal".into(),
+            "ServiceCreated".into(),
+            "StatefulSet".into(),
+            "llama-ft".into()
+        )
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[tokio::test]
+async fn a_statefulsets_own_service_is_the_users_and_is_not_reported() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let users = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "llama-ft", "namespace": NS, "uid": "user-uid",
+                     "labels": {"app": "llama-ft"}},
+        "spec": {"clusterIP": "None", "selector": {"app": "llama-ft"},
+                 "ports": [{"name": "rdzv", "port": 29500}]},
+    });
+    let task = tokio::spawn(reconciler::reconcile_statefulset(
+        Arc::new(statefulset()?),
+        ctx,
+    ));
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft"))
+        .await?
+        .reply(StatusCode::OK, &users);
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+#[test]
+fn a_bad_injected_endpoint_is_an_error_naming_it() -> Result<()> {
+    let mut o = serde_json::to_value(job()?)?;
+    set_endpoint(
+        &mut o,
+        "bert-pretrain-0.bert-pretrain.trainwire-test.svc:rdzv",
+    )?;
+    let job: Job = serde_json::from_value(o)?;
+    let err = reconciler::Workload::from_job(&job).expect_err("no port");
+    let text = err.to_string();
+    assert!(text.contains("PET_RDZV_ENDPOINT"), "{text}");
+    assert!(text.contains("host:port"), "{text}");
+
+    // No port at all is torchrun's own default for c10d, 29400.
+    let mut o = serde_json::to_value(job)?;
+    set_endpoint(&mut o, "[fd00::1]")?;
+    let job: Job = serde_json::from_value(o)?;
+    let w = reconciler::Workload::from_job(&job)?.context("injected")?;
+    assert_eq!(w.ports[0].port, 29400);
+    Ok(())
+}
+
+#[test]
+fn without_injected_env_the_annotation_then_the_default_port_is_used() -> Result<()> {
+    let mut o = serde_json::to_value(job()?)?;
+    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array_mut()
+        .context("trainer env")?;
+    env.retain(|e| e["name"] != "PET_RDZV_ENDPOINT");
+    let plain: Job = serde_json::from_value(o.clone())?;
+    let ports = |w: reconciler::Workload| -> BTreeMap<String, i32> {
+        w.ports
+            .into_iter()
+            .map(|p| (p.name.unwrap_or_default(), p.port))
+            .collect()
+    };
+    let w = reconciler::Workload::from_job(&plain)?.context("injected")?;
+    assert_eq!(ports(w)["rdzv"], 29500);
+    o["metadata"]["annotations"]["trainwire.dev/rdzv-port"] = json!("29777");
+    let annotated: Job = serde_json::from_value(o.clone())?;
+    let w = reconciler::Workload::from_job(&annotated)?.context("injected")?;
+    assert_eq!(ports(w)["rdzv"], 29777);
+    o["metadata"]["annotations"]["trainwire.dev/rdzv-port"] = json!("0");
+    let bad: Job = serde_json::from_value(o)?;
+    let text = reconciler::Workload::from_job(&bad)
+        .expect_err("port 0")
+        .to_string();
+    assert!(
+        text.contains("trainwire.dev/rdzv-port") && text.contains("\"0\""),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_stored_service_it_created_plans_as_up_to_date() -> Result<()> {
+    let sts = statefulset()?;
+    let w = reconciler::Workload::from_statefulset(&sts)?.context("injected")?;
+    let service: Service =
+        serde_json::from_value(stored(&serde_json::to_value(w.desired_service())?))?;
+    assert_eq!(
+        reconciler::plan(&w, Some(&service)),
+        reconciler::Plan::UpToDate
+    );
+    assert!(matches!(
+        reconciler::plan(&w, None),
+        reconciler::Plan::Create(_)
+    ));
+    Ok(())
+}
