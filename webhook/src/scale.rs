@@ -93,37 +93,6 @@ pub async fn check(
         ))),
         // The apiserver answers NotFound itself.
         Ok(None) => Ok(()),
-        Ok(Some(statefulset)) => scale_allowed(&statefulset, new_replicas),
+        Ok(Some(statefulset)) => crate::mutation::scale_allowed(&statefulset, new_replicas),
     }
-}
-
-// Stand-in for `mutation::scale_allowed`, which the engine provides; removed
-// when it lands.
-fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refusal> {
-    let annotations = &statefulset["metadata"]["annotations"];
-    if annotations[crate::mutation::INJECT_ANNOTATION].as_str() != Some("true") {
-        return Ok(());
-    }
-    let name = statefulset["metadata"]["name"].as_str().unwrap_or("");
-    let namespace = statefulset["metadata"]["namespace"].as_str().unwrap_or("");
-    if let Some(nnodes) = annotations["trainwire.dev/nnodes"].as_str()
-        && let Some((min, max)) = nnodes.split_once(':')
-    {
-        let (min, max) = (min.trim().parse::<i32>(), max.trim().parse::<i32>());
-        if let (Ok(min), Ok(max)) = (min, max)
-            && (min..=max).contains(&new_replicas)
-        {
-            return Ok(());
-        }
-        return Err(Refusal::Workload(format!(
-            "StatefulSet {namespace}/{name} is an elastic trainwire world of {nnodes} nodes (trainwire.dev/nnodes); {new_replicas} replicas is outside that range: scale within it, or change trainwire.dev/nnodes and spec.replicas together with kubectl apply or kubectl patch"
-        )));
-    }
-    let current = statefulset["spec"]["replicas"].as_i64().unwrap_or(1);
-    if i64::from(new_replicas) == current {
-        return Ok(());
-    }
-    Err(Refusal::Workload(format!(
-        "StatefulSet {namespace}/{name} is a fixed-size trainwire world (PET_NNODES={current}); kubectl scale to {new_replicas} would leave PET_NNODES stale: change spec.replicas with kubectl apply or kubectl patch instead (the webhook re-injects PET_NNODES), or annotate trainwire.dev/nnodes: \"MIN:MAX\" for an elastic world"
-    )))
 }

@@ -160,53 +160,93 @@ async fn every_captured_review_gets_a_review_back_with_its_uid() {
         assert_eq!(reply.content_type, "application/json", "{name}");
         let response = check_review_envelope(&reply.json(), &uid);
         let request = &fixture["request"];
-        let kind = request["kind"]["kind"].as_str().expect("kind");
-        match (kind, request["operation"].as_str().expect("op")) {
-            // Not managed: allowed, untouched, no warnings.
-            ("Pod", _) | ("Job", "UPDATE") => {
+        match name.as_str() {
+            // A NonIndexed Job cannot be a torchrun world: refused, saying how to fix it.
+            "job-nonindexed-create.json" => {
+                assert_eq!(response["allowed"], false, "{name}: {response}");
+                assert_eq!(response["status"]["code"], 403, "{name}: {response}");
+                let message = response["status"]["message"].as_str().unwrap_or_default();
+                assert!(message.contains("completionMode"), "{name}: {message}");
+                assert!(response.get("patch").is_none(), "{name}");
+            }
+            // Not managed (Pods), a Job UPDATE (template immutable), and the
+            // scale guard with no StatefulSet to read: allowed untouched.
+            n if n.starts_with("pod-")
+                || n == "job-update-label.json"
+                || n == "statefulset-scale-subresource.json" =>
+            {
                 assert_eq!(response["allowed"], true, "{name}: {response}");
                 assert!(response.get("patch").is_none(), "{name}: {response}");
                 assert!(response.get("warnings").is_none(), "{name}: {response}");
             }
-            // The scale guard: with no StatefulSet found it lets the
-            // apiserver answer (NotFound).
-            ("Scale", _) => assert_eq!(response["allowed"], true, "{name}: {response}"),
-            _ => check_managed_answer(&name, request, &response),
+            // Annotated StatefulSets (CREATE, UPDATE) and Indexed Jobs (CREATE).
+            _ => {
+                let patched = check_injected(&name, request, &response);
+                check_reinjection_changes_nothing(&state, &fixture, patched).await;
+            }
         }
     }
 }
 
-/// A StatefulSet/Job the webhook manages: apply the patch to the request's
-/// object and check the result is a torchrun world, or check the refusal.
-fn check_managed_answer(name: &str, request: &Value, response: &Value) {
+/// Apply the answer's patch to the request's object and check the result is
+/// a torchrun world of the right size.
+fn check_injected(name: &str, request: &Value, response: &Value) -> Value {
+    assert_eq!(response["allowed"], true, "{name}: {response}");
+    assert_eq!(response["patchType"], "JSONPatch", "{name}: {response}");
     let object = &request["object"];
-    if response["allowed"] == false {
-        let message = response["status"]["message"].as_str().unwrap_or_default();
-        assert_eq!(response["status"]["code"], 403, "{name}: {response}");
-        assert!(!message.is_empty(), "{name}: {response}");
-        // The only refusal among the fixtures: a NonIndexed Job.
-        assert_eq!(name, "job-nonindexed-create.json", "{name}: {message}");
-        assert!(
-            message.contains("NonIndexed") || message.contains("Indexed"),
-            "{name}: {message}"
-        );
-        return;
-    }
-    if response.get("patch").is_none() {
-        // Engine not producing patches (or the object already injected).
-        return;
-    }
     let patched = common::apply_response_patch(response, object);
     let trainer = common::trainer(&patched);
-    for var in ["PET_NODE_RANK", "PET_NNODES", "PET_RDZV_ENDPOINT"] {
+    let expected_nnodes = match request["kind"]["kind"].as_str() {
+        Some("Job") => object["spec"]["parallelism"].clone(),
+        _ => object["spec"]["replicas"].clone(),
+    };
+    let nnodes = common::env_value(trainer, "PET_NNODES")
+        .unwrap_or_else(|| panic!("{name}: no PET_NNODES in {trainer}"));
+    assert_eq!(nnodes["value"], expected_nnodes.to_string(), "{name}");
+    for var in [
+        "PET_NODE_RANK",
+        "PET_RDZV_ENDPOINT",
+        "PET_RDZV_BACKEND",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    ] {
         assert!(
             common::env_value(trainer, var).is_some(),
             "{name}: {var} missing from the patched trainer: {trainer}"
         );
     }
+    let rank = common::env_value(trainer, "PET_NODE_RANK").expect("rank");
+    assert!(
+        rank["valueFrom"]["fieldRef"]["fieldPath"].is_string(),
+        "{name}: {rank}"
+    );
+    let pod = &patched["spec"]["template"]["spec"];
+    assert_eq!(pod["shareProcessNamespace"], true, "{name}");
+    let sidecar = pod["initContainers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["restartPolicy"] == "Always"))
+        .unwrap_or_else(|| panic!("{name}: no native sidecar in {pod}"));
+    assert!(sidecar["image"].is_string(), "{name}");
+    if request["kind"]["kind"] == "Job" {
+        assert_eq!(patched["spec"]["completionMode"], "Indexed", "{name}");
+    }
     assert_eq!(
-        patched["spec"]["template"]["spec"]["shareProcessNamespace"], true,
+        patched["metadata"]["name"], object["metadata"]["name"],
         "{name}"
+    );
+    patched
+}
+
+/// The injected object sent again (what `kubectl apply` of the same manifest
+/// or `reinvocationPolicy: IfNeeded` does) is allowed with no patch.
+async fn check_reinjection_changes_nothing(state: &AppState, fixture: &Value, patched: Value) {
+    let mut again = fixture.clone();
+    again["request"]["object"] = patched;
+    let reply = post(state, serde_json::to_vec(&again).expect("json")).await;
+    let response = &reply.json()["response"];
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(
+        response.get("patch").is_none(),
+        "re-injection patched: {response}"
     );
 }
 

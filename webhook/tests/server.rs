@@ -30,20 +30,28 @@ struct SecretVolume {
 
 impl SecretVolume {
     fn new(dir: &Path, cert_pem: &str, key_pem: &str) -> Self {
+        Self::with_files(dir, &[("tls.crt", cert_pem), ("tls.key", key_pem)])
+    }
+
+    fn with_files(dir: &Path, files: &[(&str, &str)]) -> Self {
         let mut volume = SecretVolume {
             dir: dir.to_path_buf(),
             generation: 0,
         };
-        volume.swap(cert_pem, key_pem);
-        for file in ["tls.crt", "tls.key"] {
+        volume.swap_files(files);
+        for (file, _) in files {
             std::os::unix::fs::symlink(format!("..data/{file}"), dir.join(file)).expect("symlink");
         }
         volume
     }
 
+    fn swap(&mut self, cert_pem: &str, key_pem: &str) {
+        self.swap_files(&[("tls.crt", cert_pem), ("tls.key", key_pem)]);
+    }
+
     /// The kubelet's atomic update: write a new timestamped directory, point
     /// `..data_tmp` at it, rename `..data_tmp` over `..data`, remove the old.
-    fn swap(&mut self, cert_pem: &str, key_pem: &str) {
+    fn swap_files(&mut self, files: &[(&str, &str)]) {
         self.generation += 1;
         let name = format!(
             "..2026_11_21_18_00_{:02}.{}",
@@ -52,8 +60,9 @@ impl SecretVolume {
         );
         let new = self.dir.join(&name);
         std::fs::create_dir(&new).expect("mkdir");
-        std::fs::write(new.join("tls.crt"), cert_pem).expect("write cert");
-        std::fs::write(new.join("tls.key"), key_pem).expect("write key");
+        for (file, contents) in files {
+            std::fs::write(new.join(file), contents).expect("write");
+        }
         let tmp = self.dir.join("..data_tmp");
         std::os::unix::fs::symlink(&name, &tmp).expect("symlink ..data_tmp");
         let old = std::fs::read_link(self.dir.join("..data")).ok();
@@ -276,6 +285,7 @@ async fn captured_reviews_over_tls_on_http1_and_http2() {
         (Http::Two, reqwest::Version::HTTP_2),
     ] {
         let client = client(&[&certs], server.addr, http, true);
+        let mut patched_answers = 0;
         for name in common::fixture_names() {
             let fixture = common::fixture(&name);
             let (got_version, review) =
@@ -294,8 +304,11 @@ async fn captured_reviews_over_tls_on_http1_and_http2() {
                     common::env_value(common::trainer(&patched), "PET_NNODES").is_some(),
                     "{name}"
                 );
+                patched_answers += 1;
             }
         }
+        // The annotated StatefulSet CREATE/UPDATEs and Indexed Job CREATEs.
+        assert_eq!(patched_answers, 7, "{http:?}");
         // Bad input over the wire: a 400, not a dropped connection.
         let response = client
             .post(url(server.addr, "/mutate"))
@@ -690,5 +703,114 @@ async fn a_missing_certificate_keeps_the_server_unready_until_it_appears() {
         )
         .await
         .is_ok()
+    );
+}
+
+fn policy_yaml(nccl_debug: &str) -> String {
+    format!(
+        "apiVersion: trainwire.dev/v1alpha1\nkind: Policy\nprofiles:\n  - name: gpu\n    nccl:\n      NCCL_DEBUG: {{value: {nccl_debug}}}\n"
+    )
+}
+
+async fn nccl_debug_injected(client: &reqwest::Client, addr: SocketAddr) -> Option<String> {
+    let fixture = common::fixture("statefulset-create.json");
+    let (_, review) = post_review(
+        client,
+        addr,
+        common::fixture_bytes("statefulset-create.json"),
+    )
+    .await
+    .expect("review");
+    let patched = common::apply_response_patch(&review["response"], &fixture["request"]["object"]);
+    common::env_value(common::trainer(&patched), "NCCL_DEBUG")
+        .and_then(|e| e["value"].as_str())
+        .map(str::to_owned)
+}
+
+#[tokio::test]
+async fn the_policy_configmap_is_reloaded_without_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pair();
+    let tls_dir = dir.path().join("tls");
+    let policy_dir = dir.path().join("policy");
+    std::fs::create_dir_all(&tls_dir).expect("mkdir");
+    std::fs::create_dir_all(&policy_dir).expect("mkdir");
+    let volume = SecretVolume::new(&tls_dir, &certs.tls_cert_pem, &certs.tls_key_pem);
+    let mut configmap =
+        SecretVolume::with_files(&policy_dir, &[("policy.yaml", &policy_yaml("INFO"))]);
+    let policy = policy_dir.join("policy.yaml");
+    let server = Server::start(
+        &volume.cert(),
+        &volume.key(),
+        &["--policy", policy.to_str().expect("utf8 path")],
+    );
+    let client = client(&[&certs], server.addr, Http::Two, true);
+    assert_eq!(
+        nccl_debug_injected(&client, server.addr).await.as_deref(),
+        Some("INFO")
+    );
+
+    configmap.swap_files(&[("policy.yaml", &policy_yaml("WARN"))]);
+    eventually(200, "the new policy is in force", || {
+        let client = client.clone();
+        async move { nccl_debug_injected(&client, server.addr).await.as_deref() == Some("WARN") }
+    })
+    .await;
+
+    // A broken policy is refused and counted; the last good one stays.
+    configmap.swap_files(&[("policy.yaml", "profiles: [")]);
+    eventually(200, "the broken policy is counted", || async {
+        let (_, m) = server.probe_get("/metrics").await;
+        metric(
+            &m,
+            "trainwire_webhook_policy_reloads_total{result=\"failure\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert_eq!(
+        nccl_debug_injected(&client, server.addr).await.as_deref(),
+        Some("WARN")
+    );
+    let (_, metrics) = server.probe_get("/metrics").await;
+    assert!(
+        metric(
+            &metrics,
+            "trainwire_webhook_policy_reloads_total{result=\"success\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_broken_policy_at_start_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let certs = pair();
+    let volume = SecretVolume::new(dir.path(), &certs.tls_cert_pem, &certs.tls_key_pem);
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, "profiles: [").expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--probe-listen",
+            "127.0.0.1:0",
+            "--reconcile=false",
+        ])
+        .arg("--tls-cert")
+        .arg(volume.cert())
+        .arg("--tls-key")
+        .arg(volume.key())
+        .arg("--policy")
+        .arg(&policy)
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot load the platform policy") && stderr.contains("policy.yaml"),
+        "{stderr}"
     );
 }
