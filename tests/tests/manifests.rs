@@ -33,11 +33,14 @@ const SCALE: &str = "scale.trainwire.dev";
 /// What the scale guard calls: it reads the StatefulSet behind a Scale.
 const SCALE_GUARD_PERMISSIONS: &[(&str, &str, &str)] = &[("apps", "statefulsets", "get")];
 
-/// What the sidecar calls in its Kubernetes-watch mode.
+/// What the sidecar calls in its Kubernetes-watch mode (sidecar/src/kubewatch.rs:
+/// a pod watcher, a SelfSubjectAccessReview; sidecar/src/events.rs: kube-rs's
+/// event recorder). `get` pods is the contract, for `kubectl`-style reads.
 const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
 ];
@@ -197,27 +200,15 @@ fn self_managed_copy() -> Result<SelfManagedCopy> {
     })
 }
 
-/// Write ca.crt, ca.key, tls.crt, tls.key as `trainwire-webhook certs` does;
-/// returns the CA's PEM.
+/// Write ca.crt, ca.key, tls.crt, tls.key with `trainwire-webhook certs`'s
+/// own code, for the Service the manifests define; returns the CA's PEM and
+/// checks that the caBundle the command prints is what the overlay computes.
 fn write_certs(out: &Path) -> Result<String> {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-    std::fs::create_dir_all(out)?;
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca_params, &ca_key);
-    let key = KeyPair::generate()?;
-    let cert = CertificateParams::new(vec![
-        format!("{SERVICE}.{NAMESPACE}.svc"),
-        format!("{SERVICE}.{NAMESPACE}.svc.cluster.local"),
-    ])?
-    .signed_by(&key, &issuer)?;
-    std::fs::write(out.join("ca.crt"), ca.pem())?;
-    std::fs::write(out.join("ca.key"), ca_key.serialize_pem())?;
-    std::fs::write(out.join("tls.crt"), cert.pem())?;
-    std::fs::write(out.join("tls.key"), key.serialize_pem())?;
-    Ok(ca.pem())
+    let generated = trainwire_webhook::certs::generate(SERVICE, NAMESPACE, 1)?;
+    trainwire_webhook::certs::write(&generated, out)?;
+    let printed = base64::engine::general_purpose::STANDARD.decode(generated.ca_bundle())?;
+    assert_eq!(String::from_utf8(printed)?, generated.ca_cert_pem);
+    Ok(generated.ca_cert_pem)
 }
 
 /// Every overlay, rendered. The self-managed one from a copy with certs.

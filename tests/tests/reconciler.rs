@@ -660,3 +660,39 @@ fn a_stored_service_it_created_plans_as_up_to_date() -> Result<()> {
     ));
     Ok(())
 }
+
+/// Every injected Job among the rendered examples gets a Service from the
+/// reconciler, named after the subdomain the engine set.
+#[test]
+fn every_rendered_example_job_gets_its_service() -> Result<()> {
+    let dir = trainwire_tests::repo_root().join("examples/rendered");
+    let mut jobs = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path)?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text)?;
+        for mut doc in docs.into_iter().filter(|d| d["kind"] == "Job") {
+            doc["metadata"]["uid"] = json!("uid");
+            let job: Job = serde_json::from_value(doc)?;
+            let w = reconciler::Workload::from_job(&job)?
+                .with_context(|| format!("{}: injected Job without a Service", path.display()))?;
+            let subdomain = job
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .and_then(|s| s.subdomain.clone());
+            assert_eq!(Some(w.service.clone()), subdomain);
+            assert_eq!(
+                w.selector.get("batch.kubernetes.io/job-name"),
+                job.metadata.name.as_ref()
+            );
+            assert!(w.ports.iter().any(|p| p.name.as_deref() == Some("rdzv")));
+            jobs += 1;
+        }
+    }
+    assert!(jobs >= 2, "rendered Jobs found: {jobs}");
+    Ok(())
+}

@@ -111,6 +111,13 @@ pub fn mutate(
     if !workload::is_managed_kind(api_version, kind) {
         return Ok(Outcome::NotManaged);
     }
+    // Being deleted: let the garbage collector's finalizer updates through.
+    if object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
+        return Ok(Outcome::NotManaged);
+    }
     let ann_map = object
         .pointer("/metadata/annotations")
         .and_then(Value::as_object);
@@ -154,14 +161,19 @@ pub fn mutate(
         status::write(template, &ctx.status);
     }
 
-    if complete && previous.is_some_and(|p| p.hash == hash) {
+    let after = workload.to_json();
+    // Same inputs, or a recomputation that changes nothing but the recorded
+    // hash/version (a policy edit that does not touch this workload, a new
+    // engine version): no change at all, so no needless rollout of the pods.
+    let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
+    if same_inputs || status::same_but_hash(&before, &after) {
         return Ok(Outcome::Mutated(Mutation {
             object: object.clone(),
             patch: json_patch::Patch(Vec::new()),
             warnings: ctx.warnings,
         }));
     }
-    let output = patch::overlay(object, &before, &workload.to_json());
+    let output = patch::overlay(object, &before, &after);
     let patch = patch::diff(object, &output);
     Ok(Outcome::Mutated(Mutation {
         object: output,

@@ -154,6 +154,28 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
+/// Whether two serialised workloads differ at most in the status
+/// annotation's `hash` and `version`.
+pub fn same_but_hash(a: &Value, b: &Value) -> bool {
+    let pointer = "/spec/template/metadata/annotations";
+    let normalise = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(ann) = v.pointer_mut(pointer).and_then(Value::as_object_mut)
+            && let Some(Value::String(raw)) = ann.get(STATUS)
+            && let Ok(mut st) = serde_json::from_str::<Status>(raw)
+        {
+            st.hash.clear();
+            st.version.clear();
+            ann.insert(
+                STATUS.to_string(),
+                serde_json::to_value(&st).unwrap_or(Value::Null),
+            );
+        }
+        v
+    };
+    a.pointer(pointer).and_then(|x| x.get(STATUS)).is_some() && normalise(a) == normalise(b)
+}
+
 /// What [`strip`] found.
 #[derive(Debug, Default)]
 pub struct Stripped {

@@ -379,6 +379,13 @@ fn not_managed_objects_pass() {
         mutate(&obj, Some(&ns), &Profile::default()),
         Ok(Outcome::NotManaged)
     ));
+    // Being deleted: even a workload that would be refused passes.
+    let (mut obj, ns) = fixture("job-nonindexed-create.json");
+    obj["metadata"]["deletionTimestamp"] = json!("2026-11-21T17:00:00Z");
+    assert!(matches!(
+        mutate(&obj, Some(&ns), &Profile::default()),
+        Ok(Outcome::NotManaged)
+    ));
 }
 
 #[test]
@@ -961,5 +968,44 @@ fn a_job_that_never_restarts_is_warned_about() {
     assert_eq!(
         m.warnings,
         vec!["Job bert-pretrain: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place".to_string()]
+    );
+}
+
+#[test]
+fn a_per_pod_claim_at_the_checkpoint_path_is_named_in_the_warning() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "ckpt-local", "mountPath": "/checkpoints"}]);
+    obj["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "ckpt-local"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}}]);
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.warnings,
+        vec!["container \"trainer\" already mounts volume \"ckpt-local\" (a volumeClaimTemplate: one claim per pod, not shared) at /checkpoints, which is kept; annotation trainwire.dev/checkpoint-pvc asked for claim \"ckpt\" there".to_string()]
+    );
+    // The sidecar watches that mount.
+    assert_eq!(
+        m.object["spec"]["template"]["spec"]["initContainers"][0]["volumeMounts"][0]["name"],
+        "ckpt-local"
+    );
+}
+
+#[test]
+fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
+    let (obj, ns) = sts_fixture();
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let raised = profile(|p| p.max_nodes = Some(64));
+    let again = mutated(&first.object, Some(&ns), &raised);
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    // A policy edit that does touch it is applied.
+    let nccl = profile(|p| {
+        p.nccl.insert(
+            "NCCL_DEBUG".into(),
+            enforced("WARN".to_string(), Enforce::Default),
+        );
+    });
+    let changed = check_round_trip(&first.object, Some(&ns), &nccl);
+    assert_eq!(
+        trainer_value(&changed.object, "NCCL_DEBUG").as_deref(),
+        Some("WARN")
     );
 }

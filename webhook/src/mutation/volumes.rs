@@ -139,7 +139,12 @@ fn mount_claim(
             ctx.warn(format!(
                 "container {:?} already mounts volume {name:?} ({}) at {path}, which is kept; {why} asked for claim {claim:?} there",
                 spec.containers[trainer].name,
-                has.map(|c| format!("claim {c:?}")).unwrap_or_else(|| "not a PersistentVolumeClaim".to_string()),
+                match has {
+                    Some(c) => format!("claim {c:?}"),
+                    None if !spec.volumes.iter().flatten().any(|v| v.name == name) =>
+                        "a volumeClaimTemplate: one claim per pod, not shared".to_string(),
+                    None => "not a PersistentVolumeClaim".to_string(),
+                },
             ));
         }
         return name;
