@@ -55,7 +55,16 @@ LATEST = "latest"
 
 
 def log(msg: str) -> None:
-    print(f"{LOG_PREFIX} {msg}", flush=True)
+    """One whole line per write(2): the ranks of a node share torchrun's
+    stdout, and ``print`` under ``python -u`` (as torchrun starts workers)
+    writes the text and the newline separately, so lines of two ranks could
+    interleave. A single write of less than PIPE_BUF bytes cannot."""
+    line = f"{LOG_PREFIX} {msg}\n".encode()
+    try:
+        sys.stdout.flush()
+        os.write(sys.stdout.fileno(), line)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor
+        print(line.decode(), end="", flush=True)
 
 
 def env_default(name: str, default, kind=str):
