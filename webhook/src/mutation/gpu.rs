@@ -62,9 +62,16 @@ pub fn apply(
         return Err(Refusal::Policy {
             profile: ctx.profile.name.clone(),
             rule: "maxGpusPerNode".to_string(),
-            detail: format!(
-                "the trainer asks for {gpus} GPUs per node (annotation {GPUS_PER_NODE} or its {GPU_RESOURCE} resources), more than the {max} allowed; ask for at most {max}"
-            ),
+            detail: if max == 0 {
+                format!(
+                    "the trainer asks for {gpus} GPU{} per node (annotation {GPUS_PER_NODE} or its {GPU_RESOURCE} resources), but this profile allows no GPUs; remove them, or run in a namespace of a GPU profile",
+                    if gpus == 1 { "" } else { "s" }
+                )
+            } else {
+                format!(
+                    "the trainer asks for {gpus} GPUs per node (annotation {GPUS_PER_NODE} or its {GPU_RESOURCE} resources), more than the {max} allowed; ask for at most {max}"
+                )
+            },
         });
     }
     if gpus > 0 {

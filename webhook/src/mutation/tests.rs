@@ -687,7 +687,7 @@ fn enforced<T>(value: T, enforce: Enforce) -> Setting<T> {
 #[case(profile(|p| p.shm_size = enforced("16Gi".into(), Enforce::Refuse)), with_annotations(&[("trainwire.dev/shm-size", "off")]),
     "policy profile \"ml\" rule shmSize: annotation trainwire.dev/shm-size is \"off\", but the policy enforces \"16Gi\"; remove it or set it to that value")]
 #[case(profile(|p| p.rdzv_backend = enforced(RdzvBackend::C10d, Enforce::Refuse)), with_annotations(&[("trainwire.dev/rdzv-backend", "static")]),
-    "policy profile \"ml\" rule rdzvBackend: annotation trainwire.dev/rdzv-backend is Static, but the policy enforces C10d; remove it or set it to that value")]
+    "policy profile \"ml\" rule rdzvBackend: annotation trainwire.dev/rdzv-backend is \"static\", but the policy enforces \"c10d\"; remove it or set it to that value")]
 #[case(profile(|p| p.sidecar.enabled = enforced(true, Enforce::Refuse)), with_annotations(&[("trainwire.dev/sidecar", "false")]),
     "policy profile \"ml\" rule sidecar.enabled: annotation trainwire.dev/sidecar is false, but the policy enforces true; remove it or set it to that value")]
 #[case(profile(|p| { p.node_selector.insert("pool".into(), enforced("gpu".to_string(), Enforce::Refuse)); }),

@@ -230,11 +230,14 @@ fn checkpoint_claim(
             "annotation {} is {c:?}, but checkpoints must go to a claim matching {pattern:?}",
             annotations::CHECKPOINT_PVC
         ))),
+        // No claim named: a plain required claim is simply mounted (a
+        // missing value is no conflict, whatever the enforcement); a pattern
+        // cannot be picked for the workload.
+        (None, _) if is_plain(&pattern) => Ok(Some(pattern)),
         (None, Enforce::Refuse) => Err(refuse(format!(
             "every training workload must keep its checkpoints on a shared claim: annotate {} with a claim matching {pattern:?}",
             annotations::CHECKPOINT_PVC
         ))),
-        (None, _) if is_plain(&pattern) => Ok(Some(pattern)),
         (None, Enforce::Overwrite) => Err(refuse(format!(
             "annotate {} with a claim matching {pattern:?}",
             annotations::CHECKPOINT_PVC

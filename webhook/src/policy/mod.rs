@@ -64,7 +64,7 @@ impl<T> Setting<T> {
 }
 
 /// Rendezvous backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub enum RdzvBackend {
     #[default]
     #[serde(rename = "c10d")]
@@ -76,7 +76,7 @@ pub enum RdzvBackend {
 }
 
 /// The sidecar's action on peer loss.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PeerLossAction {
     #[default]
@@ -84,6 +84,52 @@ pub enum PeerLossAction {
     RestartWorkers,
     RestartAgent,
     None,
+}
+
+impl RdzvBackend {
+    /// The name used in annotations, the policy file and `PET_RDZV_BACKEND`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RdzvBackend::C10d => "c10d",
+            RdzvBackend::Static => "static",
+            RdzvBackend::EtcdV2 => "etcd-v2",
+        }
+    }
+}
+
+impl PeerLossAction {
+    /// The name used in annotations, the policy file and `TRAINWIRE_ON_PEER_LOSS`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PeerLossAction::Auto => "auto",
+            PeerLossAction::RestartWorkers => "restart-workers",
+            PeerLossAction::RestartAgent => "restart-agent",
+            PeerLossAction::None => "none",
+        }
+    }
+}
+
+// Debug prints the user-facing name, quoted like a string: refusals and
+// warnings built by [`resolve`] show `"etcd-v2"`, not `EtcdV2`.
+impl std::fmt::Debug for RdzvBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+impl std::fmt::Debug for PeerLossAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+impl std::fmt::Display for RdzvBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+impl std::fmt::Display for PeerLossAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Shared checkpoint volume that every run must mount.
@@ -237,8 +283,13 @@ impl Default for Profile {
 }
 
 /// A whole policy file: profiles chosen by namespace.
+///
+/// Deserializes from the file format (`apiVersion`, `kind`, `profiles`,
+/// unknown fields refused) but checks nothing else: use
+/// [`Policy::from_yaml`] or [`load`] for a validated policy with located
+/// errors.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", from = "parse::PolicyFile")]
 pub struct Policy {
     pub profiles: Vec<Profile>,
     /// The profile for a namespace no profile matches (and for every
@@ -538,7 +589,7 @@ mod tests {
             gpu.nccl["NCCL_SOCKET_IFNAME"],
             Setting {
                 value: "net1".to_string(),
-                enforce: Enforce::Refuse
+                enforce: Enforce::Overwrite
             }
         );
         assert_eq!(gpu.node_selector["karpenter.sh/nodepool"].value, "gpu-a100");

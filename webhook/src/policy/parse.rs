@@ -33,12 +33,21 @@ enum Kind {
 /// The file as written: a versioned envelope around the profiles.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct PolicyFile {
+pub struct PolicyFile {
     #[allow(dead_code)]
     api_version: ApiVersion,
     #[allow(dead_code)]
     kind: Kind,
     profiles: Vec<Profile>,
+}
+
+impl From<PolicyFile> for Policy {
+    fn from(file: PolicyFile) -> Self {
+        Policy {
+            profiles: file.profiles,
+            ..Policy::default()
+        }
+    }
 }
 
 /// One segment of a field path.
@@ -406,10 +415,7 @@ pub fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
         out
     });
     match result {
-        Ok(file_model) => Ok(Policy {
-            profiles: file_model.profiles,
-            ..Policy::default()
-        }),
+        Ok(file_model) => Ok(Policy::from(file_model)),
         Err(err) => {
             let err = err.without_snippet();
             let raw = match err {
