@@ -235,7 +235,9 @@ pub struct Config {
     pub node_rank: u32,
     pub nnodes: NodeCount,
     pub selector: Option<String>,
-    pub rdzv_host_rank: u32,
+    /// Rank of the pod that runs the c10d store; `None` when the store is
+    /// outside the world (etcd-v2).
+    pub rdzv_host_rank: Option<u32>,
     pub health_port: u16,
     pub bind_address: IpAddr,
     pub checkpoint: Option<CheckpointConfig>,
@@ -454,14 +456,27 @@ impl Config {
                 accepted: "a rank from 0 to NNODES-1",
             });
         }
-        let rdzv_host_rank: u32 =
-            number(src, env::RDZV_HOST_RANK, "a rank from 0 to NNODES-1")?.unwrap_or(0);
-        if rdzv_host_rank >= nnodes.max() {
+        // `none`: the rendezvous store runs outside the world (etcd-v2), so
+        // losing any peer leaves the local agent able to recover by itself.
+        let rdzv_host_rank: Option<u32> = match src.get(env::RDZV_HOST_RANK).as_deref() {
+            Some("none") => None,
+            _ => Some(
+                number(
+                    src,
+                    env::RDZV_HOST_RANK,
+                    "a rank from 0 to NNODES-1, or none",
+                )?
+                .unwrap_or(0),
+            ),
+        };
+        if let Some(rank) = rdzv_host_rank
+            && rank >= nnodes.max()
+        {
             return Err(ConfigError::Invalid {
                 var: env::RDZV_HOST_RANK,
-                value: rdzv_host_rank.to_string(),
+                value: rank.to_string(),
                 reason: format!("must be below the node count {nnodes}"),
-                accepted: "a rank from 0 to NNODES-1",
+                accepted: "a rank from 0 to NNODES-1, or none",
             });
         }
         let selector = src.get(env::SELECTOR);
@@ -708,6 +723,15 @@ mod tests {
         assert_eq!(c.agent_match, vec!["fake_torchrun", "other"]);
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.on_peer_loss, OnPeerLoss::RestartWorkers);
+    }
+
+    #[test]
+    fn rendezvous_host_rank_or_none() {
+        assert_eq!(cfg(&[]).expect("default").rdzv_host_rank, Some(0));
+        let c = cfg(&[(env::RDZV_HOST_RANK, "none")]).expect("external store");
+        assert_eq!(c.rdzv_host_rank, None);
+        let e = cfg(&[(env::RDZV_HOST_RANK, "7")]).expect_err("beyond the world");
+        assert!(e.to_string().contains("or none"), "{e}");
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub const SELECTOR: &str = "TRAINWIRE_SELECTOR";
 /// Host name pattern of the peers, `{i}` standing for the node rank:
 /// `<name>-{i}.<service>.<namespace>.svc`.
 pub const PEER_HOSTS: &str = "TRAINWIRE_PEER_HOSTS";
-/// Rank of the rendezvous host (the pod that runs the c10d store); `0`.
+/// Rank of the rendezvous host (the pod that runs the c10d store): `0`, or
+/// `none` when the store is outside the world (etcd-v2).
 pub const RDZV_HOST_RANK: &str = "TRAINWIRE_RDZV_HOST_RANK";
 /// Port of the sidecar's plain-HTTP endpoints (`/healthz`, `/readyz`,
 /// `/status`, `/metrics`, and the heartbeat endpoint peers probe).

@@ -67,10 +67,16 @@ impl Responder {
                 let why = if config.on_peer_loss == crate::config::OnPeerLoss::None {
                     "on-peer-loss is none: reporting only".to_string()
                 } else {
-                    format!(
-                        "rank {} is not the rendezvous host (rank {}): torchrun recovers by itself once a replacement joins",
-                        loss.rank, config.rdzv_host_rank
-                    )
+                    match config.rdzv_host_rank {
+                        Some(host) => format!(
+                            "rank {} is not the rendezvous host (rank {host}): torchrun recovers by itself once a replacement joins",
+                            loss.rank
+                        ),
+                        None => format!(
+                            "rank {} lost; the rendezvous store is outside the world: torchrun recovers by itself once a replacement joins",
+                            loss.rank
+                        ),
+                    }
                 };
                 (Outcome::Reported, why)
             }

@@ -208,9 +208,9 @@ impl Plan {
 /// any other lost peer by itself once a replacement joins (measured, see
 /// DESIGN.md), while an agent whose c10d store died never does and ignores
 /// SIGTERM.
-pub fn plan(mode: OnPeerLoss, lost_rank: u32, rdzv_host_rank: u32) -> Plan {
+pub fn plan(mode: OnPeerLoss, lost_rank: u32, rdzv_host_rank: Option<u32>) -> Plan {
     match mode {
-        OnPeerLoss::Auto if lost_rank == rdzv_host_rank => Plan::KillAgent,
+        OnPeerLoss::Auto if Some(lost_rank) == rdzv_host_rank => Plan::KillAgent,
         OnPeerLoss::Auto => Plan::ReportOnly,
         OnPeerLoss::RestartWorkers => Plan::TermWorkers,
         OnPeerLoss::RestartAgent => Plan::KillAgent,
@@ -463,11 +463,17 @@ mod tests {
 
     #[test]
     fn plans() {
-        assert_eq!(plan(OnPeerLoss::Auto, 0, 0), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::Auto, 1, 0), Plan::ReportOnly);
-        assert_eq!(plan(OnPeerLoss::RestartWorkers, 0, 0), Plan::TermWorkers);
-        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, 0), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::None, 0, 0), Plan::ReportOnly);
+        assert_eq!(plan(OnPeerLoss::Auto, 0, Some(0)), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::Auto, 1, Some(0)), Plan::ReportOnly);
+        // An external store (etcd-v2): no peer's loss strands the agent.
+        assert_eq!(plan(OnPeerLoss::Auto, 0, None), Plan::ReportOnly);
+        assert_eq!(
+            plan(OnPeerLoss::RestartWorkers, 0, Some(0)),
+            Plan::TermWorkers
+        );
+        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, Some(0)), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, None), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::None, 0, Some(0)), Plan::ReportOnly);
     }
 
     #[test]

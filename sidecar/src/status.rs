@@ -174,7 +174,8 @@ pub struct StatusDoc {
     pub namespace: String,
     pub rank: u32,
     pub nnodes: String,
-    pub rdzv_host_rank: u32,
+    /// `null` when the rendezvous store is outside the world (etcd-v2).
+    pub rdzv_host_rank: Option<u32>,
     pub on_peer_loss: &'static str,
     pub started: String,
     pub detection: DetectionStatus,

@@ -21,7 +21,10 @@ import argparse, os, signal, subprocess, sys, time
 WORKER = r"""
 import os, signal, sys, time
 log, slot = sys.argv[1], sys.argv[2]
-agent = os.getppid()
+# The agent's pid comes from the agent itself: reading getppid() here would
+# race with an agent killed before this worker started (it would read 1, the
+# adoptive parent, and never exit).
+agent = int(sys.argv[3])
 def say(*a):
     with open(log, "a") as f:
         f.write(" ".join([f"{time.time():.6f}"] + [str(x) for x in a]) + "\n")
@@ -54,7 +57,7 @@ def main():
     generation = 0
     procs = {}
     def spawn(slot):
-        p = subprocess.Popen([sys.executable, "-u", "-c", WORKER, args.log, str(slot)],
+        p = subprocess.Popen([sys.executable, "-u", "-c", WORKER, args.log, str(slot), str(os.getpid())],
                              start_new_session=True)
         procs[slot] = p
         say("spawn", p.pid, slot, generation)

@@ -97,7 +97,8 @@ const SUBNET: [u8; 3] = [10, 77, 0];
 impl Network {
     /// A new switch namespace with a bridge `br0`.
     pub fn create(prefix: &str) -> Result<Network, String> {
-        let prefix = unique_name(prefix);
+        sweep_orphans(prefix);
+        let prefix = network_name(prefix);
         let switch = format!("{prefix}-sw");
         ip(&["netns", "add", &switch])?;
         let net = Network {
@@ -245,6 +246,41 @@ impl Drop for Network {
         }
         // Deleting the switch namespace removes the bridge and the veth pairs.
         let _ = ip(&["netns", "del", &self.switch]);
+    }
+}
+
+/// `<prefix><creator pid, hex>x<counter, hex>`: the creator's pid can be read
+/// back, so namespaces left behind by a killed test run can be found.
+fn network_name(prefix: &str) -> String {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}{:x}x{n:x}", std::process::id())
+}
+
+/// Delete the namespaces (and their `/etc/netns` folders) of networks named
+/// by [`network_name`] whose creating process is gone: a test process killed
+/// by a timeout never runs its `Drop`.
+fn sweep_orphans(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let Some((pid, _)) = rest.split_once('x') else {
+            continue;
+        };
+        let Ok(pid) = u32::from_str_radix(pid, 16) else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        signal_all(&namespace_pids(&name), Signal::SIGKILL);
+        let _ = ip(&["netns", "del", &name]);
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{name}"));
     }
 }
 

@@ -104,9 +104,16 @@ pub fn inject(
         plain(env::SELECTOR, shape.selector.clone()),
         plain(env::PEER_HOSTS, shape.host("{i}")),
     ];
-    if world.backend != RdzvBackend::EtcdV2 {
-        vars.push(plain(env::RDZV_HOST_RANK, "0"));
-    }
+    // c10d and static run the store in pod 0; etcd-v2's store is external,
+    // so no peer's loss strands the local agent.
+    vars.push(plain(
+        env::RDZV_HOST_RANK,
+        if world.backend == RdzvBackend::EtcdV2 {
+            "none"
+        } else {
+            "0"
+        },
+    ));
     vars.push(plain(
         env::HEALTH_PORT,
         env::DEFAULT_HEALTH_PORT.to_string(),
