@@ -109,26 +109,7 @@ pub fn quantity_value(q: &str) -> Option<String> {
         .unwrap_or(q.len());
     let (num, suffix) = q.split_at(split);
     let num: f64 = num.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse::<i32>().ok()?),
-        _ => return None,
-    };
+    let factor = crate::policy::syntax::quantity_multiplier(suffix)?;
     Some(format!("{}", num * factor))
 }
 

@@ -26,7 +26,19 @@ pub fn quantity(text: &str) -> Result<f64, String> {
         return Err(bad());
     }
     let value: f64 = number.parse().map_err(|_| bad())?;
-    let multiplier = match suffix {
+    // Nano and micro make no sense for the sizes a policy holds.
+    if matches!(suffix, "n" | "u") {
+        return Err(bad());
+    }
+    let multiplier = quantity_multiplier(suffix).ok_or_else(bad)?;
+    Ok(value * multiplier)
+}
+
+/// The factor a Kubernetes quantity suffix stands for: binary (`Ki` … `Ei`),
+/// decimal (`n`, `u`, `m`, `k` … `E`) or an exponent (`e3`, `E-2`); `None`
+/// for anything else.
+pub fn quantity_multiplier(suffix: &str) -> Option<f64> {
+    Some(match suffix {
         "" => 1.0,
         "Ki" => 1024f64,
         "Mi" => 1024f64.powi(2),
@@ -34,6 +46,8 @@ pub fn quantity(text: &str) -> Result<f64, String> {
         "Ti" => 1024f64.powi(4),
         "Pi" => 1024f64.powi(5),
         "Ei" => 1024f64.powi(6),
+        "n" => 1e-9,
+        "u" => 1e-6,
         "m" => 1e-3,
         "k" => 1e3,
         "M" => 1e6,
@@ -45,14 +59,12 @@ pub fn quantity(text: &str) -> Result<f64, String> {
             let digits = &exp[1..];
             let unsigned = digits.strip_prefix(['+', '-']).unwrap_or(digits);
             if unsigned.is_empty() || !unsigned.chars().all(|c| c.is_ascii_digit()) {
-                return Err(bad());
+                return None;
             }
-            let exponent: i32 = digits.parse().map_err(|_| bad())?;
-            10f64.powi(exponent)
+            10f64.powi(digits.parse::<i32>().ok()?)
         }
-        _ => return Err(bad()),
-    };
-    Ok(value * multiplier)
+        _ => return None,
+    })
 }
 
 /// A duration such as `30m`, `90s`, `2h`, `500ms`: one whole number and one
