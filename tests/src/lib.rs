@@ -10,22 +10,10 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// The project's `shared/` folder (DESIGN.md, fixtures): `$TRAINWIRE_SHARED`,
-/// else `../shared` beside the checkout, else `/work/shared`.
-pub fn shared_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TRAINWIRE_SHARED") {
-        return PathBuf::from(dir);
-    }
-    let beside = repo_root().join("../shared");
-    if beside.join("fixtures").is_dir() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
-}
-
-/// The captured AdmissionReview fixtures.
+/// The captured AdmissionReview requests, the repository's own copy of the
+/// shared fixtures (`tests/fixtures/admission/`), so a clone tests alone.
 pub fn admission_fixtures_dir() -> PathBuf {
-    shared_dir().join("fixtures/admission")
+    repo_root().join("tests/fixtures/admission")
 }
 
 pub mod kubelet;

@@ -10,22 +10,11 @@ use serde_json::{Value, json};
 use trainwire_webhook::mutation::{self, Outcome};
 use trainwire_webhook::policy::Policy;
 
-fn shared_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TRAINWIRE_SHARED") {
-        return PathBuf::from(dir);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let beside = root.join("../shared");
-    if beside.join("fixtures").is_dir() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
-}
-
 /// The StatefulSet `llama-ft` (namespace `trainwire-test`, 2 replicas, one
 /// GPU, annotated `checkpoint-pvc: ckpt`) as the apiserver sent it.
 fn statefulset() -> (Value, String) {
-    let path = shared_dir().join("fixtures/admission/statefulset-create.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/admission/statefulset-create.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let review: Value = serde_json::from_str(&text).expect("JSON");
     let request = &review["request"];

@@ -11,21 +11,14 @@ use super::patch::apply_checked;
 use super::*;
 use crate::policy::{CheckpointRule, Enforce, Profile, RdzvBackend, Setting};
 
-/// `$TRAINWIRE_SHARED`, else `<repo>/../shared`, else `/work/shared`.
-fn shared_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("TRAINWIRE_SHARED") {
-        return PathBuf::from(d);
-    }
-    let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-    if beside.join("fixtures").is_dir() {
-        return beside;
-    }
-    PathBuf::from("/work/shared")
+/// The repository's copy of the captured AdmissionReview requests.
+fn fixtures_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/admission")
 }
 
 /// `(request.object, request.namespace)` of a captured AdmissionReview.
 fn fixture(name: &str) -> (Value, String) {
-    let path = shared_dir().join("fixtures/admission").join(name);
+    let path = fixtures_dir().join(name);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
     let review: Value = serde_json::from_str(&text).expect("fixture is JSON");

@@ -3,20 +3,10 @@
 
 use std::path::PathBuf;
 
-/// The captured AdmissionReview fixtures: `$TRAINWIRE_SHARED/fixtures/admission`,
-/// else `<repo>/../shared/...`, else `/work/shared/...`.
+/// The repository's copy of the captured AdmissionReview requests
+/// (`tests/fixtures/admission/`).
 pub fn fixtures_dir() -> PathBuf {
-    let shared = if let Some(dir) = std::env::var_os("TRAINWIRE_SHARED") {
-        PathBuf::from(dir)
-    } else {
-        let beside = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
-        if beside.join("fixtures").is_dir() {
-            beside
-        } else {
-            PathBuf::from("/work/shared")
-        }
-    };
-    shared.join("fixtures/admission")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/admission")
 }
 
 pub fn fixture_bytes(name: &str) -> Vec<u8> {
