@@ -100,10 +100,12 @@ pub fn inject(
         field_env(env::POD_NAMESPACE, "metadata.namespace"),
         field_env(env::POD_UID, "metadata.uid"),
         field_env(env::NODE_RANK, shape.rank_field),
-        plain(env::NNODES, world.nnodes.to_string()),
         plain(env::SELECTOR, shape.selector.clone()),
         plain(env::PEER_HOSTS, shape.host("{i}")),
     ];
+    if let Some(nnodes) = world.nnodes {
+        vars.insert(4, plain(env::NNODES, nnodes.to_string()));
+    }
     // c10d and static run the store in pod 0; etcd-v2's store is external,
     // so no peer's loss strands the local agent.
     vars.push(plain(
