@@ -796,20 +796,71 @@ fn policy_overwrites_defaults_and_placement() {
     assert_eq!(spec["tolerations"][0]["tolerationSeconds"], 300);
 }
 
-#[test]
-fn trainer_uid_is_the_sidecars() {
+/// The sidecar's identity (see `sidecar_container::identity`): the trainer's
+/// UID when known, with no capability; root with only KILL when not; the
+/// policy's pinned UID otherwise.
+#[rstest]
+// The image's user (unknown): root with KILL only (Pod Security baseline).
+#[case(json!(null), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["KILL"], "drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// A non-root trainer (container): its UID and group, no capability (restricted).
+#[case(json!({"runAsUser": 1000, "runAsGroup": 1000}), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsGroup": 1000, "runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// The pod's UID when the container does not say; the container's wins.
+#[case(json!(null), json!({"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 3000}), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsGroup": 3000, "runAsNonRoot": true, "runAsUser": 2000, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+#[case(json!({"runAsUser": 1001}), json!({"runAsUser": 2000}), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true, "runAsUser": 1001, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// An explicitly root trainer: root, and the same UID needs no capability.
+#[case(json!({"runAsUser": 0}), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// Pinned by the policy to another non-root UID: cannot signal, said so.
+#[case(json!({"runAsUser": 1000}), json!(null), Some(65532),
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}), true)]
+// Pinned to root: KILL reaches the trainer.
+#[case(json!({"runAsUser": 1000}), json!(null), Some(0),
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["KILL"], "drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+fn the_sidecar_runs_as_the_trainer_or_as_root_with_kill_only(
+    #[case] container: Value,
+    #[case] pod: Value,
+    #[case] pinned: Option<i64>,
+    #[case] expected: Value,
+    #[case] warned: bool,
+) {
     let (mut obj, ns) = sts_fixture();
-    obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] =
-        json!({"runAsUser": 1000, "runAsGroup": 1000});
+    if !container.is_null() {
+        obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] = container;
+    }
+    if !pod.is_null() {
+        obj["spec"]["template"]["spec"]["securityContext"] = pod;
+    }
+    let p = profile(|p| p.sidecar.run_as_user = pinned);
+    let m = check_round_trip(&obj, Some(&ns), &p);
+    let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+    assert_eq!(sc, &expected);
+    assert_eq!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("cannot signal another user's")),
+        warned,
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn a_root_sidecar_in_a_run_as_non_root_pod_is_explained() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["securityContext"] = json!({"runAsNonRoot": true});
     let m = mutated(&obj, Some(&ns), &Profile::default());
     let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
-    assert_eq!(sc["runAsUser"], 1000);
-    assert_eq!(
-        sc["capabilities"],
-        json!({"add": ["KILL"], "drop": ["ALL"]})
+    assert_eq!(sc["runAsUser"], 0);
+    assert_eq!(sc["runAsNonRoot"], false);
+    assert!(
+        m.warnings.iter().any(|w| w.contains("set runAsUser")),
+        "{:?}",
+        m.warnings
     );
-    assert_eq!(sc["readOnlyRootFilesystem"], true);
-    assert_eq!(sc["allowPrivilegeEscalation"], false);
 }
 
 #[test]
