@@ -299,7 +299,7 @@ fn run_case(test: &str, trainer_uid: u32, sidecar: Identity, expect: Expect) {
     let log0 = std::fs::File::create(dir.path().join("rank0.log")).expect("log");
     let mut cmd = Command::new(&bin);
     sidecar_env(&mut cmd, 0, port, &format!("{tag}-nothing"));
-    let mut rank0 = Guard(
+    let rank0 = Guard(
         cmd.stdout(log0.try_clone().expect("log"))
             .stderr(log0)
             .spawn()
