@@ -486,17 +486,19 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
             sts(json!({"name": "a", "annotations": {"other": "true"}})),
             false,
         ),
+        // Every value of the annotation reaches the engine, which answers
+        // as offline `inject` does (see below).
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "false"}})),
-            false,
+            true,
         ),
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "True"}})),
-            false,
+            true,
         ),
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": ""}})),
-            false,
+            true,
         ),
         // A label is not the opt-in.
         (
@@ -506,6 +508,38 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
     ];
     for (object, want) in cases {
         assert_eq!(condition_admits(expression, &object)?, want, "{object}");
+    }
+
+    // What the engine then answers for each value, on the captured
+    // StatefulSet: the same verdict in the cluster as offline.
+    let path = trainwire_tests::admission_fixtures_dir().join("statefulset-create.json");
+    let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let profile = trainwire_webhook::policy::Profile::default();
+    for (value, verdict) in [
+        (json!("true"), "injected"),
+        (json!("false"), "untouched"),
+        (json!("True"), "refused"),
+        (json!("yes"), "refused"),
+        (json!(""), "refused"),
+        (json!(true), "refused"),
+    ] {
+        let mut object = review["request"]["object"].clone();
+        object["metadata"]["annotations"]["trainwire.dev/inject"] = value.clone();
+        assert!(condition_admits(expression, &object)?, "{value} is sent");
+        let got = match trainwire_webhook::mutation::mutate(&object, Some("trainwire-test"), &profile) {
+            Ok(trainwire_webhook::mutation::Outcome::Mutated(_)) => "injected".to_string(),
+            Ok(trainwire_webhook::mutation::Outcome::NotManaged) => "untouched".to_string(),
+            Err(refusal) => {
+                let message = refusal.to_string();
+                assert!(
+                    message.contains("annotation trainwire.dev/inject")
+                        && message.contains("\"true\" or \"false\""),
+                    "{message}"
+                );
+                "refused".to_string()
+            }
+        };
+        assert_eq!(got, verdict, "trainwire.dev/inject: {value}");
     }
 
     // The captured requests from a real apiserver: their objects as sent.
