@@ -47,6 +47,21 @@ impl Quantity {
         self.nanos
     }
 
+    /// The value in base units as a plain decimal, the same for every
+    /// spelling: `1Gi` and `1024Mi` give `1073741824`, `100m` gives `0.1`.
+    pub fn decimal(self) -> String {
+        let sign = if self.nanos < 0 { "-" } else { "" };
+        let n = self.nanos.unsigned_abs();
+        let nano = NANO.unsigned_abs();
+        let (whole, frac) = (n / nano, n % nano);
+        if frac == 0 {
+            format!("{sign}{whole}")
+        } else {
+            let frac = format!("{frac:09}");
+            format!("{sign}{whole}.{}", frac.trim_end_matches('0'))
+        }
+    }
+
     fn parse(text: &str, accepted: &'static str) -> Result<Self, Invalid> {
         let bad = |reason: &str| Invalid::new(text, reason, accepted);
         let (negative, s) = match text.as_bytes().first() {
@@ -137,9 +152,9 @@ impl Quantity {
         if n == 0 {
             return f.write_str("0");
         }
-        if n % nano != 0 {
+        if !n.is_multiple_of(nano) {
             for (unit, per) in [("m", 1_000_000u128), ("u", 1_000), ("n", 1)] {
-                if n % per == 0 {
+                if n.is_multiple_of(per) {
                     return write!(f, "{}{unit}", n / per);
                 }
             }
@@ -154,7 +169,7 @@ impl Quantity {
             ("Ki", 10),
         ] {
             let per = 1u128 << shift;
-            if whole % per == 0 {
+            if whole.is_multiple_of(per) {
                 return write!(f, "{}{unit}", whole / per);
             }
         }
@@ -167,7 +182,7 @@ impl Quantity {
             ("k", 3),
         ] {
             let per = 10u128.pow(exp);
-            if whole % per == 0 {
+            if whole.is_multiple_of(per) {
                 return write!(f, "{}{unit}", whole / per);
             }
         }
@@ -315,6 +330,10 @@ mod tests {
         assert_eq!("64Gi".parse::<ShmSize>(), "65536Mi".parse::<ShmSize>());
         assert_eq!("100m".parse::<Quantity>(), "0.1".parse::<Quantity>());
         assert_eq!("1G".parse::<Quantity>(), "1e9".parse::<Quantity>());
+        let q: Quantity = "1Gi".parse().expect("q");
+        assert_eq!(q.decimal(), "1073741824");
+        let q: Quantity = "-100m".parse().expect("q");
+        assert_eq!(q.decimal(), "-0.1");
         let q: Quantity = "1536Mi".parse().expect("q");
         assert_eq!(q.to_string(), "1536Mi");
         let q: Quantity = "1.5Gi".parse().expect("q");

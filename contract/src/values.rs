@@ -195,7 +195,7 @@ macro_rules! choice {
             fn from_str(s: &str) -> Result<Self, Invalid> {
                 match s {
                     $($name $(| $alias)* => Ok($t::$v),)+
-                    _ => Err(Invalid::new(s, concat!("not a known ", stringify!($t)), $accepted)),
+                    _ => Err(Invalid::new(s, "not one of the accepted names", $accepted)),
                 }
             }
         }
@@ -269,16 +269,19 @@ choice!(
     Json => "json",
 });
 
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
 impl Default for PeerLossAction {
     fn default() -> Self {
         PeerLossAction::Auto
     }
 }
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
 impl Default for RdzvBackend {
     fn default() -> Self {
         RdzvBackend::C10d
     }
 }
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
 impl Default for LogFormat {
     fn default() -> Self {
         LogFormat::Text

@@ -77,6 +77,16 @@ pub enum Refusal {
     Workload(String),
 }
 
+impl From<crate::policy::Conflict> for Refusal {
+    fn from(c: crate::policy::Conflict) -> Self {
+        Refusal::Policy {
+            profile: c.profile,
+            rule: c.rule,
+            detail: c.detail,
+        }
+    }
+}
+
 /// What one mutation accumulates: the profile, warnings, the status record.
 pub struct Ctx<'a> {
     pub profile: &'a Profile,
@@ -239,7 +249,7 @@ pub fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refus
     let Ok(status) = serde_json::from_str::<Status>(raw) else {
         return Ok(());
     };
-    let Some(nnodes) = Nnodes::parse(&status.nnodes) else {
+    let Ok(nnodes) = status.nnodes.parse::<Nnodes>() else {
         return Ok(());
     };
     let new = u32::try_from(new_replicas).unwrap_or(0);

@@ -103,14 +103,10 @@ fn normalize_quantities(v: &mut Value, quantity_map: bool) {
 /// A quantity's value in base units, as a canonical string (`1Gi` and
 /// `1024Mi` give the same); `None` when it does not parse.
 pub fn quantity_value(q: &str) -> Option<String> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let factor = crate::policy::syntax::quantity_multiplier(suffix)?;
-    Some(format!("{}", num * factor))
+    q.trim()
+        .parse::<trainwire_contract::Quantity>()
+        .ok()
+        .map(trainwire_contract::Quantity::decimal)
 }
 
 /// The status recorded on a template, if any and readable.
