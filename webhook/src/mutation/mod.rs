@@ -153,6 +153,11 @@ pub fn mutate(
     }
 
     let previous = workload.template().and_then(status::read);
+    if previous.is_none()
+        && let Some(template) = workload.template_mut()
+    {
+        status::drop_unreadable(template);
+    }
     let mut complete = false;
     if let Some(prev) = &previous
         && let Some(template) = workload.template_mut()

@@ -204,7 +204,17 @@ pub fn strip(template: &mut PodTemplateSpec, status: &Status) -> Stripped {
     }
 }
 
-fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+/// Drop a status annotation that cannot be read (hand-edited, or from an
+/// engine that wrote another shape). Nothing is stripped by it, but it is
+/// never part of the input either: the first pass and every later one see
+/// the same workload, so injecting twice changes nothing.
+pub fn drop_unreadable(template: &mut PodTemplateSpec) {
+    if read(template).is_none() {
+        remove_annotation(template);
+    }
+}
+
+fn remove_annotation(template: &mut PodTemplateSpec) {
     if let Some(annotations) = template
         .metadata
         .as_mut()
@@ -217,6 +227,10 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
             m.annotations = None;
         }
     }
+}
+
+fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+    remove_annotation(template);
     let Some(spec) = template.spec.as_mut() else {
         return Vec::new();
     };

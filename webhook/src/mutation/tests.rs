@@ -1019,3 +1019,78 @@ fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
         Some("WARN")
     );
 }
+
+// ---- issue 11 regressions: one grammar, compared by value ----
+
+fn with_checkpoint(pairs: &[(&str, &str)]) -> Value {
+    let mut all = vec![("trainwire.dev/checkpoint-pvc", "ckpt")];
+    all.extend_from_slice(pairs);
+    with_annotations(&all)
+}
+
+#[rstest]
+#[case::duration_in_another_spelling(
+    profile(|p| p.checkpoint_max_age = enforced("30m".parse().expect("duration"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "1800s")])
+)]
+#[case::go_duration_in_the_policy(
+    profile(|p| p.checkpoint_max_age = enforced("1h30m".parse().expect("duration"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "90m")])
+)]
+#[case::size_in_another_unit(
+    profile(|p| p.shm_size = enforced("64Gi".parse().expect("size"), Enforce::Refuse)),
+    with_annotations(&[("trainwire.dev/shm-size", "65536Mi")])
+)]
+#[case::path_with_a_trailing_slash(
+    profile(|p| p.checkpoint_path = enforced("/ckpt".parse().expect("path"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-path", "//ckpt/")])
+)]
+fn enforced_settings_compare_by_value(#[case] p: Profile, #[case] obj: Value) {
+    let m = mutated(&obj, None, &p);
+    assert!(
+        m.warnings.iter().all(|w| !w.contains("overwritten")),
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn the_sidecar_gets_the_max_age_in_the_contract_grammar() {
+    let obj = with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "5400s")]);
+    let m = mutated(&obj, None, &Profile::default());
+    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0]["env"];
+    let age = sidecar
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TRAINWIRE_CHECKPOINT_MAX_AGE")
+        .and_then(|e| e["value"].as_str());
+    assert_eq!(age, Some("1h30m"));
+}
+
+fn with_status(raw: &str) -> Value {
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"] = json!(raw);
+    obj
+}
+
+#[test]
+fn an_unreadable_status_is_handled_the_same_on_every_pass() {
+    for raw in ["", "not json", "{\"hash\": 3}", "[]", "null"] {
+        let first = mutated(&with_status(raw), None, &Profile::default());
+        let second = mutated(&first.object, None, &Profile::default());
+        assert!(second.patch.0.is_empty(), "{raw:?}: {:?}", second.patch);
+        assert_eq!(second.object, first.object, "{raw:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// `mutate` is idempotent whatever the status annotation holds.
+    #[test]
+    fn mutate_is_idempotent_on_any_status_annotation(raw in "\\PC{0,40}") {
+        let first = mutated(&with_status(&raw), None, &Profile::default());
+        let second = mutated(&first.object, None, &Profile::default());
+        prop_assert!(second.patch.0.is_empty(), "{:?}: {:?}", raw, second.patch);
+    }
+}
