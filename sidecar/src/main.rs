@@ -1,9 +1,10 @@
 use anyhow::Context;
 use tracing_subscriber::EnvFilter;
-use trainwire_sidecar::config::{Config, LogFormat};
+use trainwire_sidecar::config::LogFormat;
 
 fn main() -> anyhow::Result<()> {
-    let config = Config::from_env().context("trainwire-sidecar configuration")?;
+    let config =
+        trainwire_sidecar::config::from_env().context("trainwire-sidecar configuration")?;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,kube=warn,tower=warn"));
     let builder = tracing_subscriber::fmt()

@@ -10,7 +10,6 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
-pub mod error;
 pub mod inject;
 pub mod metrics;
 pub mod mutation;
@@ -21,5 +20,3 @@ pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
-
-pub use error::{Error, Result};

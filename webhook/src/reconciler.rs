@@ -292,11 +292,11 @@ fn ports(kind: Kind, meta: &ObjectMeta, template: &PodTemplateSpec) -> Result<Ve
         };
         out.push(service_port(RDZV_PORT_NAME, port));
     }
-    let sidecar_port = env_value(template, true, trainwire_sidecar::env::HEALTH_PORT);
+    let sidecar_port = env_value(template, true, trainwire_contract::env::HEALTH_PORT);
     if let Some(raw) = sidecar_port {
         let port = parse_port(raw).ok_or_else(|| Error::InvalidPort {
             workload,
-            source_name: format!("sidecar env {}", trainwire_sidecar::env::HEALTH_PORT),
+            source_name: format!("sidecar env {}", trainwire_contract::env::HEALTH_PORT),
             value: raw.to_string(),
             accepted: "a port from 1 to 65535",
         })?;
@@ -304,7 +304,7 @@ fn ports(kind: Kind, meta: &ObjectMeta, template: &PodTemplateSpec) -> Result<Ve
     } else if has_sidecar(template) {
         out.push(service_port(
             SIDECAR_PORT_NAME,
-            trainwire_sidecar::env::DEFAULT_HEALTH_PORT,
+            trainwire_contract::env::DEFAULT_HEALTH_PORT,
         ));
     }
     // Two names for one port would be refused by the apiserver.
@@ -842,7 +842,7 @@ mod tests {
             ports,
             vec![(
                 Some(SIDECAR_PORT_NAME.to_string()),
-                i32::from(trainwire_sidecar::env::DEFAULT_HEALTH_PORT)
+                i32::from(trainwire_contract::env::DEFAULT_HEALTH_PORT)
             )]
         );
     }
@@ -851,7 +851,7 @@ mod tests {
     fn no_sidecar_no_sidecar_port_and_the_same_port_twice_is_listed_once() {
         let j = job(
             json!([{"name": RDZV_ENDPOINT_ENV, "value": "j-0.j.ns.svc:29600"}]),
-            Some(json!([{"name": trainwire_sidecar::env::HEALTH_PORT, "value": "29600"}])),
+            Some(json!([{"name": trainwire_contract::env::HEALTH_PORT, "value": "29600"}])),
         );
         let w = Workload::from_job(&j).ok().flatten();
         assert_eq!(w.map(|w| w.ports.len()), Some(1));

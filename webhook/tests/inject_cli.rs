@@ -223,7 +223,7 @@ fn a_refusal_exits_non_zero_naming_the_document() {
     );
     let stderr = text(&out.stderr);
     assert!(
-        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: not a node count or range; accepted: "),
+        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: N is not a whole number from 1; accepted: "),
         "{stderr}"
     );
 }
@@ -306,7 +306,7 @@ fn krm_refusal_is_an_error_result_and_a_failure() {
     assert_eq!(v["results"][0]["severity"], "error");
     assert_eq!(
         v["results"][0]["message"],
-        "item 2 StatefulSet/llama: refused: annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: unknown rendezvous backend; accepted: \"c10d\", \"static\" or \"etcd-v2\""
+        "item 2 StatefulSet/llama: refused: annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: not one of the accepted names; accepted: c10d, static, etcd-v2"
     );
 }
 

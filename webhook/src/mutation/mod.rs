@@ -77,6 +77,16 @@ pub enum Refusal {
     Workload(String),
 }
 
+impl From<crate::policy::Conflict> for Refusal {
+    fn from(c: crate::policy::Conflict) -> Self {
+        Refusal::Policy {
+            profile: c.profile,
+            rule: c.rule,
+            detail: c.detail,
+        }
+    }
+}
+
 /// What one mutation accumulates: the profile, warnings, the status record.
 pub struct Ctx<'a> {
     pub profile: &'a Profile,
@@ -143,6 +153,11 @@ pub fn mutate(
     }
 
     let previous = workload.template().and_then(status::read);
+    if previous.is_none()
+        && let Some(template) = workload.template_mut()
+    {
+        status::drop_unreadable(template);
+    }
     let mut complete = false;
     if let Some(prev) = &previous
         && let Some(template) = workload.template_mut()
@@ -242,7 +257,7 @@ pub fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refus
     let Ok(status) = serde_json::from_str::<Status>(raw) else {
         return Ok(());
     };
-    let Some(nnodes) = Nnodes::parse(&status.nnodes) else {
+    let Ok(nnodes) = status.nnodes.parse::<Nnodes>() else {
         return Ok(());
     };
     let new = u32::try_from(new_replicas).unwrap_or(0);

@@ -63,74 +63,7 @@ impl<T> Setting<T> {
     }
 }
 
-/// Rendezvous backend.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum RdzvBackend {
-    #[default]
-    #[serde(rename = "c10d")]
-    C10d,
-    #[serde(rename = "static")]
-    Static,
-    #[serde(rename = "etcd-v2")]
-    EtcdV2,
-}
-
-/// The sidecar's action on peer loss.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PeerLossAction {
-    #[default]
-    Auto,
-    RestartWorkers,
-    RestartAgent,
-    None,
-}
-
-impl RdzvBackend {
-    /// The name used in annotations, the policy file and `PET_RDZV_BACKEND`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RdzvBackend::C10d => "c10d",
-            RdzvBackend::Static => "static",
-            RdzvBackend::EtcdV2 => "etcd-v2",
-        }
-    }
-}
-
-impl PeerLossAction {
-    /// The name used in annotations, the policy file and `TRAINWIRE_ON_PEER_LOSS`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerLossAction::Auto => "auto",
-            PeerLossAction::RestartWorkers => "restart-workers",
-            PeerLossAction::RestartAgent => "restart-agent",
-            PeerLossAction::None => "none",
-        }
-    }
-}
-
-// Debug prints the user-facing name, quoted like a string: refusals and
-// warnings built by [`resolve`] show `"etcd-v2"`, not `EtcdV2`.
-impl std::fmt::Debug for RdzvBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-impl std::fmt::Debug for PeerLossAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-impl std::fmt::Display for RdzvBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-impl std::fmt::Display for PeerLossAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use trainwire_contract::{MountPath, PeerLossAction, PositiveDuration, RdzvBackend, ShmSize};
 
 /// Shared checkpoint volume that every run must mount.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -141,7 +74,7 @@ pub struct CheckpointRule {
     pub claim: String,
     /// Mount path; the workload's `checkpoint-path` must equal it when enforced.
     #[serde(default)]
-    pub mount_path: Option<String>,
+    pub mount_path: Option<MountPath>,
     /// `refuse` (the default for a required volume): a workload without a
     /// matching `checkpoint-pvc` is refused. `overwrite`: the claim is set
     /// (only possible when `claim` is a plain name after substitution).
@@ -227,17 +160,17 @@ pub struct Profile {
     pub checkpoint: Option<CheckpointRule>,
     /// Default checkpoint mount path (`/checkpoints`).
     #[serde(default = "default_checkpoint_path")]
-    pub checkpoint_path: Setting<String>,
+    pub checkpoint_path: Setting<MountPath>,
     /// Default sidecar staleness threshold (`30m`).
     #[serde(default = "default_checkpoint_max_age")]
-    pub checkpoint_max_age: Setting<String>,
+    pub checkpoint_max_age: Setting<PositiveDuration>,
     /// Claim names or globs allowed in `trainwire.dev/volumes` (and
     /// `checkpoint-pvc`); `None` allows any.
     #[serde(default)]
     pub allowed_claims: Option<Vec<String>>,
     /// `/dev/shm` size (`8Gi`), or `off`.
     #[serde(default = "default_shm_size")]
-    pub shm_size: Setting<String>,
+    pub shm_size: Setting<ShmSize>,
     /// Most nodes a workload may ask for (the upper bound of an elastic range).
     #[serde(default)]
     pub max_nodes: Option<u32>,
@@ -253,14 +186,33 @@ pub struct Profile {
     pub sidecar: SidecarPolicy,
 }
 
-fn default_checkpoint_path() -> Setting<String> {
-    Setting::default_value("/checkpoints".to_string())
+/// Built-in defaults (DESIGN.md's annotation table).
+pub mod defaults {
+    /// `checkpointPath`.
+    pub const CHECKPOINT_PATH: &str = "/checkpoints";
+    /// `checkpointMaxAge`.
+    pub const CHECKPOINT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+    /// `shmSize`, in bytes (8Gi).
+    pub const SHM_BYTES: u64 = 8 << 30;
 }
-fn default_checkpoint_max_age() -> Setting<String> {
-    Setting::default_value("30m".to_string())
+
+fn default_checkpoint_path() -> Setting<MountPath> {
+    Setting::default_value(
+        defaults::CHECKPOINT_PATH
+            .parse()
+            .expect("the built-in checkpoint path is a mount path"),
+    )
 }
-fn default_shm_size() -> Setting<String> {
-    Setting::default_value("8Gi".to_string())
+fn default_checkpoint_max_age() -> Setting<PositiveDuration> {
+    Setting::default_value(
+        PositiveDuration::new(defaults::CHECKPOINT_MAX_AGE)
+            .expect("the built-in checkpoint max age is positive"),
+    )
+}
+fn default_shm_size() -> Setting<ShmSize> {
+    Setting::default_value(
+        trainwire_contract::ByteSize::new(defaults::SHM_BYTES).map_or(ShmSize::Off, ShmSize::Size),
+    )
 }
 fn default_rdzv_backend() -> Setting<RdzvBackend> {
     Setting::default_value(RdzvBackend::C10d)
@@ -476,6 +428,16 @@ pub struct PolicyArgs {
     pub sidecar_image: Option<String>,
 }
 
+/// A user value that an enforced policy setting refuses. The engine turns it
+/// into its own refusal (`mutation::Refusal::Policy`).
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("policy profile {profile:?} rule {rule}: {detail}")]
+pub struct Conflict {
+    pub profile: String,
+    pub rule: String,
+    pub detail: String,
+}
+
 /// A conflict between what the user set and what the policy says, resolved.
 #[derive(Debug, PartialEq)]
 pub struct Resolved<T> {
@@ -488,6 +450,9 @@ pub struct Resolved<T> {
 /// it came from, e.g. `annotation trainwire.dev/shm-size` or `env NCCL_DEBUG of
 /// container "trainer"`) against the policy's.
 ///
+/// Values compare by what they mean (`1800s` is `30m`, `65536Mi` is `64Gi`):
+/// the contract types' equality.
+///
 /// - no user value: the policy value;
 /// - `Default`: the user's value wins;
 /// - `Refuse`: a different user value is refused, naming the profile and rule;
@@ -497,7 +462,7 @@ pub fn resolve<T>(
     rule: &str,
     setting: &Setting<T>,
     user: Option<(T, &str)>,
-) -> Result<Resolved<T>, crate::mutation::Refusal>
+) -> Result<Resolved<T>, Conflict>
 where
     T: Clone + PartialEq + std::fmt::Debug,
 {
@@ -515,7 +480,7 @@ where
                 value,
                 warning: None,
             }),
-            Enforce::Refuse => Err(crate::mutation::Refusal::Policy {
+            Enforce::Refuse => Err(Conflict {
                 profile: profile.name.clone(),
                 rule: rule.to_string(),
                 detail: format!(
@@ -576,7 +541,7 @@ mod tests {
     #[test]
     fn without_a_fallback_profile_the_embedded_defaults_apply() {
         let p = policy("  - name: gpu\n    namespaces: [ml]\n    shmSize: {value: 64Gi}\n");
-        assert_eq!(p.profile_for("ml").shm_size.value, "64Gi");
+        assert_eq!(p.profile_for("ml").shm_size.value.to_string(), "64Gi");
         assert_eq!(*p.profile_for("other"), Profile::default());
     }
 
