@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
