@@ -452,6 +452,27 @@ impl Workload {
     }
 }
 
+/// The headless Service an injected Job needs, as offline `inject` emits it
+/// for a manifest that does not have it: the same Service the reconciler
+/// creates (name, selector, ports, `publishNotReadyAddresses`, labels), but
+/// with no owner reference, since a manifest has no UID yet. `None` when the
+/// Job is not injected.
+pub fn offline_job_service(job: &Job) -> Result<Option<Service>> {
+    let mut job = job.clone();
+    // Identity fields a stored Job always has; the UID only feeds the owner
+    // reference, which is dropped below.
+    job.metadata.uid.get_or_insert_with(String::new);
+    let namespace = job.metadata.namespace.clone();
+    job.metadata.namespace.get_or_insert_with(String::new);
+    let Some(workload) = Workload::from_job(&job)? else {
+        return Ok(None);
+    };
+    let mut service = workload.desired_service();
+    service.metadata.owner_references = None;
+    service.metadata.namespace = namespace.filter(|n| !n.is_empty());
+    Ok(Some(service))
+}
+
 fn job_finished(job: &Job) -> bool {
     job.status
         .as_ref()
