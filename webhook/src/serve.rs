@@ -87,6 +87,17 @@ pub struct ServeArgs {
         action = clap::ArgAction::Set
     )]
     pub reconcile: bool,
+    /// After SIGTERM, how long to keep answering with /readyz failing, so the
+    /// Service's endpoints drop this pod before its listener closes (with
+    /// `failurePolicy: Fail`, an apiserver call to a closed listener would
+    /// refuse a user's apply). A Go duration (`5s`, `0s` to close at once).
+    #[arg(
+        long,
+        env = "TRAINWIRE_SHUTDOWN_DRAIN",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub shutdown_drain: trainwire_contract::Duration,
     #[command(flatten)]
     pub policy: PolicyArgs,
 }
@@ -471,8 +482,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     let signal = crate::shutdown::signal().await;
-    tracing::info!(signal, "shutting down: finishing in-flight requests");
+    // Readiness fails first; the listener keeps answering for the drain
+    // period while the endpoints controller removes this pod, then closes
+    // and the requests in flight finish (SHUTDOWN_GRACE).
     readiness.set_stopping();
+    let drain: Duration = args.shutdown_drain.into();
+    tracing::info!(
+        signal,
+        drain_seconds = drain.as_secs_f64(),
+        "shutting down: not ready any more, still answering for the drain period"
+    );
+    tokio::time::sleep(drain).await;
+    tracing::info!("drain over: closing the listener, finishing in-flight requests");
     let _ = stop_tx.send(true);
     server.join().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), probe).await;

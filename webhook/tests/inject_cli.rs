@@ -407,3 +407,39 @@ fn an_injected_job_gets_its_headless_service_offline() {
     assert_eq!(v["items"][1]["kind"], "Service");
     assert_eq!(v["results"][0]["severity"], "info");
 }
+
+/// A refusal is a message and exit code 1, never an anyhow stack backtrace,
+/// even with RUST_BACKTRACE=1.
+#[test]
+fn a_refusal_prints_no_backtrace() {
+    let manifest = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: x\n  annotations:\n    trainwire.dev/inject: \"True\"\n";
+    let out = Command::new(bin())
+        .args(["inject", "-f", "-"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .env_remove("TRAINWIRE_POLICY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(manifest.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("refused: annotation trainwire.dev/inject"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("error: 1 workload(s) refused"), "{stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+    assert!(
+        !stderr.contains("Caused by") && !stderr.contains(" at "),
+        "{stderr}"
+    );
+}
