@@ -19,6 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -169,9 +170,16 @@ pub struct StatefulSetCache {
     /// Why there is no cache at all (no Kubernetes client).
     absent: Option<String>,
     synced: Arc<AtomicBool>,
-    /// The last watch error, cleared by the next good event.
-    watch_error: Arc<Mutex<Option<String>>>,
+    /// The last watch error and when it happened, cleared by the next good
+    /// event (see [`WATCH_ERROR_WINDOW`]).
+    watch_error: Arc<Mutex<Option<(Instant, String)>>>,
 }
+
+/// How long after a watch error the cache is not trusted. A watch that keeps
+/// failing reports again within kube's back-off (at most about 30 s); one
+/// that was re-established quietly (no change to deliver) reports nothing,
+/// so after this window the cache is trusted again.
+pub const WATCH_ERROR_WINDOW: Duration = Duration::from_secs(60);
 
 impl StatefulSetCache {
     /// A cache and the writer its watch feeds (see [`StatefulSetCache::watch`]).
@@ -232,7 +240,7 @@ impl StatefulSetCache {
                     Ok(_) => *last = None,
                     Err(e) => {
                         tracing::warn!(error = %e, "StatefulSet watch failed; the scale guard allows scales it cannot check");
-                        *last = Some(e.to_string());
+                        *last = Some((Instant::now(), e.to_string()));
                     }
                 }
             })
@@ -265,7 +273,9 @@ impl StatefulSetSource for StatefulSetCache {
             Ok(g) => g.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         };
-        if let Some(e) = failing {
+        if let Some((at, e)) = failing
+            && at.elapsed() < WATCH_ERROR_WINDOW
+        {
             return Lookup::Unknown(
                 Unknown::watch_error,
                 format!("the webhook's StatefulSet watch is failing: {e}"),

@@ -686,3 +686,57 @@ async fn probes_and_metrics() {
         assert!(metrics.contains(needle), "{needle} not in\n{metrics}");
     }
 }
+
+/// The StatefulSet created paused (`statefulset-create-zero-replicas.json`),
+/// as the webhook stored it, behind the captured `kubectl scale`: refused
+/// from 0 without `trainwire.dev/nnodes` (its pods hold no world size);
+/// allowed with an annotation that covers the new size.
+#[tokio::test]
+async fn scale_guard_on_the_statefulset_created_paused() {
+    let scale: Value = common::fixture("statefulset-scale-subresource.json");
+    let mut from_zero = scale.clone();
+    from_zero["request"]["oldObject"]["spec"]["replicas"] = json!(0);
+    from_zero["request"]["object"]["spec"]["replicas"] = json!(2);
+    let body = serde_json::to_vec(&from_zero).expect("json");
+    let paused = |nnodes: Option<&str>| {
+        let mut sts =
+            common::fixture("statefulset-create-zero-replicas.json")["request"]["object"].clone();
+        if let Some(n) = nnodes {
+            sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!(n);
+        }
+        let Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) =
+            trainwire_webhook::mutation::mutate(
+                &sts,
+                Some("trainwire-test"),
+                &trainwire_webhook::policy::Profile::default(),
+            )
+        else {
+            panic!("injected");
+        };
+        // Stored under the name the captured Scale is for.
+        let mut stored = m.object;
+        stored["metadata"]["name"] = json!("llama-ft");
+        stored["metadata"]["namespace"] = json!("trainwire-test");
+        stored
+    };
+    for (nnodes, allowed) in [
+        (None, false),
+        (Some("2"), true),
+        (Some("1:4"), true),
+        (Some("3"), false),
+    ] {
+        let response = scale_answer(
+            FakeStatefulSets::found("trainwire-test", "llama-ft", paused(nnodes)),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(
+            response["allowed"], allowed,
+            "nnodes {nnodes:?}: {response}"
+        );
+        if nnodes.is_none() {
+            let message = response["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("injected paused"), "{message}");
+        }
+    }
+}
