@@ -231,6 +231,8 @@ fn inject(
         ));
     }
     trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
+    ctx.status.service = shape.service.clone();
+    ctx.status.rdzv_port = rendezvous::store_port(&world, ann, &spec.containers[trainer]);
     volumes::shared(ctx, &shape, ann, spec, trainer)?;
     volumes::shm(ctx, ann, spec, trainer)?;
     placement::apply(ctx, spec)?;
