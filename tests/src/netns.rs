@@ -207,6 +207,11 @@ impl Network {
         self.in_switch(&["link", "set", &node.port, "down"])
     }
 
+    /// Undo [`Network::cut`]: the node's switch port comes up again.
+    pub fn heal(&self, node: &Node) -> Result<(), String> {
+        self.in_switch(&["link", "set", &node.port, "up"])
+    }
+
     /// Processes running inside a node's namespace.
     pub fn pids(&self, node: &Node) -> Vec<i32> {
         namespace_pids(&node.ns)

@@ -535,3 +535,69 @@ fn torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host() {
 fn torchrun_resumes_after_losing_the_rendezvous_host() {
     run("torchrun_resumes_after_losing_the_rendezvous_host", true);
 }
+
+/// A 5 s network blip of the rendezvous host (no freeze: its processes keep
+/// running): training rides it out without any helper, so with the sidecar
+/// too: no container exit, no worker restart, steps go on after the heal.
+fn blip(cut_for: Duration) -> Result<(), String> {
+    let mut c = Cluster::new(responder())?;
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let exits: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    let node = c.trainer("n0").map(|t| t.node.clone()).ok_or("no n0")?;
+    let mark = c.log.mark();
+    c.net.cut(&node)?;
+    let cut = Instant::now();
+    c.note(format!("cut n0 off for {cut_for:?} (no freeze)"));
+    std::thread::sleep(cut_for);
+    c.net.heal(&node)?;
+    c.note("healed n0".to_string());
+    let healed = Instant::now();
+    let last = c
+        .log
+        .wait_for_after(c.log.mark(), Duration::from_secs(60), |l| {
+            is_event(l, "step").is_some()
+        })
+        .ok_or_else(|| format!("no step after the heal\n{}", c.log.tail(200)))?;
+    // Some more steps, to give a wrong restart time to show.
+    std::thread::sleep(Duration::from_secs(8));
+    let now: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    if now != exits {
+        return Err(format!(
+            "container exits during a {cut_for:?} blip: {exits:?} -> {now:?}\n{}",
+            c.log.tail(200)
+        ));
+    }
+    if let Some(l) = c.log.wait_for_after(mark, Duration::from_millis(10), |l| {
+        is_event(l, "start").is_some()
+    }) {
+        return Err(format!(
+            "a worker restarted during a blip: {}\n{}",
+            l.text,
+            c.log.tail(200)
+        ));
+    }
+    println!(
+        "BLIP responder={:?} cut_s={} heal_to_step_s={} cut_to_step_s={} container_exits=0 worker_restarts=0 survivor_view={:?}",
+        c.responder,
+        secs(cut_for),
+        secs(last.at.saturating_duration_since(healed)),
+        secs(last.at.saturating_duration_since(cut)),
+        c.peer_state("n1", 0)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_five_second_blip_of_the_rendezvous_host_restarts_nothing() {
+    let test = "a_five_second_blip_of_the_rendezvous_host_restarts_nothing";
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    if let Err(e) = blip(Duration::from_secs(5)) {
+        panic!("{test}: {e}");
+    }
+}
