@@ -110,7 +110,9 @@ impl Cluster {
         point_name: bool,
     ) -> Result<Node, String> {
         let hostname = format!("node-{rank}");
-        let node = self.net.add_node_named(label, &hostname, addr, point_name)?;
+        let node = self
+            .net
+            .add_node_named(label, &hostname, addr, point_name)?;
         let agent_token = format!("trainwire_agent={label}.{}", self.run);
         let sidecar = match &self.sidecar_bin {
             Some(bin) => {

@@ -356,11 +356,10 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
                 at: Instant::now(),
             }) {
                 rt.block_on(responder.on_loss(&loss, &peers));
-                signalled = shared
-                    .status()
-                    .last_action
-                    .as_ref()
-                    .is_some_and(|a| a.generation == loss.generation && a.result == "signalled");
+                signalled =
+                    shared.status().last_action.as_ref().is_some_and(|a| {
+                        a.generation == loss.generation && a.result == "signalled"
+                    });
             }
         }
         let dt = t0.elapsed().as_secs_f64();
