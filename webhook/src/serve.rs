@@ -27,7 +27,7 @@ use tower::Service as _;
 use crate::admission::{Admitter, Answer};
 use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::scale::{KubeStatefulSets, NoKubernetesApi, StatefulSetSource};
+use crate::scale::{StatefulSetCache, StatefulSetSource};
 use crate::telemetry::LogFormat;
 use crate::tls::CertStore;
 
@@ -396,24 +396,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let mut background = vec![cert_watch, policy_watch];
+    // One watch cache of StatefulSets: the scale guard answers from it, and
+    // the reconciler (when on) shares it.
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
-            if args.reconcile {
-                let client = client.clone();
-                background.push(tokio::spawn(async move {
-                    if let Err(e) = crate::reconciler::run(client).await {
-                        tracing::error!(error = %e, "the Job Service reconciler stopped");
+            let (cache, writer) = StatefulSetCache::new();
+            let task = if args.reconcile {
+                let (client, cache) = (client.clone(), cache.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = crate::reconciler::run(client, cache, writer).await {
+                        tracing::error!(error = %e, "the Service reconciler stopped");
                     }
-                }));
-            }
-            Arc::new(KubeStatefulSets(client))
+                })
+            } else {
+                tokio::spawn(cache.clone().run(client, writer))
+            };
+            background.push(task);
+            Arc::new(cache)
         }
         Err(why) => {
             tracing::warn!(
                 error = %why,
-                "no Kubernetes API client: the Job Service reconciler is off and statefulsets/scale requests are refused"
+                "no Kubernetes API client: the Service reconciler is off and the scale guard allows every scale with a warning"
             );
-            Arc::new(NoKubernetesApi(why))
+            Arc::new(StatefulSetCache::unavailable(why))
         }
     };
 
