@@ -10,6 +10,8 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
+pub mod crashloop;
+pub mod failures;
 pub mod inject;
 pub mod lease;
 pub mod metrics;

@@ -87,8 +87,47 @@ pub struct ServeArgs {
         action = clap::ArgAction::Set
     )]
     pub reconcile: bool,
+    /// Namespace of the Lease that lets one replica at a time run the
+    /// controllers (normally the webhook's own, from the downward API).
+    #[arg(
+        long,
+        env = "TRAINWIRE_LEASE_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "trainwire-system"
+    )]
+    pub lease_namespace: String,
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// The controllers (headless Services, failures), on the replica that holds
+/// the Lease only.
+async fn controllers(
+    client: kube::Client,
+    namespace: String,
+    policy: SharedPolicy,
+    metrics: Arc<Metrics>,
+) {
+    let identity = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("trainwire-webhook-{}", std::process::id()));
+    let config = crate::lease::LeaseConfig::new(namespace, identity);
+    crate::lease::supervise(client.clone(), config, move || {
+        let client = client.clone();
+        let policy = policy.clone();
+        let metrics = metrics.clone();
+        async move {
+            let services_client = client.clone();
+            let services = async move {
+                if let Err(e) = crate::reconciler::run(services_client).await {
+                    tracing::error!(error = %e, "the Job Service reconciler stopped");
+                }
+            };
+            futures::join!(services, crate::failures::run(client, policy, metrics));
+        }
+    })
+    .await;
 }
 
 /// Readiness: the TLS listener is bound, a certificate is loaded, and the
@@ -399,12 +438,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
             if args.reconcile {
-                let client = client.clone();
-                background.push(tokio::spawn(async move {
-                    if let Err(e) = crate::reconciler::run(client).await {
-                        tracing::error!(error = %e, "the Job Service reconciler stopped");
-                    }
-                }));
+                background.push(tokio::spawn(controllers(
+                    client.clone(),
+                    args.lease_namespace.clone(),
+                    policy.clone(),
+                    metrics.clone(),
+                )));
             }
             Arc::new(KubeStatefulSets(client))
         }
