@@ -186,10 +186,10 @@ impl World {
             Arc::new(pod.clone()),
             self.ctx.clone(),
         ));
-        Ok(tokio::time::timeout(BOUND, task)
+        tokio::time::timeout(BOUND, task)
             .await
             .context("reconcile hung")??
-            .map_err(|e| anyhow::anyhow!("{e}"))?)
+            .map_err(|e| anyhow::anyhow!("{e}"))
     }
 }
 

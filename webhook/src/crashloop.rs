@@ -113,7 +113,7 @@ impl History {
         // Keep what can still explain a failure.
         let keep =
             SignedDuration::try_from(LOSS_AFTER + LOSS_BEFORE).unwrap_or(SignedDuration::MAX);
-        if let Some(cut) = at.checked_sub(keep).ok() {
+        if let Ok(cut) = at.checked_sub(keep) {
             self.losses.retain(|l| *l >= cut);
         }
         self.generation += 1;

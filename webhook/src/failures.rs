@@ -708,10 +708,10 @@ where
             action: format!("resuming {kind} {namespace}/{name}"),
             source,
         })?;
-    if let Some(uid) = object.meta().uid.as_ref() {
-        if let Some(h) = ctx.state().histories.get_mut(uid) {
-            h.reset();
-        }
+    if let Some(uid) = object.meta().uid.as_ref()
+        && let Some(h) = ctx.state().histories.get_mut(uid)
+    {
+        h.reset();
     }
     ctx.count(FailureAction::resume);
     info!(kind, %namespace, %name, "resumed a stopped world");
