@@ -166,8 +166,11 @@ pub fn mutate(
         workload.unset(&stripped.workload_fields);
         complete = stripped.complete;
     }
-    let profile_json = serde_json::to_value(profile).unwrap_or(Value::Null);
-    let hash = status::input_hash(&workload.to_json(), &namespace, &profile_json);
+    // The hash covers only what the user controls (see `status::input_hash`):
+    // an UPDATE that changes none of it keeps the injected template exactly
+    // as it is, even when the engine, the sidecar image or the policy changed
+    // since, so an upgrade never rolls running training by itself.
+    let hash = status::input_hash(&workload.to_json(), &namespace);
 
     inject(&mut ctx, &mut workload, &ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
@@ -177,9 +180,9 @@ pub fn mutate(
     }
 
     let after = workload.to_json();
-    // Same inputs, or a recomputation that changes nothing but the recorded
-    // hash/version (a policy edit that does not touch this workload, a new
-    // engine version): no change at all, so no needless rollout of the pods.
+    // Same user inputs (a label added, an upgrade of trainwire or its policy),
+    // or a recomputation that changes nothing but the recorded hash/version:
+    // no change at all, so no rollout of the pods.
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
     if same_inputs || status::same_but_hash(&before, &after) {
         return Ok(Outcome::Mutated(Mutation {
@@ -216,7 +219,7 @@ fn inject(
     ctx.status.container = spec.containers[trainer].name.clone();
     let gpus = gpu::apply(ctx, spec, trainer, ann)?;
     let world = rendezvous::world(ctx, &shape, ann, gpus)?;
-    ctx.status.nnodes = world.nnodes.to_string();
+    ctx.status.nnodes = world.nnodes.map(|n| n.to_string()).unwrap_or_default();
     let mut desired = rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer]);
     desired.extend(nccl::desired(ctx, ann)?);
     let checkpoint = volumes::checkpoint(ctx, &shape, ann, spec, trainer)?;

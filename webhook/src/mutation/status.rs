@@ -354,10 +354,17 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
     }
 }
 
-/// The input hash: the stripped workload (metadata reduced to what the engine
-/// reads), the namespace, the profile and the engine version. Empty maps and
-/// lists are dropped first so that "absent" and "empty" hash the same.
-pub fn input_hash(clean_workload: &Value, namespace: &str, profile: &Value) -> String {
+/// The input hash: what the user controls, and nothing else. That is the
+/// stripped workload (the pod template without trainwire's entries, the size,
+/// the rest of the spec) with its metadata reduced to the name and the
+/// `trainwire.dev/*` annotations, and the namespace. Neither the policy, the
+/// sidecar image nor the engine version is in it: when the recorded hash
+/// matches, the injection already on the object stays exactly as it is, so
+/// upgrading trainwire or editing its policy never rolls running training;
+/// the new settings reach the pods at the user's next real change (or
+/// `kubectl rollout restart`). Empty maps and lists are dropped first so that
+/// "absent" and "empty" hash the same.
+pub fn input_hash(clean_workload: &Value, namespace: &str) -> String {
     let mut w = clean_workload.clone();
     if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
         let keep: serde_json::Map<String, Value> = meta
@@ -377,8 +384,6 @@ pub fn input_hash(clean_workload: &Value, namespace: &str, profile: &Value) -> S
     let input = serde_json::json!({
         "workload": w,
         "namespace": namespace,
-        "profile": profile,
-        "version": VERSION,
     });
     format!(
         "sha256:{}",

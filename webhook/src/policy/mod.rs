@@ -177,6 +177,12 @@ pub struct SidecarPolicy {
     /// Extra `TRAINWIRE_*` env for the sidecar (heartbeat interval, ...).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Pin the sidecar's user (and group) instead of following the trainer's
+    /// (see `mutation::sidecar_container::identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<i64>,
 }
 
 fn default_sidecar_image() -> Setting<String> {
@@ -197,6 +203,8 @@ impl Default for SidecarPolicy {
             on_peer_loss: default_on_peer_loss(),
             enabled: default_sidecar_enabled(),
             env: BTreeMap::new(),
+            run_as_user: None,
+            run_as_group: None,
         }
     }
 }
