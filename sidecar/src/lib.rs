@@ -198,6 +198,7 @@ pub async fn run(
         tasks.spawn(checkpoint::run(shared.clone(), ck, events.clone()));
     }
     drop(tx);
+    tasks.spawn(respond::watch_permission(shared.clone(), events.clone()));
     let responder = Responder::new(shared.clone(), events.clone());
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 

@@ -3,12 +3,14 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::events::EventSink;
 use crate::peers::Loss;
-use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan};
-use crate::status::{ActionLabels, ActionStatus, LossLabels, Shared, SourceLabels, rfc3339};
+use crate::signal::{self, AgentMatcher, Limiter, Outcome, Permission, Plan};
+use crate::status::{
+    ActionLabels, ActionStatus, LossLabels, Shared, SignalFailureLabels, SourceLabels, rfc3339,
+};
 
 /// Acts on losses, once per generation.
 pub struct Responder {
@@ -148,6 +150,38 @@ impl Responder {
                 }
             },
         };
+        let failures: Vec<signal::Sent> = signals
+            .iter()
+            .filter(|s| s.error.is_some())
+            .cloned()
+            .collect();
+        for f in &failures {
+            metrics
+                .signal_failures
+                .get_or_create(&SignalFailureLabels {
+                    role: f.role.into(),
+                    error: signal::errno_label(f.error.as_deref().unwrap_or_default()).into(),
+                })
+                .inc();
+        }
+        let detail = if failures.is_empty() || outcome == Outcome::Failed {
+            detail
+        } else {
+            format!(
+                "{detail}; FAILED: {}",
+                failures
+                    .iter()
+                    .map(|f| format!(
+                        "{} {} {}: {}",
+                        f.signal,
+                        f.role,
+                        f.pid,
+                        f.error.as_deref().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
         metrics
             .actions
             .get_or_create(&ActionLabels {
@@ -155,7 +189,10 @@ impl Responder {
                 result: outcome.as_str().into(),
             })
             .inc();
-        let level_warn = matches!(outcome, Outcome::Failed | Outcome::Capped);
+        // A signal that did not arrive is never silent: a warning line, a
+        // Warning Event, the metric above and the status below.
+        let level_warn =
+            matches!(outcome, Outcome::Failed | Outcome::Capped) || !failures.is_empty();
         if level_warn {
             tracing::warn!(
                 generation = loss.generation,
@@ -202,7 +239,11 @@ impl Responder {
         let warning = !matches!(outcome, Outcome::Reported);
         self.events.publish(
             warning,
-            "PeerLost",
+            if failures.is_empty() {
+                "PeerLost"
+            } else {
+                "SignalFailed"
+            },
             plan.as_str(),
             format!(
                 "rank {} lost ({}, seen by {}): {}; action {}: {} ({detail})",
@@ -215,5 +256,74 @@ impl Responder {
             ),
         );
         outcome
+    }
+}
+
+/// How often [`watch_permission`] checks that the trainer may be signalled.
+pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// A `/proc` scan that takes longer than this is abandoned (and reported).
+const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks, while nothing is lost, that this sidecar may signal the trainer's
+/// processes (`kill(pid, 0)`), so that a sidecar that could not act (another
+/// user without `CAP_KILL`: the runtime drops added capabilities of a
+/// non-root user at exec) says so at once, in the log, `/status`, the
+/// `signal_permitted` metric and a Warning Event, instead of at the first
+/// lost peer. The `/proc` scan runs on the blocking pool, off the thread that
+/// answers heartbeats and probes.
+pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
+    let matcher = AgentMatcher::new(shared.config.agent_match.clone());
+    let self_pid = std::process::id() as i32;
+    let mut last: Option<String> = None;
+    let mut tick = tokio::time::interval(PERMISSION_CHECK_INTERVAL);
+    loop {
+        tick.tick().await;
+        let matcher = matcher.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            let procs = signal::scan(std::path::Path::new("/proc"));
+            signal::check_permission(&signal::find_trainers(&procs, &matcher, self_pid))
+        });
+        let (text, gauge, denied) = match tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, scan).await
+        {
+            Ok(Ok(Permission::NoTrainer)) => ("no trainer running".to_string(), -1, false),
+            Ok(Ok(Permission::Permitted { processes })) => (
+                format!("permitted: may signal the trainer's {processes} processes"),
+                1,
+                false,
+            ),
+            Ok(Ok(Permission::Denied { pid, role, error })) => (
+                format!(
+                    "denied: signalling the trainer's {role} (pid {pid}) fails with {error}; the sidecar must run as the trainer's user, or as root with CAP_KILL (the webhook sets this from the trainer's runAsUser)"
+                ),
+                0,
+                true,
+            ),
+            Ok(Err(e)) => (format!("unknown: the check failed: {e}"), -1, false),
+            Err(_) => (
+                format!(
+                    "unknown: scanning /proc took over {}s",
+                    PERMISSION_CHECK_TIMEOUT.as_secs()
+                ),
+                -1,
+                false,
+            ),
+        };
+        shared.metrics.signal_permitted.set(gauge);
+        shared.status().signal_permission = Some(text.clone());
+        let changed = last.as_deref().map(|l| l.split(':').next()) != Some(text.split(':').next());
+        if changed {
+            if denied {
+                tracing::warn!(result = "denied", "signal permission: {text}");
+                events.publish(
+                    true,
+                    "CannotSignalTrainer",
+                    "check-permission",
+                    text.clone(),
+                );
+            } else {
+                tracing::info!("signal permission: {text}");
+            }
+        }
+        last = Some(text);
     }
 }

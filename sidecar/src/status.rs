@@ -37,6 +37,14 @@ pub struct ActionLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalFailureLabels {
+    /// `agent`, `worker`, `worker-child`.
+    pub role: String,
+    /// The errno name (`EPERM`, ...): a small, bounded set.
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
 }
@@ -56,6 +64,10 @@ pub struct Metrics {
     pub checkpoint_age: Gauge<f64, AtomicU64>,
     pub checkpoint_stale: Gauge,
     pub checkpoint_stale_episodes: Counter,
+    pub signal_failures: Family<SignalFailureLabels, Counter>,
+    /// 1: the sidecar may signal every running trainer; 0: it may not (a
+    /// signal would fail with EPERM); -1: no trainer running to check.
+    pub signal_permitted: Gauge,
 }
 
 impl Metrics {
@@ -74,6 +86,8 @@ impl Metrics {
             checkpoint_age: Gauge::default(),
             checkpoint_stale: Gauge::default(),
             checkpoint_stale_episodes: Counter::default(),
+            signal_failures: Family::default(),
+            signal_permitted: Gauge::default(),
         };
         registry.register(
             "peers_lost",
@@ -113,6 +127,17 @@ impl Metrics {
             "Times the checkpoint became stale",
             m.checkpoint_stale_episodes.clone(),
         );
+        registry.register(
+            "signal_failures",
+            "Signals to the trainer that failed, by process role and errno (EPERM: the sidecar's user may not signal the trainer's)",
+            m.signal_failures.clone(),
+        );
+        registry.register(
+            "signal_permitted",
+            "1 when the sidecar may signal every running trainer process, 0 when it may not (EPERM), -1 when no trainer is running",
+            m.signal_permitted.clone(),
+        );
+        m.signal_permitted.set(-1);
         m
     }
 }
@@ -185,6 +210,9 @@ pub struct StatusDoc {
     pub actions_total: u64,
     pub checkpoint: Option<CheckpointStatus>,
     pub kubernetes_api: Option<String>,
+    /// Whether this sidecar may signal the trainer, checked (without sending
+    /// anything) while it runs, before any peer is lost.
+    pub signal_permission: Option<String>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.
@@ -220,6 +248,7 @@ impl Shared {
             actions_total: 0,
             checkpoint: None,
             kubernetes_api: None,
+            signal_permission: None,
         };
         Arc::new(Shared {
             config,

@@ -123,6 +123,11 @@ pub struct FailureLabels {
     pub action: FailureAction,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScaleGuardLabels {
+    pub reason: crate::scale::Unknown,
+}
+
 type HistogramFamily = Family<KindLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -140,6 +145,8 @@ pub struct Metrics {
     pub cert_expiry: Gauge,
     pub policy_reloads: Family<ReloadLabels, Counter>,
     pub failure_actions: Family<FailureLabels, Counter>,
+    /// Scale requests the guard allowed because it could not check them.
+    pub scale_guard_unknown: Family<ScaleGuardLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -200,9 +207,16 @@ impl Metrics {
             "What the failure controller did: dead-node reclaims, crash-loop stops, resumes",
             failure_actions.clone(),
         );
+        let scale_guard_unknown = Family::<ScaleGuardLabels, Counter>::default();
+        registry.register(
+            "scale_guard_unknown",
+            "statefulsets/scale requests allowed with a warning because the scale guard could not check them, by reason",
+            scale_guard_unknown.clone(),
+        );
         Metrics {
             failure_actions,
             registry,
+            scale_guard_unknown,
             admissions,
             admission_duration,
             rejected_requests,

@@ -56,6 +56,8 @@ use kube::{Client, Resource};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use crate::scale::slim;
+
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "trainwire";
 /// Label on every Service the reconciler creates (and the watch's selector).
@@ -450,6 +452,27 @@ impl Workload {
     }
 }
 
+/// The headless Service an injected Job needs, as offline `inject` emits it
+/// for a manifest that does not have it: the same Service the reconciler
+/// creates (name, selector, ports, `publishNotReadyAddresses`, labels), but
+/// with no owner reference, since a manifest has no UID yet. `None` when the
+/// Job is not injected.
+pub fn offline_job_service(job: &Job) -> Result<Option<Service>> {
+    let mut job = job.clone();
+    // Identity fields a stored Job always has; the UID only feeds the owner
+    // reference, which is dropped below.
+    job.metadata.uid.get_or_insert_with(String::new);
+    let namespace = job.metadata.namespace.clone();
+    job.metadata.namespace.get_or_insert_with(String::new);
+    let Some(workload) = Workload::from_job(&job)? else {
+        return Ok(None);
+    };
+    let mut service = workload.desired_service();
+    service.metadata.owner_references = None;
+    service.metadata.namespace = namespace.filter(|n| !n.is_empty());
+    Ok(Some(service))
+}
+
 fn job_finished(job: &Job) -> bool {
     job.status
         .as_ref()
@@ -744,15 +767,6 @@ where
     Action::requeue(ERROR_RECHECK)
 }
 
-/// Drop what the reconciler never reads, to keep the caches small.
-fn slim<K: Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
 fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
     result: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>,
 ) -> futures::future::Ready<()>
@@ -768,8 +782,14 @@ where
     futures::future::ready(())
 }
 
-/// Run the reconciler until the process shuts down.
-pub async fn run(client: kube::Client) -> anyhow::Result<()> {
+/// Run the reconciler until the process shuts down. StatefulSets come from
+/// the shared watch cache (the scale guard reads the same one); `writer` is
+/// its writer, fed by the watch this function drives.
+pub async fn run(
+    client: kube::Client,
+    statefulsets: crate::scale::StatefulSetCache,
+    writer: reflector::store::Writer<StatefulSet>,
+) -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(client.clone()));
     let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
@@ -785,16 +805,13 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
         .run(reconcile_job, error_policy, ctx.clone())
         .for_each(log_result);
 
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(slim)
-    .reflect(sts_writer)
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
+    let sts_store = statefulsets
+        .store()
+        .ok_or_else(|| anyhow::anyhow!("the StatefulSet cache has no store"))?;
+    let sts_stream = statefulsets
+        .watch(client.clone(), writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
     let statefulsets = Controller::for_stream(sts_stream, sts_store)
         .owns(Api::<Service>::all(client), owned)
         .run(reconcile_statefulset, error_policy, ctx)

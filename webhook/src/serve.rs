@@ -27,7 +27,7 @@ use tower::Service as _;
 use crate::admission::{Admitter, Answer};
 use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::scale::{KubeStatefulSets, NoKubernetesApi, StatefulSetSource};
+use crate::scale::{StatefulSetCache, StatefulSetSource};
 use crate::telemetry::LogFormat;
 use crate::tls::CertStore;
 
@@ -120,7 +120,8 @@ async fn controllers(
         async move {
             let services_client = client.clone();
             let services = async move {
-                if let Err(e) = crate::reconciler::run(services_client).await {
+                let (cache, writer) = StatefulSetCache::new();
+                if let Err(e) = crate::reconciler::run(services_client, cache, writer).await {
                     tracing::error!(error = %e, "the Job Service reconciler stopped");
                 }
             };
@@ -435,24 +436,31 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let mut background = vec![cert_watch, policy_watch];
+    // One watch cache of StatefulSets: the scale guard answers from it, and
+    // the reconciler (when on) shares it.
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
+            // Every replica feeds its own cache (the scale guard answers on
+            // every replica); the controllers run on the Lease holder only,
+            // the reconciler over a StatefulSet watch of its own.
+            let (cache, writer) = StatefulSetCache::new();
+            background.push(tokio::spawn(cache.clone().run(client.clone(), writer)));
             if args.reconcile {
                 background.push(tokio::spawn(controllers(
-                    client.clone(),
+                    client,
                     args.lease_namespace.clone(),
                     policy.clone(),
                     metrics.clone(),
                 )));
             }
-            Arc::new(KubeStatefulSets(client))
+            Arc::new(cache)
         }
         Err(why) => {
             tracing::warn!(
                 error = %why,
-                "no Kubernetes API client: the Job Service reconciler is off and statefulsets/scale requests are refused"
+                "no Kubernetes API client: the Service reconciler is off and the scale guard allows every scale with a warning"
             );
-            Arc::new(NoKubernetesApi(why))
+            Arc::new(StatefulSetCache::unavailable(why))
         }
     };
 
