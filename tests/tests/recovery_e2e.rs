@@ -931,6 +931,20 @@ fn hung_volume() -> Result<String, String> {
     fuse.signal(Signal::SIGCONT);
     let resumed = Instant::now();
     c.note("SIGCONTed the FUSE daemon".to_string());
+    let mut normal_after = None;
+    for _ in 0..150 {
+        if c.status("n0").is_some_and(|s| problem(&s).is_none()) {
+            normal_after = Some(resumed.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let normal_after = normal_after.ok_or_else(|| {
+        format!(
+            "the checkpoint state stayed unknown 30 s after the volume came back\n{}",
+            c.log.tail(200)
+        )
+    })?;
     let after = c.log.mark();
     c.log
         .wait_for_after(after, Duration::from_secs(60), |l| {
@@ -942,20 +956,6 @@ fn hung_volume() -> Result<String, String> {
                 c.log.tail(200)
             )
         })?;
-    let mut normal_after = None;
-    for _ in 0..100 {
-        if c.status("n0").is_some_and(|s| problem(&s).is_none()) {
-            normal_after = Some(resumed.elapsed());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let normal_after = normal_after.ok_or_else(|| {
-        format!(
-            "the checkpoint state stayed unknown 20 s after the volume came back\n{}",
-            c.log.tail(200)
-        )
-    })?;
     let now: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
     if now != exits {
         return Err(format!(
