@@ -160,6 +160,10 @@ impl Cluster {
                     (tw::AGENT_MATCH, agent_token.clone()),
                     ("RUST_LOG", "info".to_string()),
                 ]);
+                // A benchmark knob: another confirmation limit than the default.
+                if let Ok(v) = std::env::var("TRAINWIRE_E2E_CONFIRM_AFTER") {
+                    cmd.env(tw::CONFIRM_AFTER, v);
+                }
                 let proc = Proc::spawn_as(
                     &mut cmd,
                     self.tag.value(),
