@@ -360,3 +360,92 @@ pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Result<Stri
     }
     Ok(body.to_string())
 }
+
+/// A node's link slowed down by a userspace forwarder
+/// (`tests/scripts/delay_forwarder.py`) in the switch namespace: the node's
+/// switch port leaves the bridge, and every frame between it and the bridge
+/// waits the delay, both ways. Dropping it stops the forwarder and puts the
+/// port back on the bridge.
+pub struct DelayedLink {
+    switch: String,
+    port: String,
+    inner: String,
+    forwarder: std::process::Child,
+}
+
+impl Network {
+    /// Add `one_way` of latency to every frame to and from `node` (this
+    /// kernel has no `sch_netem`). Checksum offload and TSO are turned off on
+    /// every node's `eth0` first (frames crossing a packet socket must be
+    /// complete); they stay off for the rest of the test.
+    pub fn delay(&self, node: &Node, one_way: std::time::Duration) -> Result<DelayedLink, String> {
+        let script = crate::repo_root().join("tests/scripts/delay_forwarder.py");
+        let run = |ns: &str, args: &[&str]| -> Result<(), String> {
+            let out = Command::new("ip")
+                .args(["netns", "exec", ns, "python3"])
+                .arg(&script)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("run {}: {e}", script.display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} {args:?} in {ns}: {}",
+                    script.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        for n in &self.nodes {
+            run(&n.ns, &["--offload-off", "eth0"])?;
+        }
+        let inner = format!("d{}", &node.port[1..]);
+        let outer = format!("e{}", &node.port[1..]);
+        self.in_switch(&[
+            "link", "add", &inner, "type", "veth", "peer", "name", &outer,
+        ])?;
+        self.in_switch(&["link", "set", &outer, "master", "br0"])?;
+        run(&self.switch, &["--offload-off", &inner, &outer, &node.port])?;
+        for dev in [&inner, &outer, &node.port] {
+            self.in_switch(&["link", "set", dev, "promisc", "on", "up"])?;
+        }
+        let forwarder = Command::new("ip")
+            .args(["netns", "exec", &self.switch, "python3"])
+            .arg(&script)
+            .args(["--forward", &node.port, &inner, "--delay"])
+            .arg(format!("{:.3}", one_way.as_secs_f64()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("start the delaying forwarder: {e}"))?;
+        let link = DelayedLink {
+            switch: self.switch.clone(),
+            port: node.port.clone(),
+            inner,
+            forwarder,
+        };
+        // The forwarder's sockets are open before the port leaves the bridge.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        self.in_switch(&["link", "set", &node.port, "nomaster"])?;
+        Ok(link)
+    }
+}
+
+impl Drop for DelayedLink {
+    fn drop(&mut self) {
+        let _ = ip(&[
+            "-n",
+            &self.switch,
+            "link",
+            "set",
+            &self.port,
+            "master",
+            "br0",
+        ]);
+        let _ = self.forwarder.kill();
+        let _ = self.forwarder.wait();
+        let _ = ip(&["-n", &self.switch, "link", "del", &self.inner]);
+    }
+}

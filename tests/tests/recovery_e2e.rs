@@ -997,3 +997,91 @@ fn a_hung_checkpoint_volume_loses_no_peer() {
         Err(e) => panic!("{test}: {e}"),
     }
 }
+
+/// How long the latency lasts.
+const SLOW_FOR: Duration = Duration::from_secs(30);
+
+/// `one_way` of added latency on every frame to and from the rendezvous
+/// host for 30 s (a userspace delaying forwarder): training slows down and
+/// goes on; nothing restarts, no container exits, no peer loss is confirmed.
+fn latency(one_way: Duration) -> Result<String, String> {
+    let mut c = Cluster::new(responder())?;
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let exits: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    let node = c.trainer("n0").map(|t| t.node.clone()).ok_or("no n0")?;
+    let mark = c.log.mark();
+    let slow = c.net.delay(&node, one_way)?;
+    let started = Instant::now();
+    c.note(format!("{one_way:?} one way on n0's link for {SLOW_FOR:?}"));
+    let mut worst = "healthy".to_string();
+    while started.elapsed() < SLOW_FOR {
+        if c.responder == Responder::Sidecar
+            && let Some(s) = c.peer_state("n1", 0)
+            && s != "healthy"
+        {
+            worst = s;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let steps_slow = c
+        .log
+        .lines()
+        .iter()
+        .skip(mark)
+        .filter(|l| is_event(&l.text, "step").is_some())
+        .count();
+    drop(slow);
+    c.note("n0's link is fast again".to_string());
+    let healed = Instant::now();
+    let after = c.log.mark();
+    let next = c
+        .log
+        .wait_for_after(after, Duration::from_secs(60), |l| {
+            is_event(l, "step").is_some()
+        })
+        .ok_or_else(|| format!("no step after the latency\n{}", c.log.tail(200)))?;
+    std::thread::sleep(Duration::from_secs(8));
+    let now: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    if now != exits {
+        return Err(format!(
+            "container exits under {one_way:?} of latency: {exits:?} -> {now:?}\n{}",
+            c.log.tail(200)
+        ));
+    }
+    if let Some(l) = c.log.wait_for_after(mark, Duration::from_millis(10), |l| {
+        is_event(l, "start").is_some() || l.contains("peer loss confirmed")
+    }) {
+        return Err(format!(
+            "a worker restart or a confirmed peer loss under latency: {}\n{}",
+            l.text,
+            c.log.tail(200)
+        ));
+    }
+    Ok(format!(
+        "LATENCY responder={:?} one_way_ms={} for_s={} steps_during={steps_slow} heal_to_step_s={} container_exits=0 worker_restarts=0 survivor_worst_view={worst}",
+        c.responder,
+        one_way.as_millis(),
+        SLOW_FOR.as_secs(),
+        secs(next.at.saturating_duration_since(healed)),
+    ))
+}
+
+#[test]
+fn latency_on_the_rendezvous_host_restarts_nothing() {
+    let test = "latency_on_the_rendezvous_host_restarts_nothing";
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    let ms = std::env::var("TRAINWIRE_E2E_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(800);
+    match latency(Duration::from_millis(ms)) {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
