@@ -430,3 +430,64 @@ fn resuming_restores_the_replicas_and_clears_the_evidence() {
         None
     );
 }
+
+/// A Job pod on a dead node is marked `Failed` with a `DisruptionTarget`
+/// condition before the force-delete: a Job with a `podFailurePolicy`
+/// (`podReplacementPolicy: Failed`) replaces only a Failed pod, and the
+/// injected Ignore rule keeps the loss off `backoffLimit`.
+#[tokio::test]
+async fn a_job_pod_on_a_dead_node_is_marked_disrupted_then_force_deleted() -> Result<()> {
+    let mut w = world(RECLAIM)?;
+    let mut p = pod("train-1-abcde", "job-pod-uid", running())?;
+    p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid",
+        "controller": true, "blockOwnerDeletion": true}))?]);
+    w.node("Unknown", 0)?;
+    w.set_time(31);
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
+    w.api.event("PeerLost", "Job").await?;
+    let status = w
+        .api
+        .expect(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/pods/train-1-abcde/status"),
+        )
+        .await?;
+    ensure!(
+        status.query.contains("fieldManager=trainwire-failures"),
+        "{}",
+        status.query
+    );
+    ensure!(
+        status.body["status"]["phase"] == "Failed",
+        "{}",
+        status.body
+    );
+    let condition = &status.body["status"]["conditions"][0];
+    ensure!(
+        condition["type"] == "DisruptionTarget"
+            && condition["status"] == "True"
+            && condition["reason"] == "DeletionByTrainwire",
+        "{condition}"
+    );
+    let body = status.body.clone();
+    status.reply(StatusCode::OK, &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-1-abcde", "namespace": NS}, "status": body["status"]}));
+    let delete = w
+        .api
+        .expect(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/train-1-abcde"),
+        )
+        .await?;
+    ensure!(delete.body["gracePeriodSeconds"] == 0, "{}", delete.body);
+    delete.reply(
+        StatusCode::OK,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    );
+    w.api.event("PodReclaimed", "Job").await?;
+    w.api.event("PodReclaimed", "Pod").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}

@@ -55,6 +55,7 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "pods", "delete"),
+    ("", "pods/status", "patch"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("", "nodes", "patch"),
@@ -410,6 +411,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                                 )
                                 .await;
                             } else {
+                                if owner.kind == "Job" {
+                                    mark_disrupted(&ctx, &namespace, &pod_name, &why).await?;
+                                }
                                 force_delete(&ctx, &namespace, &pod_name, &uid).await?;
                                 ctx.count(FailureAction::force_delete);
                                 info!(%owner, pod = %pod_name, node, generation, "force-deleted a pod on a dead node");
@@ -469,6 +473,49 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
 
     crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
     Ok(action)
+}
+
+/// The pod condition reason trainwire writes on a pod it reclaims.
+pub const DISRUPTION_REASON: &str = "DeletionByTrainwire";
+
+/// What the reclaim writes to a Job pod's status before the force-delete:
+/// phase `Failed` and a `DisruptionTarget` condition, as the control plane's
+/// pod GC does for a pod on an out-of-service node. A Job with a
+/// `podFailurePolicy` (hence `podReplacementPolicy: Failed`) replaces a pod
+/// only once it is `Failed`, which a pod on a dead node never becomes by
+/// itself; the injected `{action: Ignore, onPodConditions: [{type:
+/// DisruptionTarget}]}` rule then keeps the loss off `backoffLimit`.
+pub fn disrupted_status(why: &str, now: Timestamp) -> serde_json::Value {
+    json!({"status": {
+        "phase": "Failed",
+        "conditions": [{
+            "type": crate::mutation::workload::DISRUPTION_TARGET,
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": format!("trainwire reclaims the pod: {why}"),
+            "lastTransitionTime": now.to_string(),
+        }],
+    }})
+}
+
+async fn mark_disrupted(ctx: &Context, namespace: &str, name: &str, why: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let patch = disrupted_status(why, ctx.now());
+    match api
+        .patch_status(name, &params, &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api {
+            action: format!("marking pod {namespace}/{name} Failed (DisruptionTarget)"),
+            source,
+        }),
+    }
 }
 
 async fn force_delete(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()> {
