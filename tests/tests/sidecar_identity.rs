@@ -23,12 +23,14 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rstest::rstest;
 use serde_json::{Value, json};
+use trainwire_tests::net::{free_port, http_get, status};
+use trainwire_tests::wait::wait_until_or as wait_until;
 use trainwire_webhook::mutation::{Outcome, mutate};
 use trainwire_webhook::policy::Profile;
 
@@ -81,18 +83,13 @@ fn python_for_any_user() -> Option<String> {
         .map(str::to_string)
 }
 
-/// `true` when the test may run; under `CI=true` a missing prerequisite fails.
+/// `true` when the test may run; under `CI=true` a missing prerequisite
+/// fails the test (`trainwire_test_support::require`).
 fn prerequisites(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) if std::env::var_os("CI").is_some() => {
-            panic!("{test} cannot run in CI: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            false
-        }
-    }
+    trainwire_tests::require(
+        test,
+        trainwire_tests::Prerequisite::from_missing(unavailable()),
+    )
 }
 
 /// What a container runtime applies at exec.
@@ -177,13 +174,6 @@ fn injected_identity(container: &Value, pod: &Value) -> Identity {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn sidecar_env(cmd: &mut Command, rank: u32, port: u16, tag: &str) {
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -214,47 +204,6 @@ impl Drop for Guard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
-fn status(addr: &str) -> Value {
-    http_get(addr, "/status")
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(Value::Null)
-}
-
-/// Waits (bounded) until `pred` holds; panics with `what` and `context`.
-fn wait_until(
-    what: &str,
-    limit: Duration,
-    context: impl Fn() -> String,
-    mut pred: impl FnMut() -> bool,
-) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if pred() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "timed out after {limit:?} waiting for: {what}\n{}",
-        context()
-    );
 }
 
 /// Host PIDs of the live trainer processes (Python, their command line

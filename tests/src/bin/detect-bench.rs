@@ -26,6 +26,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use trainwire_tests::net::{free_port, http_get};
+use trainwire_tests::wait::wait_for;
+
+/// How often the bench polls: fine enough for the latencies it measures.
+const POLL: Duration = Duration::from_millis(10);
 
 fn now_unix() -> f64 {
     SystemTime::now()
@@ -95,21 +100,6 @@ fn start_sidecar(
     Ok(Proc(child))
 }
 
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
 fn peer_healthy(addr: &str) -> bool {
     http_get(addr, "/status")
         .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
@@ -122,24 +112,6 @@ fn log_lines(path: &Path) -> Vec<Vec<String>> {
         .lines()
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
-}
-
-fn wait(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29677)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -218,7 +190,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
     let mut rng = Lcg(0x5eed ^ interval_ms);
     let mut out = Vec::new();
     for trial in 0..trials {
-        if !wait(Duration::from_secs(30), || peer_healthy(&addr)) {
+        if !wait_for(Duration::from_secs(30), POLL, || peer_healthy(&addr)) {
             bail!("trial {trial}: the peer never became healthy");
         }
         let terms_before = log_lines(&agent_log)
@@ -230,7 +202,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
             .filter(|l| l[1] == "spawn")
             .count();
         if spawns == 0
-            && !wait(Duration::from_secs(10), || {
+            && !wait_for(Duration::from_secs(10), POLL, || {
                 log_lines(&agent_log).iter().any(|l| l[1] == "spawn")
             })
         {
@@ -245,7 +217,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
         let t0 = now_unix();
         kill(peer.pid(), Signal::SIGSTOP)?;
         let mut at = None;
-        let ok = wait(Duration::from_secs(60), || {
+        let ok = wait_for(Duration::from_secs(60), POLL, || {
             let lines = log_lines(&agent_log);
             let terms: Vec<&Vec<String>> =
                 lines.iter().filter(|l| l[1] == "worker-sigterm").collect();
@@ -333,7 +305,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
             });
         }
         // Wait for a worker that is older than the coming loss.
-        if !wait(Duration::from_secs(20), || {
+        if !wait_for(Duration::from_secs(20), POLL, || {
             let lines = log_lines(&agent_log);
             let spawns = lines.iter().filter(|l| l[1] == "spawn").count();
             let exits = lines.iter().filter(|l| l[1] == "exit").count();
@@ -363,7 +335,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
         out.push(dt);
         // Let the agent notice and restart its worker.
         let exits_needed = trial + 1;
-        wait(Duration::from_secs(20), || {
+        wait_for(Duration::from_secs(20), POLL, || {
             log_lines(&agent_log)
                 .iter()
                 .filter(|l| l[1] == "exit")
@@ -411,7 +383,7 @@ fn idle(bin: &Path, secs: u64) -> Result<()> {
         &dir.path().join("b.log"),
     )?;
     let floor = Proc(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
-    if !wait(Duration::from_secs(20), || {
+    if !wait_for(Duration::from_secs(20), POLL, || {
         peer_healthy(&format!("127.0.0.11:{port}"))
     }) {
         bail!("idle sidecars never saw each other");
