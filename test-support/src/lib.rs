@@ -8,6 +8,7 @@
 
 pub mod fixtures;
 pub mod net;
+pub mod output;
 pub mod process;
 pub mod require;
 pub mod wait;

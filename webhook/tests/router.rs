@@ -732,7 +732,10 @@ async fn every_captured_review_gets_exactly_its_checked_in_answer() {
         }
     }
     // An expected answer without its capture is stale.
-    for entry in std::fs::read_dir(&expected_dir).expect("read expected/").flatten() {
+    for entry in std::fs::read_dir(&expected_dir)
+        .expect("read expected/")
+        .flatten()
+    {
         let file = entry.file_name().to_string_lossy().into_owned();
         if !names.contains(&file) {
             if bless {
