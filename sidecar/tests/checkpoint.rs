@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use trainwire_sidecar::checkpoint::scan;
+use trainwire_test_support::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar};
 use trainwire_test_support::wait::wait_value;
 use trainwire_test_support::{free_port, http_get, status};
 
@@ -115,28 +116,13 @@ fn latest_pointer_wins_symlink_or_file() -> anyhow::Result<()> {
 // The sidecar process itself, both watchers, seen through /status.
 
 struct Sidecar {
-    child: std::process::Child,
+    _child: KillOnDrop,
     addr: String,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start(dir: &Path, poll: &str, max_age: &str) -> anyhow::Result<Sidecar> {
     let port = free_port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("TRAINWIRE_NNODES", "1")
-        .env("TRAINWIRE_NODE_RANK", "0")
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", "127.0.0.1")
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
+    let child = loopback_sidecar(env!("CARGO_BIN_EXE_trainwire-sidecar"), 0, 1, port)
         .env("TRAINWIRE_CHECKPOINT_DIR", dir)
         .env("TRAINWIRE_CHECKPOINT_POLL", poll)
         .env("TRAINWIRE_CHECKPOINT_POLL_INTERVAL", "200ms")
@@ -145,8 +131,8 @@ fn start(dir: &Path, poll: &str, max_age: &str) -> anyhow::Result<Sidecar> {
         .stdout(std::process::Stdio::null())
         .spawn()?;
     Ok(Sidecar {
-        child,
-        addr: format!("127.0.0.1:{port}"),
+        _child: KillOnDrop(child),
+        addr: loopback_addr(0, port),
     })
 }
 

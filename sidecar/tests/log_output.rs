@@ -7,31 +7,18 @@ use std::time::Duration;
 
 use trainwire_test_support::free_port;
 use trainwire_test_support::output::{has_ansi, read_lines_until};
-
-fn sidecar() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"));
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
-}
+use trainwire_test_support::sidecar::loopback_sidecar;
 
 #[test]
 fn text_log_through_a_pipe_has_no_colour_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
-    let mut child = sidecar()
+    let mut child = loopback_sidecar(env!("CARGO_BIN_EXE_trainwire-sidecar"), 0, 1, port)
         .env("TRAINWIRE_LOG_FORMAT", "text")
-        .env("TRAINWIRE_NNODES", "1")
-        .env("TRAINWIRE_NODE_RANK", "0")
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", "127.0.0.1")
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
         .env("TRAINWIRE_CHECKPOINT_DIR", dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start trainwire-sidecar");
     let stderr = child.stderr.take().expect("stderr");
@@ -48,7 +35,8 @@ fn text_log_through_a_pipe_has_no_colour_codes() {
 
 #[test]
 fn a_refused_configuration_is_plain_text_on_stderr() {
-    let out = sidecar()
+    let out = Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
+        .env_clear()
         .env("TRAINWIRE_NNODES", "1")
         .env("TRAINWIRE_NODE_RANK", "0")
         .env("TRAINWIRE_HEARTBEAT_INTERVAL", "1e20")

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use trainwire_test_support::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar};
 use trainwire_test_support::{
     Prerequisite, alive, free_port, http_get, require, status, wait_until,
 };
@@ -23,22 +24,13 @@ fn python(test: &str) -> Option<&'static str> {
 }
 
 struct Sidecar {
-    child: Child,
+    child: KillOnDrop,
     addr: String,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let pid = Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Sidecar {
     fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
+        self.child.pid()
     }
 }
 
@@ -53,21 +45,7 @@ fn sidecar(
 ) -> Sidecar {
     let out = std::fs::File::create(log).expect("sidecar log");
     let err = out.try_clone().expect("sidecar log");
-    let child = Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .env("TRAINWIRE_POD_NAME", format!("job-{rank}"))
-        .env("TRAINWIRE_POD_UID", format!("uid-{rank}-{port}"))
-        .env("TRAINWIRE_NNODES", nnodes.to_string())
-        .env("TRAINWIRE_NODE_RANK", rank.to_string())
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_HEARTBEAT_INTERVAL", "200ms")
-        .env("TRAINWIRE_HEARTBEAT_MISSES", "5")
-        .env("TRAINWIRE_HEARTBEAT_TIMEOUT", "300ms")
+    let child = loopback_sidecar(env!("CARGO_BIN_EXE_trainwire-sidecar"), rank, nnodes, port)
         .env("TRAINWIRE_ON_PEER_LOSS", action)
         .env("TRAINWIRE_AGENT_MATCH", agent_tag)
         .stdout(out)
@@ -75,8 +53,8 @@ fn sidecar(
         .spawn()
         .expect("start trainwire-sidecar");
     Sidecar {
-        child,
-        addr: format!("127.0.0.1{rank}:{port}"),
+        child: KillOnDrop(child),
+        addr: loopback_addr(rank, port),
     }
 }
 

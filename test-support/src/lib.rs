@@ -11,6 +11,7 @@ pub mod net;
 pub mod output;
 pub mod process;
 pub mod require;
+pub mod sidecar;
 pub mod wait;
 
 pub use fixtures::{admission_fixtures_dir, repo_root};

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 // The helpers every crate's tests share live in `trainwire-test-support`;
 // the old paths (`trainwire_tests::process`, `repo_root`, ...) stay valid.
 pub use trainwire_test_support::{
-    Prerequisite, admission_fixtures_dir, fixtures, net, process, repo_root, require, wait,
+    Prerequisite, admission_fixtures_dir, fixtures, net, process, repo_root, require, sidecar, wait,
 };
 
 pub mod kubelet;

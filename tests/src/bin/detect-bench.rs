@@ -20,13 +20,13 @@
 //!    against a `sleep` process as the floor.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use trainwire_tests::net::{free_port, http_get};
+use trainwire_tests::sidecar::{KillOnDrop, loopback_sidecar};
 use trainwire_tests::wait::wait_for;
 
 /// How often the bench polls: fine enough for the latencies it measures.
@@ -52,20 +52,6 @@ fn sidecar_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGCONT);
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-impl Proc {
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.0.id() as i32)
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn start_sidecar(
     bin: &Path,
@@ -75,21 +61,14 @@ fn start_sidecar(
     misses: u32,
     tag: &str,
     log: &Path,
-) -> Result<Proc> {
+) -> Result<KillOnDrop> {
     let out = std::fs::File::create(log)?;
-    let child = Command::new(bin)
-        .env_clear()
+    let child = loopback_sidecar(bin, rank, 2, port)
         .env("RUST_LOG", "warn")
         .env("TRAINWIRE_POD_NAME", format!("bench-{rank}"))
-        .env("TRAINWIRE_POD_UID", format!("uid-{rank}"))
-        .env("TRAINWIRE_NNODES", "2")
-        .env("TRAINWIRE_NODE_RANK", rank.to_string())
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
-        .env("TRAINWIRE_DETECTION", "heartbeat")
         .env("TRAINWIRE_HEARTBEAT_INTERVAL", interval)
         .env("TRAINWIRE_HEARTBEAT_MISSES", misses.to_string())
+        .env_remove("TRAINWIRE_HEARTBEAT_TIMEOUT")
         .env("TRAINWIRE_ON_PEER_LOSS", "restart-workers")
         .env("TRAINWIRE_ACTION_COOLDOWN", "0s")
         .env("TRAINWIRE_MAX_ACTIONS", "100000")
@@ -97,7 +76,7 @@ fn start_sidecar(
         .stdout(out.try_clone()?)
         .stderr(out)
         .spawn()?;
-    Ok(Proc(child))
+    Ok(KillOnDrop(child))
 }
 
 fn peer_healthy(addr: &str) -> bool {
@@ -152,7 +131,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
     let tag = format!("detect-bench-agent-{port}");
     let agent_log = dir.path().join("agent.log");
     let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
-    let _agent = Proc(
+    let _agent = KillOnDrop(
         Command::new("python3")
             .arg(&script)
             .args([
@@ -257,7 +236,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
     let tag = format!("detect-bench-kube-{}", std::process::id());
     let agent_log = dir.path().join("agent.log");
     let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
-    let _agent = Proc(
+    let _agent = KillOnDrop(
         Command::new("python3")
             .arg(&script)
             .args([
@@ -382,7 +361,7 @@ fn idle(bin: &Path, secs: u64) -> Result<()> {
         "detect-bench-idle-none",
         &dir.path().join("b.log"),
     )?;
-    let floor = Proc(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
+    let floor = KillOnDrop(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
     if !wait_for(Duration::from_secs(20), POLL, || {
         peer_healthy(&format!("127.0.0.11:{port}"))
     }) {
