@@ -39,3 +39,8 @@ pub fn status(addr: &str) -> serde_json::Value {
 pub fn listening(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
+
+/// Waits (bounded by `limit`) until something listens on `127.0.0.1:port`.
+pub fn wait_listening(port: u16, limit: Duration) -> bool {
+    crate::wait::wait_for(limit, Duration::from_millis(25), || listening(port))
+}
