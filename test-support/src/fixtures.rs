@@ -45,3 +45,13 @@ pub fn fixture_names() -> Vec<String> {
     );
     names
 }
+
+/// `(request.object, request.namespace)` of one capture.
+pub fn request_object(name: &str) -> (serde_json::Value, String) {
+    let review = fixture(name);
+    let namespace = review["request"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (review["request"]["object"].clone(), namespace)
+}
