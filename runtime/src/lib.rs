@@ -7,3 +7,4 @@ pub use trainwire_contract::LogFormat;
 
 pub mod logging;
 pub mod shutdown;
+pub mod watch;
