@@ -126,7 +126,7 @@ proptest! {
     fn shm_size_reads_the_same_in_annotation_and_policy(s in size_like()) {
         let a = annotation("trainwire.dev/shm-size", &s).map(|a| a.shm_size);
         let p = policy(&format!("    shmSize: {{value: {}}}\n", quoted(&s)))
-            .map(|p| Some(p.profile_for("any").shm_size.value.clone()));
+            .map(|p| Some(p.profile_for("any").shm_size.value));
         prop_assert_eq!(a.is_ok(), p.is_ok(), "annotation {:?} vs policy {:?} for {:?}", a, p, s);
         if let (Ok(a), Ok(p)) = (a, p) {
             prop_assert_eq!(a, p, "{:?}", s);
@@ -142,7 +142,7 @@ proptest! {
     ) {
         let a = annotation("trainwire.dev/shm-size", &size).map(|a| a.shm_size);
         let p = policy(&format!("    shmSize: {{value: {size}}}\n"))
-            .map(|p| Some(p.profile_for("any").shm_size.value.clone()));
+            .map(|p| Some(p.profile_for("any").shm_size.value));
         prop_assert_eq!(a.is_ok(), p.is_ok(), "annotation {:?} vs policy {:?} for {}", a, p, size);
         if let (Ok(a), Ok(p)) = (a, p) {
             prop_assert_eq!(a, p, "{}", size);
