@@ -149,6 +149,12 @@ pub struct Config {
     pub heartbeat: HeartbeatConfig,
     pub not_ready_grace: Duration,
     pub limits: ActionLimits,
+    /// Outage that confirms a loss by itself; `None`: `auto` (see
+    /// [`Config::confirm_after_for`]).
+    pub confirm_after: Option<Duration>,
+    /// How long to wait for the rendezvous host's replacement before
+    /// reporting that none came.
+    pub replacement_wait: Duration,
     /// Substrings that identify the agent's command line; empty means the
     /// built-in torchrun matcher.
     pub agent_match: Vec<String>,
@@ -167,6 +173,11 @@ pub mod defaults {
     pub const CHECKPOINT_MAX_AGE: Duration = Duration::from_secs(30 * 60);
     pub const CHECKPOINT_SETTLE: Duration = Duration::from_secs(5);
     pub const CHECKPOINT_POLL_INTERVAL: Duration = Duration::from_secs(10);
+    /// `TRAINWIRE_CONFIRM_AFTER=auto` in a fixed-size world.
+    pub const CONFIRM_AFTER_FIXED: Duration = Duration::from_secs(30);
+    /// `TRAINWIRE_CONFIRM_AFTER=auto` for a non-host peer of an elastic world.
+    pub const CONFIRM_AFTER_ELASTIC: Duration = Duration::from_secs(5);
+    pub const REPLACEMENT_WAIT: Duration = Duration::from_secs(600);
 }
 
 /// Formats a duration in the contract's grammar (`1h30m`, `1s500ms`);
@@ -244,6 +255,24 @@ pub fn parse_nnodes(value: &str) -> Result<NodeCount> {
 }
 
 impl Config {
+    /// The outage that confirms the loss of `lost_rank` by itself: the
+    /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) 5 s for a peer of
+    /// an elastic world that is not the rendezvous host, 30 s otherwise;
+    /// never shorter than the reporting detection (interval × misses).
+    pub fn confirm_after_for(&self, lost_rank: u32) -> Duration {
+        let detection = self
+            .heartbeat
+            .interval
+            .saturating_mul(self.heartbeat.misses);
+        let auto = match self.nnodes {
+            NodeCount::Elastic { .. } if Some(lost_rank) != self.rdzv_host_rank => {
+                defaults::CONFIRM_AFTER_ELASTIC
+            }
+            _ => defaults::CONFIRM_AFTER_FIXED,
+        };
+        self.confirm_after.unwrap_or(auto).max(detection)
+    }
+
     /// Reads the configuration from any [`Source`]. Without
     /// `TRAINWIRE_POD_NAME` the name is `unknown`; without
     /// `TRAINWIRE_POD_NAMESPACE`, `default` (the sidecar's process source
@@ -364,7 +393,7 @@ impl Config {
             positive_duration(src, env::HEARTBEAT_INTERVAL, defaults::HEARTBEAT_INTERVAL)?;
         let misses = var::<S, PositiveCount>(src, env::HEARTBEAT_MISSES)?
             .map_or(defaults::HEARTBEAT_MISSES, PositiveCount::get);
-        let default_timeout = (interval / 2).max(Duration::from_millis(50));
+        let default_timeout = interval.saturating_mul(misses.saturating_add(2));
         let timeout = positive_duration(src, env::HEARTBEAT_TIMEOUT, default_timeout)?;
 
         let max_actions =
@@ -384,6 +413,17 @@ impl Config {
             })
             .unwrap_or_default();
         let log_format = var(src, env::LOG_FORMAT)?.unwrap_or_default();
+        let confirm_after = match src.get(env::CONFIRM_AFTER) {
+            Some(v) if v.trim() == "auto" => None,
+            Some(_) => Some(positive_duration(
+                src,
+                env::CONFIRM_AFTER,
+                defaults::CONFIRM_AFTER_FIXED,
+            )?),
+            None => None,
+        };
+        let replacement_wait =
+            positive_duration(src, env::REPLACEMENT_WAIT, defaults::REPLACEMENT_WAIT)?;
 
         Ok(Config {
             pod_name,
@@ -406,6 +446,8 @@ impl Config {
             },
             not_ready_grace: duration(src, env::NOT_READY_GRACE, defaults::NOT_READY_GRACE)?,
             limits,
+            confirm_after,
+            replacement_wait,
             agent_match,
             log_format,
         })
@@ -473,13 +515,38 @@ mod tests {
     }
 
     #[test]
+    fn confirmation_outage_by_topology() {
+        let elastic = cfg(&[(env::NNODES, "2:3")]).expect("elastic");
+        assert_eq!(elastic.confirm_after_for(2), Duration::from_secs(5));
+        assert_eq!(
+            elastic.confirm_after_for(0),
+            Duration::from_secs(30),
+            "the rendezvous host of an elastic world is still the store"
+        );
+        let set =
+            cfg(&[(env::CONFIRM_AFTER, "12s"), (env::REPLACEMENT_WAIT, "2m")]).expect("explicit");
+        assert_eq!(set.confirm_after_for(0), Duration::from_secs(12));
+        assert_eq!(set.replacement_wait, Duration::from_secs(120));
+        let auto = cfg(&[(env::CONFIRM_AFTER, "auto")]).expect("auto");
+        assert_eq!(auto.confirm_after, None);
+        // Never shorter than the reporting detection.
+        let short = cfg(&[(env::CONFIRM_AFTER, "1s")]).expect("short");
+        assert_eq!(short.confirm_after_for(1), Duration::from_secs(3));
+        assert!(cfg(&[(env::CONFIRM_AFTER, "0s")]).is_err());
+        assert!(cfg(&[(env::CONFIRM_AFTER, "soon")]).is_err());
+    }
+
+    #[test]
     fn defaults_when_only_required_set() {
         let c = cfg(&[]).expect("minimal config");
         assert_eq!(c.nnodes, NodeCount::Fixed(2));
         assert_eq!(c.node_rank, 1);
         assert_eq!(c.heartbeat.interval, Duration::from_secs(1));
         assert_eq!(c.heartbeat.misses, 3);
-        assert_eq!(c.heartbeat.timeout, Duration::from_millis(500));
+        assert_eq!(c.heartbeat.timeout, Duration::from_secs(5));
+        assert_eq!(c.confirm_after, None);
+        assert_eq!(c.confirm_after_for(0), Duration::from_secs(30));
+        assert_eq!(c.replacement_wait, Duration::from_secs(600));
         assert_eq!(c.health_port, 29600);
         assert_eq!(c.on_peer_loss, OnPeerLoss::Auto);
         assert_eq!(c.detection, Detection::Auto);
@@ -511,7 +578,7 @@ mod tests {
         assert_eq!(c.nnodes, NodeCount::Elastic { min: 2, max: 4 });
         assert_eq!(c.heartbeat.host_of(3).as_deref(), Some("127.0.0.13"));
         assert_eq!(c.bind_address.to_string(), "127.0.0.11");
-        assert_eq!(c.heartbeat.timeout, Duration::from_millis(100));
+        assert_eq!(c.heartbeat.timeout, Duration::from_millis(800));
         let ck = c.checkpoint.expect("checkpoint");
         assert_eq!(ck.max_age, Duration::from_secs(90));
         assert_eq!(ck.poll, PollMode::Always);

@@ -56,14 +56,29 @@ pub const ACTION_WINDOW: &str = "TRAINWIRE_ACTION_WINDOW";
 pub const AGENT_MATCH: &str = "TRAINWIRE_AGENT_MATCH";
 /// Log format: `text` or `json`.
 pub const LOG_FORMAT: &str = "TRAINWIRE_LOG_FORMAT";
-/// How long one heartbeat probe may take before it counts as missed
-/// (default: half the interval, at least 50 ms).
+/// How long one heartbeat probe may wait for its answer before it is
+/// abandoned (default: interval × (misses + 2), 5 s at 1 s × 3). Misses are
+/// counted per interval without an answer, not per probe, so a slow network
+/// (an answer that takes longer than the interval) is not a miss storm.
 pub const HEARTBEAT_TIMEOUT: &str = "TRAINWIRE_HEARTBEAT_TIMEOUT";
 /// How long a checkpoint file or directory must go unwritten before it
 /// counts as complete (default `5s`).
 pub const CHECKPOINT_SETTLE: &str = "TRAINWIRE_CHECKPOINT_SETTLE";
 /// Rescan period of the polling checkpoint watcher (default `10s`).
 pub const CHECKPOINT_POLL_INTERVAL: &str = "TRAINWIRE_CHECKPOINT_POLL_INTERVAL";
+
+/// How long a peer's outage (no heartbeat answer) must last before it
+/// confirms the loss on its own, when nothing else confirms it (Kubernetes,
+/// or a different pod answering at the peer's name). Default `auto`: 30 s in
+/// a fixed-size world (a blip or slow network that training rides out is
+/// never acted on), 5 s for a non-host peer of an elastic world (torchrun's
+/// rendezvous has already dropped it after its keep-alive of 1 s × 3, and
+/// the survivors shrink the world).
+pub const CONFIRM_AFTER: &str = "TRAINWIRE_CONFIRM_AFTER";
+/// How long, after a confirmed loss of the rendezvous host, to wait for its
+/// replacement before reporting that none came (default `10m`). The GPUs
+/// stay free meanwhile; a replacement that comes later is still joined.
+pub const REPLACEMENT_WAIT: &str = "TRAINWIRE_REPLACEMENT_WAIT";
 
 /// The sidecar's default plain-HTTP port.
 pub const DEFAULT_HEALTH_PORT: u16 = 29600;
@@ -96,4 +111,6 @@ pub const ALL: &[&str] = &[
     HEARTBEAT_TIMEOUT,
     CHECKPOINT_SETTLE,
     CHECKPOINT_POLL_INTERVAL,
+    CONFIRM_AFTER,
+    REPLACEMENT_WAIT,
 ];

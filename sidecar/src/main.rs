@@ -3,7 +3,19 @@ use anyhow::Context;
 /// The log filter when `RUST_LOG` is not set.
 const DEFAULT_FILTER: &str = "info,hyper=warn,kube=warn,tower=warn";
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    // A configuration error is a message (with its causes), never a stack
+    // backtrace, whatever RUST_BACKTRACE says.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let config =
         trainwire_sidecar::config::from_env().context("trainwire-sidecar configuration")?;
     // stderr, no colour unless stderr is a terminal (shared with the webhook).

@@ -13,8 +13,8 @@
 //! The trainer (a torchrun-shaped process tree, `sidecar/tests/fake_torchrun.py`)
 //! and the sidecar share one PID namespace (`shareProcessNamespace`). A second
 //! sidecar outside plays rank 0, the rendezvous host, and is frozen with
-//! SIGSTOP: rank 1's `auto` action is then to SIGKILL the local agent and its
-//! workers. The last case is the old shape (UID 65532 with `add: [KILL]`
+//! SIGSTOP: rank 1 (`restart-agent`, the loss confirmed by a 2 s outage) then
+//! SIGKILLs the local agent and its workers. The last case is the old shape (UID 65532 with `add: [KILL]`
 //! against a root trainer): EPERM, reported loudly, never silently.
 //!
 //! Needs root (PID namespaces, `setpriv` to other users). With `CI=true` a
@@ -178,7 +178,10 @@ fn sidecar_env(cmd: &mut Command, rank: u32, port: u16, tag: &str) {
     loopback_sidecar_env(cmd, rank, 2, port)
         .env("TRAINWIRE_LOG_FORMAT", "text")
         .env("TRAINWIRE_POD_NAME", format!("train-{rank}"))
-        .env("TRAINWIRE_ON_PEER_LOSS", "auto")
+        // `auto` would stop the workers and wait for a replacement host;
+        // `restart-agent` signals the whole tree once the loss is confirmed.
+        .env("TRAINWIRE_ON_PEER_LOSS", "restart-agent")
+        .env("TRAINWIRE_CONFIRM_AFTER", "2s")
         .env("TRAINWIRE_AGENT_MATCH", tag);
 }
 

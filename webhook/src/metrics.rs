@@ -100,6 +100,11 @@ pub struct ReloadLabels {
     pub result: ReloadResult,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScaleGuardLabels {
+    pub reason: crate::scale::Unknown,
+}
+
 type HistogramFamily = Family<KindLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -116,6 +121,8 @@ pub struct Metrics {
     pub cert_reloads: Family<ReloadLabels, Counter>,
     pub cert_expiry: Gauge,
     pub policy_reloads: Family<ReloadLabels, Counter>,
+    /// Scale requests the guard allowed because it could not check them.
+    pub scale_guard_unknown: Family<ScaleGuardLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,8 +177,15 @@ impl Metrics {
             "Platform policy file reloads, by result",
             policy_reloads.clone(),
         );
+        let scale_guard_unknown = Family::<ScaleGuardLabels, Counter>::default();
+        registry.register(
+            "scale_guard_unknown",
+            "statefulsets/scale requests allowed with a warning because the scale guard could not check them, by reason",
+            scale_guard_unknown.clone(),
+        );
         Metrics {
             registry,
+            scale_guard_unknown,
             admissions,
             admission_duration,
             rejected_requests,

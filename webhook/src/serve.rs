@@ -27,7 +27,7 @@ use tower::Service as _;
 use crate::admission::{Admitter, Answer};
 use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::scale::{KubeStatefulSets, NoKubernetesApi, StatefulSetSource};
+use crate::scale::{StatefulSetCache, StatefulSetSource};
 use crate::telemetry::LogFormat;
 use crate::tls::CertStore;
 
@@ -87,6 +87,17 @@ pub struct ServeArgs {
         action = clap::ArgAction::Set
     )]
     pub reconcile: bool,
+    /// After SIGTERM, how long to keep answering with /readyz failing, so the
+    /// Service's endpoints drop this pod before its listener closes (with
+    /// `failurePolicy: Fail`, an apiserver call to a closed listener would
+    /// refuse a user's apply). A Go duration (`5s`, `0s` to close at once).
+    #[arg(
+        long,
+        env = "TRAINWIRE_SHUTDOWN_DRAIN",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub shutdown_drain: trainwire_contract::Duration,
     #[command(flatten)]
     pub policy: PolicyArgs,
 }
@@ -396,24 +407,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let mut background = vec![cert_watch, policy_watch];
+    // One watch cache of StatefulSets: the scale guard answers from it, and
+    // the reconciler (when on) shares it.
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
-            if args.reconcile {
-                let client = client.clone();
-                background.push(tokio::spawn(async move {
-                    if let Err(e) = crate::reconciler::run(client).await {
-                        tracing::error!(error = %e, "the Job Service reconciler stopped");
+            let (cache, writer) = StatefulSetCache::new();
+            let task = if args.reconcile {
+                let (client, cache) = (client.clone(), cache.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = crate::reconciler::run(client, cache, writer).await {
+                        tracing::error!(error = %e, "the Service reconciler stopped");
                     }
-                }));
-            }
-            Arc::new(KubeStatefulSets(client))
+                })
+            } else {
+                tokio::spawn(cache.clone().run(client, writer))
+            };
+            background.push(task);
+            Arc::new(cache)
         }
         Err(why) => {
             tracing::warn!(
                 error = %why,
-                "no Kubernetes API client: the Job Service reconciler is off and statefulsets/scale requests are refused"
+                "no Kubernetes API client: the Service reconciler is off and the scale guard allows every scale with a warning"
             );
-            Arc::new(NoKubernetesApi(why))
+            Arc::new(StatefulSetCache::unavailable(why))
         }
     };
 
@@ -465,8 +482,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     let signal = crate::shutdown::signal().await;
-    tracing::info!(signal, "shutting down: finishing in-flight requests");
+    // Readiness fails first; the listener keeps answering for the drain
+    // period while the endpoints controller removes this pod, then closes
+    // and the requests in flight finish (SHUTDOWN_GRACE).
     readiness.set_stopping();
+    let drain: Duration = args.shutdown_drain.into();
+    tracing::info!(
+        signal,
+        drain_seconds = drain.as_secs_f64(),
+        "shutting down: not ready any more, still answering for the drain period"
+    );
+    tokio::time::sleep(drain).await;
+    tracing::info!("drain over: closing the listener, finishing in-flight requests");
     let _ = stop_tx.send(true);
     server.join().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), probe).await;

@@ -268,6 +268,7 @@ pub fn inject(
         ctx.status
             .init_containers
             .insert(NAME.to_string(), fingerprint(&sidecar));
+        ctx.status.sidecar_port = Some(env::DEFAULT_HEALTH_PORT);
         inits.insert(0, sidecar);
     }
 

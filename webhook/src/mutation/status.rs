@@ -34,6 +34,19 @@ pub struct Status {
     pub nnodes: String,
     /// The trainer container.
     pub container: String,
+    /// The headless Service the pods' DNS names hang on (`spec.serviceName`
+    /// or the template's `subdomain`); the reconciler reads it. Empty in a
+    /// status written by trainwire 0.1.0.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub service: String,
+    /// The port of the c10d store on pod 0 as the trainer will use it (the
+    /// manifest's `PET_RDZV_ENDPOINT` when it set one); `None` with an
+    /// external store (etcd). The reconciler's Service exposes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rdzv_port: Option<u16>,
+    /// The sidecar's port; `None` without trainwire's sidecar.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sidecar_port: Option<u16>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Env values the user had that trainwire replaced (a policy overwrite, or

@@ -462,6 +462,24 @@ fn elastic_range_and_gpus_per_node() {
     assert!(scale_allowed(&m.object, 5).is_err());
 }
 
+/// The scale guard's verdict on a stored StatefulSet (see `crate::scale`).
+fn scale_allowed(object: &Value, new: i32) -> Result<(), Refusal> {
+    let sts: k8s_openapi::api::apps::v1::StatefulSet =
+        serde_json::from_value(object.clone()).expect("a StatefulSet");
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    match crate::scale::decide(
+        || crate::scale::Lookup::Found(std::sync::Arc::new(sts)),
+        "trainwire-test",
+        name,
+        new,
+        None,
+    ) {
+        crate::scale::Verdict::Allow => Ok(()),
+        crate::scale::Verdict::Refuse(r) => Err(r),
+        crate::scale::Verdict::AllowUnknown(_, w) => panic!("unknown: {w}"),
+    }
+}
+
 #[test]
 fn scale_guard() {
     let (obj, ns) = sts_fixture();

@@ -30,6 +30,8 @@ pub const SIDECAR_TUNABLE_ENV: &[&str] = &[
     env::CHECKPOINT_POLL_INTERVAL,
     env::AGENT_MATCH,
     env::LOG_FORMAT,
+    env::CONFIRM_AFTER,
+    env::REPLACEMENT_WAIT,
 ];
 
 struct Checker<'a> {
