@@ -15,11 +15,13 @@
 pub mod config;
 pub mod duration;
 pub mod env;
+pub mod failure;
 pub mod path;
 pub mod quantity;
 pub mod values;
 
 pub use duration::{Duration, PositiveDuration};
+pub use failure::{ExitCodes, FailureLimit, NodeFailureAction};
 pub use path::MountPath;
 pub use quantity::{ByteSize, Quantity, ShmSize};
 pub use values::{

@@ -902,6 +902,7 @@ fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
             permissions(role.rules.as_deref().unwrap_or_default())?,
             owned(&[
                 trainwire_webhook::reconciler::API_PERMISSIONS,
+                trainwire_webhook::failures::API_PERMISSIONS,
                 trainwire_webhook::scale::API_PERMISSIONS
             ]),
             "{}: webhook ClusterRole",
@@ -930,10 +931,29 @@ fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
             1,
             "only the webhook's binding"
         );
-        assert!(rendered.all("RoleBinding").is_empty());
+        // The Lease: a Role in the webhook's namespace, bound to its account.
+        let lease: k8s_openapi::api::rbac::v1::Role =
+            rendered.typed("Role", "trainwire-webhook-lease")?;
+        assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(
+            permissions(lease.rules.as_deref().unwrap_or_default())?,
+            owned(&[trainwire_webhook::lease::API_PERMISSIONS]),
+            "{}: webhook lease Role",
+            rendered.overlay
+        );
+        let lease_binding: RoleBinding =
+            rendered.typed("RoleBinding", "trainwire-webhook-lease")?;
+        assert_eq!(lease_binding.metadata.namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(lease_binding.role_ref.kind, "Role");
+        assert_eq!(lease_binding.role_ref.name, "trainwire-webhook-lease");
+        let subjects = lease_binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].name, SERVICE);
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(rendered.all("RoleBinding").len(), 1);
         // Nothing else grants anything.
         assert_eq!(rendered.all("ClusterRole").len(), 2);
-        assert!(rendered.all("Role").is_empty());
+        assert_eq!(rendered.all("Role").len(), 1);
     }
     Ok(())
 }

@@ -10,9 +10,13 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
+pub mod crashloop;
+pub mod failures;
 pub mod inject;
+pub mod lease;
 pub mod metrics;
 pub mod mutation;
+pub mod nodefailure;
 pub mod policy;
 pub mod reconciler;
 pub mod scale;

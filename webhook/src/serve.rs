@@ -98,8 +98,48 @@ pub struct ServeArgs {
         default_value = "5s"
     )]
     pub shutdown_drain: trainwire_contract::Duration,
+    /// Namespace of the Lease that lets one replica at a time run the
+    /// controllers (normally the webhook's own, from the downward API).
+    #[arg(
+        long,
+        env = "TRAINWIRE_LEASE_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "trainwire-system"
+    )]
+    pub lease_namespace: String,
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// The controllers (headless Services, failures), on the replica that holds
+/// the Lease only.
+async fn controllers(
+    client: kube::Client,
+    namespace: String,
+    policy: SharedPolicy,
+    metrics: Arc<Metrics>,
+) {
+    let identity = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("trainwire-webhook-{}", std::process::id()));
+    let config = crate::lease::LeaseConfig::new(namespace, identity);
+    crate::lease::supervise(client.clone(), config, move || {
+        let client = client.clone();
+        let policy = policy.clone();
+        let metrics = metrics.clone();
+        async move {
+            let services_client = client.clone();
+            let services = async move {
+                let (cache, writer) = StatefulSetCache::new();
+                if let Err(e) = crate::reconciler::run(services_client, cache, writer).await {
+                    tracing::error!(error = %e, "the Job Service reconciler stopped");
+                }
+            };
+            futures::join!(services, crate::failures::run(client, policy, metrics));
+        }
+    })
+    .await;
 }
 
 /// Readiness: the TLS listener is bound, a certificate is loaded, and the
@@ -411,18 +451,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // the reconciler (when on) shares it.
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
+            // Every replica feeds its own cache (the scale guard answers on
+            // every replica); the controllers run on the Lease holder only,
+            // the reconciler over a StatefulSet watch of its own.
             let (cache, writer) = StatefulSetCache::new();
-            let task = if args.reconcile {
-                let (client, cache) = (client.clone(), cache.clone());
-                tokio::spawn(async move {
-                    if let Err(e) = crate::reconciler::run(client, cache, writer).await {
-                        tracing::error!(error = %e, "the Service reconciler stopped");
-                    }
-                })
-            } else {
-                tokio::spawn(cache.clone().run(client, writer))
-            };
-            background.push(task);
+            background.push(tokio::spawn(cache.clone().run(client.clone(), writer)));
+            if args.reconcile {
+                background.push(tokio::spawn(controllers(
+                    client,
+                    args.lease_namespace.clone(),
+                    policy.clone(),
+                    metrics.clone(),
+                )));
+            }
             Arc::new(cache)
         }
         Err(why) => {

@@ -34,6 +34,26 @@ pub const SIDECAR: &str = "trainwire.dev/sidecar";
 pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
 /// Written by trainwire on the pod template (never read from the workload).
 pub const STATUS: &str = "trainwire.dev/status";
+/// Trainer exit codes that stop the world at once (read by the controller).
+pub const FAIL_FAST_EXIT_CODES: &str = "trainwire.dev/fail-fast-exit-codes";
+/// Trainer failures within a window that stop the world (the controller).
+pub const MAX_FAILURES: &str = "trainwire.dev/max-failures";
+/// Set by the user (any value) on a stopped workload: the controller resumes it.
+pub const RESUME: &str = "trainwire.dev/resume";
+/// Written by the controller when it stops a workload (its evidence).
+pub const STOPPED_REASON: &str = "trainwire.dev/stopped-reason";
+pub const STOPPED_AT: &str = "trainwire.dev/stopped-at";
+pub const STOPPED_REPLICAS: &str = "trainwire.dev/stopped-replicas";
+pub const STOPPED_EXIT_CODE: &str = "trainwire.dev/stopped-exit-code";
+pub const STOPPED_POD: &str = "trainwire.dev/stopped-pod";
+/// The controller's own annotations: accepted without a warning.
+pub const CONTROLLER_OWNED: &[&str] = &[
+    STOPPED_REASON,
+    STOPPED_AT,
+    STOPPED_REPLICAS,
+    STOPPED_EXIT_CODE,
+    STOPPED_POD,
+];
 
 /// Every annotation a user may put on the workload.
 pub const KNOWN: &[&str] = &[
@@ -53,6 +73,9 @@ pub const KNOWN: &[&str] = &[
     SHM_SIZE,
     SIDECAR,
     ON_PEER_LOSS,
+    FAIL_FAST_EXIT_CODES,
+    MAX_FAILURES,
+    RESUME,
 ];
 
 pub const DEFAULT_RDZV_PORT: u16 = 29500;
@@ -104,6 +127,9 @@ pub struct Annotations {
     pub shm_size: Option<ShmSize>,
     pub sidecar: Option<bool>,
     pub on_peer_loss: Option<PeerLossAction>,
+    /// Read by the controller, checked here so a bad value is refused.
+    pub fail_fast_exit_codes: Option<trainwire_contract::ExitCodes>,
+    pub max_failures: Option<trainwire_contract::FailureLimit>,
     /// Unknown `trainwire.dev/*` names, with a suggestion.
     pub warnings: Vec<String>,
 }
@@ -194,7 +220,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
         };
         if KNOWN.contains(&key.as_str()) {
             own.insert(key.as_str(), value.as_str());
-        } else if key != STATUS {
+        } else if key != STATUS && !CONTROLLER_OWNED.contains(&key.as_str()) {
             out.warnings.push(unknown_warning(key));
         }
     }
@@ -262,6 +288,8 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 });
             }
             ON_PEER_LOSS => out.on_peer_loss = Some(typed(key, raw)?),
+            FAIL_FAST_EXIT_CODES => out.fail_fast_exit_codes = Some(typed(key, raw)?),
+            MAX_FAILURES => out.max_failures = Some(typed(key, raw)?),
             _ => {}
         }
     }

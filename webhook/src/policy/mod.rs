@@ -63,7 +63,82 @@ impl<T> Setting<T> {
     }
 }
 
-pub use trainwire_contract::{MountPath, PeerLossAction, PositiveDuration, RdzvBackend, ShmSize};
+pub use trainwire_contract::{
+    ExitCodes, FailureLimit, MountPath, NodeFailureAction, PeerLossAction, PositiveDuration,
+    RdzvBackend, ShmSize,
+};
+
+/// Dead-node reclaim (`nodeFailure`): off unless a profile sets it.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeFailurePolicy {
+    /// How long a node's `Ready` condition must have been `Unknown` or
+    /// `False` before its trainwire pods are reclaimed. Also the
+    /// `tolerationSeconds` of the unreachable / not-ready tolerations, so the
+    /// control plane's eviction and the reclaim agree.
+    pub reclaim_after: PositiveDuration,
+    /// `force-delete` (the default) or `out-of-service` (a node-level action:
+    /// needed for ReadWriteOnce volumes).
+    #[serde(default)]
+    pub action: NodeFailureAction,
+    /// Most pods reclaimed per minute, across the cluster.
+    #[serde(default = "default_max_pods_per_minute")]
+    pub max_pods_per_minute: u32,
+}
+
+/// Default of `nodeFailure.maxPodsPerMinute`.
+pub const DEFAULT_MAX_PODS_PER_MINUTE: u32 = 10;
+
+fn default_max_pods_per_minute() -> u32 {
+    DEFAULT_MAX_PODS_PER_MINUTE
+}
+
+impl NodeFailurePolicy {
+    /// The grace in whole seconds, as a `tolerationSeconds` (rounded up).
+    pub fn toleration_seconds(&self) -> i64 {
+        let d = self.reclaim_after.get();
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        i64::try_from(secs).unwrap_or(i64::MAX)
+    }
+}
+
+/// Crash-loop stop defaults (`crashLoop`); the workload's
+/// `trainwire.dev/fail-fast-exit-codes` and `trainwire.dev/max-failures`
+/// annotations override them. Both off by default.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CrashLoopPolicy {
+    /// Trainer exit codes that stop the world at once.
+    #[serde(default)]
+    pub fail_fast_exit_codes: ExitCodes,
+    /// Trainer failures (not explained by a peer or node loss) within a
+    /// window that stop the world; `0` never.
+    #[serde(default = "default_max_failures")]
+    pub max_failures: FailureLimit,
+}
+
+fn default_max_failures() -> FailureLimit {
+    FailureLimit {
+        failures: 0,
+        window: PositiveDuration::new(FailureLimit::DEFAULT_WINDOW)
+            .expect("the built-in failure window is positive"),
+    }
+}
+
+impl CrashLoopPolicy {
+    fn is_default(&self) -> bool {
+        *self == CrashLoopPolicy::default()
+    }
+}
+
+impl Default for CrashLoopPolicy {
+    fn default() -> Self {
+        CrashLoopPolicy {
+            fail_fast_exit_codes: ExitCodes::default(),
+            max_failures: default_max_failures(),
+        }
+    }
+}
 
 /// Shared checkpoint volume that every run must mount.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -155,6 +230,13 @@ pub struct Profile {
     /// `node.kubernetes.io/not-ready` NoExecute taints.
     #[serde(default)]
     pub node_failure_toleration_seconds: Option<Setting<i64>>,
+    /// Dead-node reclaim by the webhook's controller (off when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_failure: Option<NodeFailurePolicy>,
+    /// Crash-loop stop defaults. Not read by the injection: left out of
+    /// the injected status hash while it is the default.
+    #[serde(default, skip_serializing_if = "CrashLoopPolicy::is_default")]
+    pub crash_loop: CrashLoopPolicy,
     /// A shared checkpoint volume every run must mount.
     #[serde(default)]
     pub checkpoint: Option<CheckpointRule>,
@@ -228,6 +310,8 @@ impl Default for Profile {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             node_failure_toleration_seconds: None,
+            node_failure: None,
+            crash_loop: CrashLoopPolicy::default(),
             checkpoint: None,
             checkpoint_path: default_checkpoint_path(),
             checkpoint_max_age: default_checkpoint_max_age(),
@@ -239,6 +323,20 @@ impl Default for Profile {
             etcd_endpoint: None,
             sidecar: SidecarPolicy::default(),
         }
+    }
+}
+
+impl Profile {
+    /// The `tolerationSeconds` of the unreachable / not-ready tolerations:
+    /// `nodeFailureTolerationSeconds` when set (validation makes it equal to
+    /// the reclaim grace when both are set), else the `nodeFailure` grace as
+    /// a default the user may override, else none (Kubernetes' 300 s).
+    pub fn node_failure_tolerations(&self) -> Option<Setting<i64>> {
+        self.node_failure_toleration_seconds.clone().or_else(|| {
+            self.node_failure
+                .as_ref()
+                .map(|n| Setting::default_value(n.toleration_seconds()))
+        })
     }
 }
 

@@ -227,6 +227,26 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
         );
     }
 
+    if let (Some(n), Some(s)) = (&p.node_failure, &p.node_failure_toleration_seconds)
+        && n.toleration_seconds() != s.value
+    {
+        c.error(
+            at.key("nodeFailureTolerationSeconds").key("value"),
+            format!(
+                "{} s disagrees with nodeFailure.reclaimAfter ({}): pods would be evicted and reclaimed at different times; remove nodeFailureTolerationSeconds (reclaimAfter sets the tolerations) or make them equal",
+                s.value, n.reclaim_after
+            ),
+        );
+    }
+    if let Some(n) = &p.node_failure
+        && n.max_pods_per_minute == 0
+    {
+        c.error(
+            at.key("nodeFailure").key("maxPodsPerMinute"),
+            "0 would never reclaim a pod; give 1 or more, or remove nodeFailure to turn reclaim off",
+        );
+    }
+
     if let Some(rule) = &p.checkpoint {
         let path = at.key("checkpoint");
         match syntax::claim_pattern(&rule.claim) {
