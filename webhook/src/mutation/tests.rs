@@ -1,8 +1,6 @@
 //! Engine tests: the real AdmissionReview fixtures, re-injection, the scale
 //! guard, every refusal message, policy enforcement and property tests.
 
-use std::path::PathBuf;
-
 use proptest::prelude::*;
 use rstest::rstest;
 use serde_json::{Value, json};
@@ -11,22 +9,9 @@ use super::patch::apply_checked;
 use super::*;
 use crate::policy::{CheckpointRule, Enforce, Profile, RdzvBackend, Setting};
 
-/// The repository's copy of the captured AdmissionReview requests.
-fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/admission")
-}
-
 /// `(request.object, request.namespace)` of a captured AdmissionReview.
 fn fixture(name: &str) -> (Value, String) {
-    let path = fixtures_dir().join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
-    let review: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    let ns = review["request"]["namespace"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    (review["request"]["object"].clone(), ns)
+    trainwire_test_support::fixtures::request_object(name)
 }
 
 /// The apiserver may truncate an admission warning past 256 characters.
