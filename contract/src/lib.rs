@@ -17,6 +17,7 @@ pub mod duration;
 pub mod env;
 pub mod failure;
 pub mod path;
+pub mod peer_loss;
 pub mod quantity;
 pub mod values;
 

@@ -401,6 +401,72 @@ async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses(
     Ok(())
 }
 
+/// One story: a loss the controller never saw itself (heartbeats only), but
+/// that the sidecar recorded on its pod when it killed the local agent, is
+/// counted as a loss generation and told on the workload, so the exit 137
+/// the sidecar caused is not a script failure, even with a limit of 1.
+#[tokio::test]
+async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
+    use trainwire_contract::peer_loss::{ANNOTATION, PeerLossRecord};
+    let mut w = world(RECLAIM)?;
+    w.node("True", 0)?;
+    w.statefulset(json!({"trainwire.dev/max-failures": "1/1h"}))?;
+    w.set_time(300);
+    let mut p = pod("llama-1", "u1", exited(137, 1, 296))?;
+    let record = PeerLossRecord {
+        generation: 1,
+        lost_rank: 0,
+        confirmed_by: "replacement-answers".into(),
+        action: "restart-agent".into(),
+        result: "signalled".into(),
+        at: at(295).to_string(),
+    };
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            ANNOTATION.to_string(),
+            record.to_annotation().context("json")?,
+        );
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
+    let event = w.api.event("PeerLost", "StatefulSet").await?;
+    let note = event["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains("the sidecar of pod llama-1 lost rank 0 (its generation 1, confirmed by replacement-answers): restart-agent signalled"),
+        "{note}"
+    );
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Seen again: no second Event, and still no stop (no request at all).
+    w.reconcile(&p).await?;
+    // A real script failure later is counted (limit 1: stop).
+    w.set_time(900);
+    let task = tokio::spawn(failures::reconcile_pod(
+        Arc::new(pod("llama-1", "u1", exited(2, 2, 890))?),
+        w.ctx.clone(),
+    ));
+    let patch = w
+        .api
+        .expect(
+            Method::PATCH,
+            &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
+        )
+        .await?;
+    ensure!(
+        patch.body["metadata"]["annotations"]["trainwire.dev/stopped-exit-code"] == "2",
+        "{}",
+        patch.body
+    );
+    let body = patch.body.clone();
+    patch.reply(StatusCode::OK, &body);
+    w.api.event("WorldStopped", "StatefulSet").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
 #[test]
 fn resuming_restores_the_replicas_and_clears_the_evidence() {
     let a: BTreeMap<String, String> = [

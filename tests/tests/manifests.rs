@@ -37,6 +37,8 @@ const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "get"),
     ("", "pods", "list"),
     ("", "pods", "watch"),
+    // The peer-loss record on its own pod (trainwire_contract::peer_loss).
+    ("", "pods", "patch"),
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),

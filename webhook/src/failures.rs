@@ -164,6 +164,8 @@ struct State {
     histories: HashMap<String, History>,
     /// Pods seen lost, by (namespace, name): the lost pod's UID.
     lost: HashMap<(String, String), String>,
+    /// Sidecar peer-loss records already counted: (pod UID, generation).
+    sidecar_losses: HashSet<(String, u64)>,
 }
 
 /// Shared by every reconcile.
@@ -471,8 +473,57 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
         }
     }
 
+    sidecar_loss(&ctx, &pod, &owner, now).await;
     crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
     Ok(action)
+}
+
+/// The sidecar's own record of a peer loss it acted on
+/// ([`trainwire_contract::peer_loss`]): counted once as a loss of the
+/// workload, so the trainer exit its action caused is never a script
+/// failure, and told in the workload's Events with the sidecar's generation.
+async fn sidecar_loss(ctx: &Context, pod: &Pod, owner: &Owner, now: Timestamp) {
+    use trainwire_contract::peer_loss::{ANNOTATION, PeerLossRecord};
+    let Some(record) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION))
+        .and_then(|v| PeerLossRecord::from_annotation(v))
+    else {
+        return;
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // The sidecar's clock, but never in the future of ours.
+    let at = record
+        .at
+        .parse::<Timestamp>()
+        .ok()
+        .filter(|t| *t <= now)
+        .unwrap_or(now);
+    let generation = {
+        let mut st = ctx.state();
+        if !st.sidecar_losses.insert((uid, record.generation)) {
+            return;
+        }
+        st.histories.entry(owner.uid.clone()).or_default().loss(at)
+    };
+    ctx.event(
+        &owner.reference(),
+        EventType::Warning,
+        "PeerLost",
+        "Detect",
+        format!(
+            "the sidecar of pod {} lost rank {} (its generation {}, confirmed by {}): {} {}; loss generation {generation}",
+            pod.name_any(),
+            record.lost_rank,
+            record.generation,
+            if record.confirmed_by.is_empty() { "nothing yet" } else { &record.confirmed_by },
+            record.action,
+            record.result,
+        ),
+    )
+    .await;
 }
 
 /// The pod condition reason trainwire writes on a pod it reclaims.
