@@ -859,16 +859,10 @@ fn fuse_unavailable() -> Option<String> {
 
 /// Skip (or, under `CI=true`, fail) when FUSE is missing.
 fn require_fuse(test: &str) -> bool {
-    match fuse_unavailable() {
-        None => true,
-        Some(why) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("{test}: FUSE is required under CI (.ci/run installs it): {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            false
-        }
-    }
+    trainwire_tests::require(
+        test,
+        trainwire_tests::Prerequisite::from_missing(fuse_unavailable()),
+    )
 }
 
 /// How long the checkpoint volume hangs.

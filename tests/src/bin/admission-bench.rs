@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use trainwire_tests::net::{free_port, wait_listening};
 
 const HOST: &str = "trainwire-webhook.trainwire-system.svc";
 /// Concurrent connections, one request in flight on each.
@@ -142,12 +143,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn pin_self(cpus: &str) -> anyhow::Result<()> {
     let status = Command::new("taskset")
         .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
@@ -161,8 +156,8 @@ fn pin_self(cpus: &str) -> anyhow::Result<()> {
 }
 
 fn start_webhook(bin: &Path, cpus: &str, dir: &Path) -> anyhow::Result<Server> {
-    let port = free_port()?;
-    let probe = free_port()?;
+    let port = free_port();
+    let probe = free_port();
     let child = Command::new("taskset")
         .args(["-c", cpus])
         .arg(bin)
@@ -185,7 +180,9 @@ fn start_webhook(bin: &Path, cpus: &str, dir: &Path) -> anyhow::Result<Server> {
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
-    wait_listening(port)?;
+    if !wait_listening(port, Duration::from_secs(5)) {
+        bail!("server on port {port} did not start");
+    }
     Ok(Server {
         child,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -193,7 +190,7 @@ fn start_webhook(bin: &Path, cpus: &str, dir: &Path) -> anyhow::Result<Server> {
 }
 
 fn start_bare(cpus: &str, dir: &Path, response: &Path) -> anyhow::Result<Server> {
-    let port = free_port()?;
+    let port = free_port();
     let child = Command::new("taskset")
         .args(["-c", cpus])
         .arg(std::env::current_exe()?)
@@ -204,21 +201,13 @@ fn start_bare(cpus: &str, dir: &Path, response: &Path) -> anyhow::Result<Server>
         .arg(response)
         .stdout(Stdio::null())
         .spawn()?;
-    wait_listening(port)?;
+    if !wait_listening(port, Duration::from_secs(5)) {
+        bail!("server on port {port} did not start");
+    }
     Ok(Server {
         child,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
     })
-}
-
-fn wait_listening(port: u16) -> anyhow::Result<()> {
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    bail!("server on port {port} did not start")
 }
 
 fn client(ca_pem: &str, addr: SocketAddr, http: Http) -> anyhow::Result<reqwest::Client> {
