@@ -82,6 +82,8 @@ struct Cluster {
     nnodes: String,
     /// Where sidecars and trainers see the checkpoints: `ckpt`, or a mount of it.
     ckpt_dir: Option<PathBuf>,
+    /// More env for every sidecar.
+    sidecar_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -101,6 +103,7 @@ impl Cluster {
             sidecar_bin,
             nnodes: "2".to_string(),
             ckpt_dir: None,
+            sidecar_env: Vec::new(),
         })
     }
 
@@ -164,6 +167,7 @@ impl Cluster {
                 if let Ok(v) = std::env::var("TRAINWIRE_E2E_CONFIRM_AFTER") {
                     cmd.env(tw::CONFIRM_AFTER, v);
                 }
+                cmd.envs(self.sidecar_env.iter().map(|(k, v)| (k, v)));
                 let proc = Proc::spawn_as(
                     &mut cmd,
                     self.tag.value(),
@@ -877,6 +881,10 @@ fn hung_volume() -> Result<String, String> {
     let mut c = Cluster::new(Responder::Sidecar)?;
     let fuse = FuseMount::serve(c.ckpt.path(), &c.tag, &c.log)?;
     c.ckpt_dir = Some(fuse.path());
+    // Poll every 2 s (10 s by default), so the hang is met within the window:
+    // unknown after at most poll interval + SCAN_TIMEOUT (10 s).
+    c.sidecar_env
+        .push((tw::CHECKPOINT_POLL_INTERVAL.to_string(), "2s".to_string()));
     c.start_node("n0", 0, Network::addr(10), true)?;
     c.start_node("n1", 1, Network::addr(11), true)?;
     c.wait("the third checkpoint", |l| {
