@@ -9,6 +9,8 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -98,6 +100,15 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
     text
 }
 
+/// Probes in flight at once for one peer that does not answer: enough to
+/// start one per interval for as long as a probe may take (at least 2).
+fn max_inflight(interval: Duration, timeout: Duration) -> usize {
+    let per = interval.as_millis().max(1);
+    usize::try_from(timeout.as_millis().div_ceil(per))
+        .unwrap_or(usize::MAX)
+        .clamp(2, 16)
+}
+
 /// One probe in flight.
 type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
 
@@ -105,7 +116,9 @@ type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, Str
 /// `tx` is closed.
 ///
 /// Probing and counting misses are decoupled: a new probe starts at a tick
-/// when none is in flight, and may take up to the probe timeout (its
+/// when none is in flight (or, while the peer does not answer, one more per
+/// tick, so that a probe stuck on a dead address does not delay seeing a
+/// replacement at the same name), and may take up to the probe timeout (its
 /// connection is kept, so a slow network costs one round trip per probe);
 /// at each tick with no good answer since the previous one, one miss is
 /// reported. So a dead peer is reported after about interval × misses, while
@@ -122,10 +135,11 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
         let http = http.clone();
         let tx = tx.clone();
         let interval = config.heartbeat.interval;
+        let max_inflight = max_inflight(interval, timeout);
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut inflight: Option<Probe> = None;
+            let mut inflight: FuturesUnordered<Probe> = FuturesUnordered::new();
             let mut inflight_since = Instant::now();
             let mut answered = false;
             let mut last_error: Option<String> = None;
@@ -136,29 +150,33 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
                             None
                         } else if let Some(e) = last_error.take() {
                             Some(e)
-                        } else if inflight.is_some() {
+                        } else if !inflight.is_empty() {
                             Some(format!("no answer for {}ms", inflight_since.elapsed().as_millis()))
                         } else {
                             None
                         };
                         answered = false;
-                        if inflight.is_none() {
+                        // One probe at a time while the peer answers; while
+                        // it does not, one more per tick (at most
+                        // `max_inflight`): a probe stuck on an address that
+                        // is gone must not hide a replacement that answers
+                        // at the name now, and a slow answer still counts.
+                        if inflight.is_empty() || (miss.is_some() && inflight.len() < max_inflight) {
+                            if inflight.is_empty() {
+                                inflight_since = Instant::now();
+                            }
                             let (http, url) = (http.clone(), url.clone());
-                            inflight = Some(Box::pin(async move { probe(&http, &url, timeout).await }));
-                            inflight_since = Instant::now();
+                            inflight.push(Box::pin(async move { probe(&http, &url, timeout).await }));
                         }
                         match miss {
                             Some(e) => Evidence::Missed(e),
                             None => continue,
                         }
                     }
-                    result = async {
-                        match inflight.as_mut() {
-                            Some(f) => f.await,
-                            None => std::future::pending().await,
+                    Some(result) = inflight.next(), if !inflight.is_empty() => {
+                        if inflight.is_empty() {
+                            inflight_since = Instant::now();
                         }
-                    } => {
-                        inflight = None;
                         match result {
                             Ok(beat) if beat.rank == rank => {
                                 answered = true;
