@@ -17,6 +17,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::annotations::STATUS;
+use super::workload::Workload;
 
 /// The engine version recorded in the status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -76,8 +77,10 @@ pub struct Status {
 pub fn fingerprint<T: Serialize>(entry: &T) -> String {
     let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
     normalize_quantities(&mut value, false);
-    let digest = Sha256::digest(value.to_string().as_bytes());
-    hex::encode(&digest[..6])
+    let mut hasher = HashWriter(Sha256::new());
+    // Writing into a hasher cannot fail.
+    let _ = serde_json::to_writer(&mut hasher, &value);
+    hex::encode(&hasher.0.finalize()[..6])
 }
 
 fn normalize_quantities(v: &mut Value, quantity_map: bool) {
@@ -135,26 +138,40 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
-/// Whether two serialised workloads differ at most in the status
-/// annotation's `hash` and `version`.
-pub fn same_but_hash(a: &Value, b: &Value) -> bool {
-    let pointer = "/spec/template/metadata/annotations";
-    let normalise = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(ann) = v.pointer_mut(pointer).and_then(Value::as_object_mut)
-            && let Some(Value::String(raw)) = ann.get(STATUS)
-            && let Ok(mut st) = serde_json::from_str::<Status>(raw)
-        {
+/// Whether two workloads differ at most in the status annotation's `hash`
+/// and `version`.
+pub fn same_but_hash(a: &Workload, b: &Workload) -> bool {
+    let raw = |w: &Workload| {
+        w.template()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(STATUS))
+            .cloned()
+    };
+    let (Some(raw_a), Some(raw_b)) = (raw(a), raw(b)) else {
+        return false;
+    };
+    let cleared = |raw: &str| {
+        serde_json::from_str::<Status>(raw).ok().map(|mut st| {
             st.hash.clear();
             st.version.clear();
-            ann.insert(
-                STATUS.to_string(),
-                serde_json::to_value(&st).unwrap_or(Value::Null),
-            );
-        }
-        v
+            st
+        })
     };
-    a.pointer(pointer).and_then(|x| x.get(STATUS)).is_some() && normalise(a) == normalise(b)
+    match (cleared(&raw_a), cleared(&raw_b)) {
+        (Some(sa), Some(sb)) if sa == sb => {}
+        _ => return false,
+    }
+    // Everything else equal: compare with `a`'s status text put on `b`.
+    let mut b = b.clone();
+    if let Some(ann) = b
+        .template_mut()
+        .and_then(|t| t.metadata.as_mut())
+        .and_then(|m| m.annotations.as_mut())
+    {
+        ann.insert(STATUS.to_string(), raw_a);
+    }
+    *a == b
 }
 
 /// What [`strip`] found.
@@ -345,17 +362,16 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
 }
 
 /// The input hash: the stripped workload (metadata reduced to what the engine
-/// reads), the namespace, the profile and the engine version. Empty maps and
-/// lists are dropped first so that "absent" and "empty" hash the same.
-pub fn input_hash(clean_workload: &Value, namespace: &str, profile: &Value) -> String {
-    let mut w = clean_workload.clone();
+/// reads), the namespace, the profile (its canonical JSON, computed once per
+/// policy) and the engine version. Empty maps and lists are dropped first so
+/// that "absent" and "empty" hash the same.
+///
+/// The hashed text is the compact JSON object
+/// `{"namespace":..,"profile":..,"version":..,"workload":..}` (keys sorted),
+/// streamed into the hasher rather than built.
+pub fn input_hash(mut w: Value, namespace: &str, profile_json: &str) -> String {
     if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
-        let keep: serde_json::Map<String, Value> = meta
-            .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "name" | "annotations"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        *meta = keep;
+        meta.retain(|k, _| matches!(k.as_str(), "name" | "annotations"));
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
             ann.retain(|k, _| k.starts_with(super::annotations::PREFIX));
         }
@@ -364,16 +380,35 @@ pub fn input_hash(clean_workload: &Value, namespace: &str, profile: &Value) -> S
         obj.remove("status");
     }
     prune(&mut w);
-    let input = serde_json::json!({
-        "workload": w,
-        "namespace": namespace,
-        "profile": profile,
-        "version": VERSION,
-    });
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(input.to_string().as_bytes()))
-    )
+    let mut hasher = HashWriter(Sha256::new());
+    let streamed = (|| -> std::io::Result<()> {
+        use std::io::Write as _;
+        hasher.write_all(b"{\"namespace\":")?;
+        serde_json::to_writer(&mut hasher, namespace)?;
+        hasher.write_all(b",\"profile\":")?;
+        hasher.write_all(profile_json.as_bytes())?;
+        hasher.write_all(b",\"version\":")?;
+        serde_json::to_writer(&mut hasher, VERSION)?;
+        hasher.write_all(b",\"workload\":")?;
+        serde_json::to_writer(&mut hasher, &w)?;
+        hasher.write_all(b"}")
+    })();
+    // Writing into a hasher cannot fail; serialising a `Value` neither.
+    debug_assert!(streamed.is_ok());
+    format!("sha256:{}", hex::encode(hasher.0.finalize()))
+}
+
+/// A SHA-256 as an `io::Write`, for streaming serialisation into it.
+pub struct HashWriter(pub Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn prune(v: &mut Value) {

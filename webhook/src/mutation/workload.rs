@@ -2,13 +2,16 @@
 //! field, the headless Service that gives pods DNS names, the rank source and
 //! the label selector of the workload's pods.
 
+use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
 use serde_json::Value;
 
-use super::{Ctx, Refusal};
+use super::{Ctx, Refusal, patch};
 
 /// Downward-API path of a StatefulSet pod's index (Kubernetes 1.28+).
 pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/pod-index']";
@@ -16,7 +19,7 @@ pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/po
 pub const JOB_RANK_FIELD: &str = "metadata.annotations['batch.kubernetes.io/job-completion-index']";
 
 /// A workload trainwire manages, typed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     StatefulSet(Box<StatefulSet>),
     Job(Box<Job>),
@@ -75,6 +78,66 @@ impl Workload {
             Workload::Job(j) => serde_json::to_value(j),
         }
         .unwrap_or(Value::Null)
+    }
+
+    /// Read the workload from JSON text (an AdmissionReview's object),
+    /// without an intermediate `Value`.
+    pub fn from_str(kind: &str, json: &str) -> Result<Workload, serde_json::Error> {
+        match kind {
+            "StatefulSet" => Ok(Workload::StatefulSet(Box::new(serde_json::from_str(json)?))),
+            _ => Ok(Workload::Job(Box::new(serde_json::from_str(json)?))),
+        }
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Workload::StatefulSet(s) => &s.metadata,
+            Workload::Job(j) => &j.metadata,
+        }
+    }
+
+    /// What the input hash covers, as JSON: kind, name, annotations, spec
+    /// (the rest of the metadata, e.g. `managedFields`, is never serialised).
+    pub fn hash_view(&self) -> Value {
+        let (api_version, kind, meta, spec) = match self {
+            Workload::StatefulSet(s) => (
+                "apps/v1",
+                "StatefulSet",
+                &s.metadata,
+                serde_json::to_value(&s.spec),
+            ),
+            Workload::Job(j) => (
+                "batch/v1",
+                "Job",
+                &j.metadata,
+                serde_json::to_value(&j.spec),
+            ),
+        };
+        let mut metadata = serde_json::Map::new();
+        if let Some(name) = &meta.name {
+            metadata.insert("name".to_string(), Value::String(name.clone()));
+        }
+        if let Some(ann) = &meta.annotations {
+            metadata.insert(
+                "annotations".to_string(),
+                ann.iter()
+                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                    .collect(),
+            );
+        }
+        let mut out = serde_json::Map::new();
+        out.insert(
+            "apiVersion".to_string(),
+            Value::String(api_version.to_string()),
+        );
+        out.insert("kind".to_string(), Value::String(kind.to_string()));
+        out.insert("metadata".to_string(), Value::Object(metadata));
+        if let Ok(spec) = spec
+            && !spec.is_null()
+        {
+            out.insert("spec".to_string(), spec);
+        }
+        Value::Object(out)
     }
 
     pub fn kind(&self) -> &'static str {
@@ -204,6 +267,43 @@ impl Workload {
             }
         }
     }
+}
+
+/// The minimal patch from `before` to `after`, computed on the typed model:
+/// only the parts that differ are serialised and compared.
+pub fn diff(before: &Workload, after: &Workload) -> json_patch::Patch {
+    fn part<T: Serialize + PartialEq>(
+        key: &str,
+        b: &T,
+        a: &T,
+        pointer: &mut PointerBuf,
+        ops: &mut Vec<json_patch::PatchOperation>,
+    ) {
+        if b == a {
+            return;
+        }
+        let (Ok(bv), Ok(av)) = (serde_json::to_value(b), serde_json::to_value(a)) else {
+            return;
+        };
+        pointer.push_back(key);
+        patch::diff_into(&bv, &av, pointer, ops);
+        pointer.pop_back();
+    }
+    let mut ops = Vec::new();
+    let mut pointer = PointerBuf::new();
+    match (before, after) {
+        (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
+            part("metadata", &b.metadata, &a.metadata, &mut pointer, &mut ops);
+            part("spec", &b.spec, &a.spec, &mut pointer, &mut ops);
+        }
+        (Workload::Job(b), Workload::Job(a)) => {
+            part("metadata", &b.metadata, &a.metadata, &mut pointer, &mut ops);
+            part("spec", &b.spec, &a.spec, &mut pointer, &mut ops);
+        }
+        // The engine never changes the kind.
+        _ => {}
+    }
+    json_patch::Patch(ops)
 }
 
 /// A `LabelSelector` as a selector string (`k=v,k2 in (a,b),!k3`).
