@@ -17,6 +17,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /out/trainwire-sidecar /usr/local/bin/trainwire-sidecar
 # Numeric, so that runAsNonRoot can verify it without a passwd lookup.
 USER 65532:65532
-# The webhook injects this image as a native sidecar and sets its user:
-# it must run as the trainer's UID (or with CAP_KILL) to signal torchrun.
+# The webhook injects this image as a native sidecar and always sets its user:
+# the trainer's UID with no capability when known, else UID 0 with only KILL
+# (a non-root user loses added capabilities at exec; see docs/sidecar.md).
 ENTRYPOINT ["/usr/local/bin/trainwire-sidecar"]

@@ -161,27 +161,49 @@ async fn every_captured_review_gets_a_review_back_with_its_uid() {
         let response = check_review_envelope(&reply.json(), &uid);
         let request = &fixture["request"];
         match name.as_str() {
-            // A NonIndexed Job cannot be a torchrun world: refused, saying how to fix it.
-            "job-nonindexed-create.json" => {
-                assert_eq!(response["allowed"], false, "{name}: {response}");
-                assert_eq!(response["status"]["code"], 403, "{name}: {response}");
-                let message = response["status"]["message"].as_str().unwrap_or_default();
-                assert!(message.contains("completionMode"), "{name}: {message}");
-                assert!(response.get("patch").is_none(), "{name}");
-            }
             // Not managed (Pods), a Job UPDATE (template immutable), and the
-            // scale guard with no StatefulSet to read: allowed untouched.
-            n if n.starts_with("pod-")
-                || n == "job-update-label.json"
-                || n == "statefulset-scale-subresource.json" =>
-            {
+            // scale guard with no StatefulSet cache: allowed untouched (the
+            // guard's own verdicts are in the scale guard's table test).
+            n if n.starts_with("pod-") || n == "job-update-label.json" => {
                 assert_eq!(response["allowed"], true, "{name}: {response}");
                 assert!(response.get("patch").is_none(), "{name}: {response}");
                 assert!(response.get("warnings").is_none(), "{name}: {response}");
             }
-            // Annotated StatefulSets (CREATE, UPDATE) and Indexed Jobs (CREATE).
+            "statefulset-scale-subresource.json" => {
+                assert_eq!(response["allowed"], true, "{name}: {response}");
+                assert!(response.get("patch").is_none(), "{name}: {response}");
+            }
+            // A StatefulSet created paused: injected, but never a world of 0.
+            "statefulset-create-zero-replicas.json" => {
+                assert_eq!(response["allowed"], true, "{name}: {response}");
+                let patched = common::apply_response_patch(&response, &request["object"]);
+                let trainer = common::trainer(&patched);
+                for var in ["PET_NNODES", "WORLD_SIZE", "NNODES"] {
+                    assert!(
+                        common::env_value(trainer, var).is_none(),
+                        "{name}: {var} in {trainer}"
+                    );
+                }
+                let sidecar = &patched["spec"]["template"]["spec"]["initContainers"][0];
+                assert!(
+                    common::env_value(sidecar, "TRAINWIRE_NNODES").is_none(),
+                    "{name}: {sidecar}"
+                );
+                let warnings = response["warnings"].to_string();
+                assert!(warnings.contains("replicas 0"), "{name}: {warnings}");
+                check_reinjection_changes_nothing(&state, &fixture, patched).await;
+            }
+            // Annotated StatefulSets (CREATE, UPDATE) and Jobs (CREATE); a
+            // NonIndexed Job (the apiserver's default) becomes Indexed, with
+            // a warning that says so.
             _ => {
                 let patched = check_injected(&name, request, &response);
+                let nonindexed = request["object"]["spec"]["completionMode"] == "NonIndexed";
+                let warned = response["warnings"].as_array().is_some_and(|w| {
+                    w.iter()
+                        .any(|w| w.as_str().is_some_and(|w| w.contains("changed to Indexed")))
+                });
+                assert_eq!(nonindexed, warned, "{name}: {response}");
                 check_reinjection_changes_nothing(&state, &fixture, patched).await;
             }
         }

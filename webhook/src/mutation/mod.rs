@@ -212,7 +212,11 @@ fn run(
         workload.unset(&stripped.workload_fields);
         complete = stripped.complete;
     }
-    let hash = status::input_hash(workload.hash_view(), &namespace, profile.canonical_json());
+    // The hash covers only what the user controls (see `status::input_hash`):
+    // an UPDATE that changes none of it keeps the injected template exactly
+    // as it is, even when the engine, the sidecar image or the policy changed
+    // since, so an upgrade never rolls running training by itself.
+    let hash = status::input_hash(workload.hash_view(), &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
@@ -221,9 +225,9 @@ fn run(
         status::write(template, &ctx.status);
     }
 
-    // Same inputs, or a recomputation that changes nothing but the recorded
-    // hash/version (a policy edit that does not touch this workload, a new
-    // engine version): no change at all, so no needless rollout of the pods.
+    // Same user inputs (a label added, an upgrade of trainwire or its policy),
+    // or a recomputation that changes nothing but the recorded hash/version:
+    // no change at all, so no rollout of the pods.
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
     let patch = if same_inputs || status::same_but_hash(&before, &workload) {
         json_patch::Patch(Vec::new())
@@ -255,7 +259,7 @@ fn inject(
     ctx.status.container = spec.containers[trainer].name.clone();
     let gpus = gpu::apply(ctx, spec, trainer, ann)?;
     let world = rendezvous::world(ctx, &shape, ann, gpus)?;
-    ctx.status.nnodes = world.nnodes.to_string();
+    ctx.status.nnodes = world.nnodes.map(|n| n.to_string()).unwrap_or_default();
     let mut desired = rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer]);
     desired.extend(nccl::desired(ctx, ann)?);
     let checkpoint = volumes::checkpoint(ctx, &shape, ann, spec, trainer)?;

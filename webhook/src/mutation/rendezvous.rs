@@ -26,7 +26,12 @@ pub const DEFAULT_JOIN_TIMEOUT: u64 = 600;
 /// The world as decided: size, processes per node, backend and endpoint.
 #[derive(Clone, Debug)]
 pub struct World {
-    pub nnodes: Nnodes,
+    /// `None`: a StatefulSet created at `replicas: 0` with no
+    /// `trainwire.dev/nnodes`: paused, its world size unknown. Its pods get
+    /// no world-size env (never a world of 0); the size is injected when the
+    /// StatefulSet is scaled up through a path that re-injects (`kubectl
+    /// apply`/`patch`), and the scale guard refuses `kubectl scale` from 0.
+    pub nnodes: Option<Nnodes>,
     pub nproc: Nproc,
     pub backend: RdzvBackend,
     pub endpoint: String,
@@ -49,26 +54,60 @@ pub fn world(
     ann: &Annotations,
     gpus: u32,
 ) -> Result<World, Refusal> {
-    let profile = ctx.profile;
     let size = u32::try_from(shape.size).unwrap_or(0);
-    let nnodes =
-        match ann.nnodes {
-            None => Nnodes::Fixed(size),
-            Some(n) => {
-                if !n.covers(size) {
-                    ctx.warn(format!(
+    let nnodes = match ann.nnodes {
+        None if size == 0 && shape.kind == "StatefulSet" => {
+            ctx.warn(format!(
+                    "StatefulSet {}: replicas 0 and no {}, so it is paused with no world size; scale it up with kubectl apply or patch (which re-inject it), not kubectl scale, or set {}",
+                    shape.name,
+                    annotations::NNODES,
+                    annotations::NNODES
+                ));
+            return finish(ctx, shape, ann, None, gpus);
+        }
+        None if size == 0 => {
+            return Err(Refusal::Workload(format!(
+                "{} {} has {} 0 and no annotation {}: a torchrun world of 0 nodes cannot run, and a Job's pod template cannot be re-injected later; set {} to the number of nodes",
+                shape.kind,
+                shape.name,
+                shape.size_field,
+                annotations::NNODES,
+                shape.size_field
+            )));
+        }
+        None => Nnodes::Fixed(size),
+        Some(n) => {
+            if !n.covers(size) {
+                ctx.warn(format!(
                     "annotation {} is {n} but {} of {} {} is {size}: the world {} until they agree",
                     annotations::NNODES,
                     shape.size_field,
                     shape.kind,
                     shape.name,
-                    if size < n.max() { "does not form" } else { "leaves pods out" }
+                    if size < n.max() {
+                        "does not form"
+                    } else {
+                        "leaves pods out"
+                    }
                 ));
-                }
-                n
             }
-        };
+            n
+        }
+    };
+    finish(ctx, shape, ann, Some(nnodes), gpus)
+}
+
+/// The rest of the world once its size is known (or paused).
+fn finish(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    nnodes: Option<Nnodes>,
+    gpus: u32,
+) -> Result<World, Refusal> {
+    let profile = ctx.profile;
     if let Some(max) = profile.max_nodes
+        && let Some(nnodes) = nnodes
         && nnodes.max() > max
     {
         return Err(Refusal::Policy {
@@ -100,7 +139,7 @@ pub fn world(
     }
     let backend = resolved.value;
     if backend == RdzvBackend::Static
-        && let Nnodes::Elastic { .. } = nnodes
+        && let Some(nnodes @ Nnodes::Elastic { .. }) = nnodes
     {
         return Err(Refusal::Annotation {
                 annotation: annotations::NNODES.to_string(),
@@ -153,12 +192,6 @@ pub fn desired(
         Desired::field("PET_NODE_RANK", shape.rank_field, rank_why.clone()),
         Desired::field("NODE_RANK", shape.rank_field, rank_why),
         Desired::value(
-            "PET_NNODES",
-            world.nnodes.to_string(),
-            size_why.clone(),
-            Conflict::ManifestWins,
-        ),
-        Desired::value(
             "PET_NPROC_PER_NODE",
             world.nproc.to_string(),
             nproc_why.clone(),
@@ -187,6 +220,17 @@ pub fn desired(
             Conflict::ManifestWins,
         ),
     ];
+    if let Some(nnodes) = world.nnodes {
+        out.insert(
+            2,
+            Desired::value(
+                "PET_NNODES",
+                nnodes.to_string(),
+                size_why.clone(),
+                Conflict::ManifestWins,
+            ),
+        );
+    }
     out.extend(rdzv_conf(ctx, c));
     out.push(Desired::value(
         "PET_MAX_RESTARTS",
@@ -212,7 +256,7 @@ pub fn desired(
         "annotation trainwire.dev/rdzv-port (default 29500)",
         Conflict::ManifestWins,
     ));
-    if let Nnodes::Fixed(n) = world.nnodes {
+    if let Some(Nnodes::Fixed(n)) = world.nnodes {
         out.push(Desired::value(
             "NNODES",
             n.to_string(),

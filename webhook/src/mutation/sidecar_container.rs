@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, HTTPGetAction, PodSpec, Probe,
-    ResourceRequirements, SecurityContext, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecurityContext, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -71,6 +71,79 @@ fn plain(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
+/// Who the sidecar runs as, so that it can signal the trainer the way a
+/// container runtime really runs it.
+///
+/// Kubernetes sets no ambient capabilities: a non-root process loses every
+/// added capability at exec, so a sidecar running as some UID with `add:
+/// [KILL]` cannot signal a trainer of another UID (EPERM). Signalling a
+/// process of the same UID needs no capability at all. Hence:
+///
+/// - the trainer's UID is known (its container's `runAsUser`, else the pod's):
+///   the sidecar runs as that UID and group with every capability dropped;
+///   under a non-root UID also `runAsNonRoot` and the `RuntimeDefault`
+///   seccomp profile, which Pod Security `restricted` asks for;
+/// - it is not known (the image's user: root in most PyTorch images): the
+///   sidecar runs as UID 0 with every capability dropped but `KILL`, which
+///   reaches a trainer of any UID (Pod Security `baseline`);
+/// - the policy pins `sidecar.runAsUser`: that UID, with `KILL` only as root;
+///   a warning when it cannot signal the trainer.
+///
+/// Always `allowPrivilegeEscalation: false` and a read-only root filesystem.
+pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityContext {
+    let container = spec.containers[trainer].security_context.as_ref();
+    let pod = spec.security_context.as_ref();
+    let trainer_uid = container
+        .and_then(|s| s.run_as_user)
+        .or_else(|| pod.and_then(|p| p.run_as_user));
+    let trainer_gid = container
+        .and_then(|s| s.run_as_group)
+        .or_else(|| pod.and_then(|p| p.run_as_group));
+    let pinned = ctx.profile.sidecar.run_as_user;
+    let (uid, gid) = match pinned {
+        Some(uid) => {
+            let can_signal = uid == 0 || trainer_uid == Some(uid);
+            if !can_signal {
+                ctx.warn(format!(
+                    "policy profile {:?} runs the sidecar as UID {uid} and the trainer as {}: a non-root process cannot signal another user's, so the sidecar can only report a lost peer",
+                    ctx.profile.name,
+                    trainer_uid.map_or("the image's user".to_string(), |u| format!("UID {u}"))
+                ));
+            }
+            (uid, ctx.profile.sidecar.run_as_group.or(trainer_gid))
+        }
+        None => match trainer_uid {
+            Some(uid) => (uid, trainer_gid),
+            None => (0, None),
+        },
+    };
+    // Root needs KILL for a trainer of another (or an unknown) UID; the
+    // same UID needs no capability.
+    let kill = uid == 0 && trainer_uid != Some(0);
+    if uid == 0 && pod.and_then(|p| p.run_as_non_root) == Some(true) {
+        ctx.warn(
+            "the pod sets runAsNonRoot but not the trainer's UID, so the sidecar runs as root with only KILL to be able to signal it; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability (Pod Security restricted)".to_string(),
+        );
+    }
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: kill.then(|| vec!["KILL".to_string()]),
+        }),
+        run_as_user: Some(uid),
+        run_as_group: gid,
+        run_as_non_root: Some(uid != 0),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..Default::default()
+    }
+}
+
 /// Add the sidecar (first among the init containers, so it runs while the
 /// others do) and `shareProcessNamespace: true` so it can signal the trainer.
 pub fn inject(
@@ -100,10 +173,12 @@ pub fn inject(
         field_env(env::POD_NAMESPACE, "metadata.namespace"),
         field_env(env::POD_UID, "metadata.uid"),
         field_env(env::NODE_RANK, shape.rank_field),
-        plain(env::NNODES, world.nnodes.to_string()),
         plain(env::SELECTOR, shape.selector.clone()),
         plain(env::PEER_HOSTS, shape.host("{i}")),
     ];
+    if let Some(nnodes) = world.nnodes {
+        vars.insert(4, plain(env::NNODES, nnodes.to_string()));
+    }
     // c10d and static run the store in pod 0; etcd-v2's store is external,
     // so no peer's loss strands the local agent.
     vars.push(plain(
@@ -134,18 +209,7 @@ pub fn inject(
         }
     }
 
-    let trainer_sc = spec.containers[trainer].security_context.as_ref();
-    let security = SecurityContext {
-        allow_privilege_escalation: Some(false),
-        read_only_root_filesystem: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_string()]),
-            add: Some(vec!["KILL".to_string()]),
-        }),
-        run_as_user: trainer_sc.and_then(|s| s.run_as_user),
-        run_as_group: trainer_sc.and_then(|s| s.run_as_group),
-        ..Default::default()
-    };
+    let security = identity(ctx, spec, trainer);
     let mounts = checkpoint.map(|cp| {
         vec![VolumeMount {
             name: cp.volume.clone(),

@@ -361,15 +361,20 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
     }
 }
 
-/// The input hash: the stripped workload (metadata reduced to what the engine
-/// reads), the namespace, the profile (its canonical JSON, computed once per
-/// policy) and the engine version. Empty maps and lists are dropped first so
-/// that "absent" and "empty" hash the same.
+/// The input hash: what the user controls, and nothing else. That is the
+/// stripped workload (the pod template without trainwire's entries, the size,
+/// the rest of the spec) with its metadata reduced to the name and the
+/// `trainwire.dev/*` annotations, and the namespace. Neither the policy, the
+/// sidecar image nor the engine version is in it: when the recorded hash
+/// matches, the injection already on the object stays exactly as it is, so
+/// upgrading trainwire or editing its policy never rolls running training;
+/// the new settings reach the pods at the user's next real change (or
+/// `kubectl rollout restart`). Empty maps and lists are dropped first so that
+/// "absent" and "empty" hash the same.
 ///
-/// The hashed text is the compact JSON object
-/// `{"namespace":..,"profile":..,"version":..,"workload":..}` (keys sorted),
-/// streamed into the hasher rather than built.
-pub fn input_hash(mut w: Value, namespace: &str, profile_json: &str) -> String {
+/// The hashed text is the compact JSON object `{"namespace":..,"workload":..}`
+/// (keys sorted), streamed into the hasher rather than built.
+pub fn input_hash(mut w: Value, namespace: &str) -> String {
     if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.retain(|k, _| matches!(k.as_str(), "name" | "annotations"));
         if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
@@ -385,10 +390,6 @@ pub fn input_hash(mut w: Value, namespace: &str, profile_json: &str) -> String {
         use std::io::Write as _;
         hasher.write_all(b"{\"namespace\":")?;
         serde_json::to_writer(&mut hasher, namespace)?;
-        hasher.write_all(b",\"profile\":")?;
-        hasher.write_all(profile_json.as_bytes())?;
-        hasher.write_all(b",\"version\":")?;
-        serde_json::to_writer(&mut hasher, VERSION)?;
         hasher.write_all(b",\"workload\":")?;
         serde_json::to_writer(&mut hasher, &w)?;
         hasher.write_all(b"}")

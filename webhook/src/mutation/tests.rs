@@ -626,8 +626,10 @@ fn without(pointer: &str, key: &str) -> Value {
     without("/metadata", "name"),
     "the StatefulSet has no metadata.name; trainwire needs a fixed name for the pods' DNS names (generateName is not supported)"
 )]
-#[case(fixture("job-nonindexed-create.json").0,
-    "Job eval-nonindexed has spec.completionMode \"NonIndexed\"; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed (or remove it and trainwire sets it)")]
+#[case(fixture("job-nonindexed-create.json").0.pipe(|mut o| { o["spec"]["completionMode"] = json!("Sparse"); o }),
+    "Job eval-nonindexed has spec.completionMode \"Sparse\", which trainwire does not know; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed, or leave it out and trainwire sets it")]
+#[case(fixture("job-create-no-completion-mode.json").0.pipe(|mut o| { o["spec"]["parallelism"] = json!(0); o }),
+    "Job ddp-default has spec.parallelism 0 and no annotation trainwire.dev/nnodes: a torchrun world of 0 nodes cannot run, and a Job's pod template cannot be re-injected later; set spec.parallelism to the number of nodes")]
 #[case(sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["containers"] = json!([]); o }),
     "the pod template has no containers; add the trainer container")]
 #[case(sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["containers"] = json!("x"); o }),
@@ -776,12 +778,15 @@ fn policy_overwrites_defaults_and_placement() {
             "policy profile \"ml\" rule nodeFailureTolerationSeconds: tolerationSeconds of the pod template's toleration for node.kubernetes.io/not-ready was 300, overwritten with the enforced 30".to_string(),
         ]
     );
-    // A policy that stops enforcing gives the user's values back.
+    // A policy that stops enforcing gives the user's values back, at the
+    // user's next real change (here: replicas 2 -> 3).
     let relaxed = Profile {
         name: "ml".into(),
         ..Profile::default()
     };
-    let back = check_round_trip(&m.object, Some(&ns), &relaxed);
+    let mut changed = m.object.clone();
+    changed["spec"]["replicas"] = json!(3);
+    let back = check_round_trip(&changed, Some(&ns), &relaxed);
     assert_eq!(
         trainer_value(&back.object, "NCCL_SOCKET_IFNAME").as_deref(),
         Some("ib0")
@@ -791,20 +796,71 @@ fn policy_overwrites_defaults_and_placement() {
     assert_eq!(spec["tolerations"][0]["tolerationSeconds"], 300);
 }
 
-#[test]
-fn trainer_uid_is_the_sidecars() {
+/// The sidecar's identity (see `sidecar_container::identity`): the trainer's
+/// UID when known, with no capability; root with only KILL when not; the
+/// policy's pinned UID otherwise.
+#[rstest]
+// The image's user (unknown): root with KILL only (Pod Security baseline).
+#[case(json!(null), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["KILL"], "drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// A non-root trainer (container): its UID and group, no capability (restricted).
+#[case(json!({"runAsUser": 1000, "runAsGroup": 1000}), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsGroup": 1000, "runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// The pod's UID when the container does not say; the container's wins.
+#[case(json!(null), json!({"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 3000}), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsGroup": 3000, "runAsNonRoot": true, "runAsUser": 2000, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+#[case(json!({"runAsUser": 1001}), json!({"runAsUser": 2000}), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true, "runAsUser": 1001, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// An explicitly root trainer: root, and the same UID needs no capability.
+#[case(json!({"runAsUser": 0}), json!(null), None,
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+// Pinned by the policy to another non-root UID: cannot signal, said so.
+#[case(json!({"runAsUser": 1000}), json!(null), Some(65532),
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}), true)]
+// Pinned to root: KILL reaches the trainer.
+#[case(json!({"runAsUser": 1000}), json!(null), Some(0),
+    json!({"allowPrivilegeEscalation": false, "capabilities": {"add": ["KILL"], "drop": ["ALL"]}, "privileged": false, "readOnlyRootFilesystem": true, "runAsNonRoot": false, "runAsUser": 0, "seccompProfile": {"type": "RuntimeDefault"}}), false)]
+fn the_sidecar_runs_as_the_trainer_or_as_root_with_kill_only(
+    #[case] container: Value,
+    #[case] pod: Value,
+    #[case] pinned: Option<i64>,
+    #[case] expected: Value,
+    #[case] warned: bool,
+) {
     let (mut obj, ns) = sts_fixture();
-    obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] =
-        json!({"runAsUser": 1000, "runAsGroup": 1000});
+    if !container.is_null() {
+        obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] = container;
+    }
+    if !pod.is_null() {
+        obj["spec"]["template"]["spec"]["securityContext"] = pod;
+    }
+    let p = profile(|p| p.sidecar.run_as_user = pinned);
+    let m = check_round_trip(&obj, Some(&ns), &p);
+    let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+    assert_eq!(sc, &expected);
+    assert_eq!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("cannot signal another user's")),
+        warned,
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn a_root_sidecar_in_a_run_as_non_root_pod_is_explained() {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["template"]["spec"]["securityContext"] = json!({"runAsNonRoot": true});
     let m = mutated(&obj, Some(&ns), &Profile::default());
     let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
-    assert_eq!(sc["runAsUser"], 1000);
-    assert_eq!(
-        sc["capabilities"],
-        json!({"add": ["KILL"], "drop": ["ALL"]})
+    assert_eq!(sc["runAsUser"], 0);
+    assert_eq!(sc["runAsNonRoot"], false);
+    assert!(
+        m.warnings.iter().any(|w| w.contains("set runAsUser")),
+        "{:?}",
+        m.warnings
     );
-    assert_eq!(sc["readOnlyRootFilesystem"], true);
-    assert_eq!(sc["allowPrivilegeEscalation"], false);
 }
 
 #[test]
@@ -989,16 +1045,103 @@ fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
     let raised = profile(|p| p.max_nodes = Some(64));
     let again = mutated(&first.object, Some(&ns), &raised);
     assert!(again.patch.0.is_empty(), "{:?}", again.patch);
-    // A policy edit that does touch it is applied.
+    // A policy edit that does touch it, or a new sidecar image, waits for the
+    // user's next real change: an upgrade never rolls running training.
     let nccl = profile(|p| {
         p.nccl.insert(
             "NCCL_DEBUG".into(),
             enforced("WARN".to_string(), Enforce::Default),
         );
+        p.sidecar.image = enforced("registry.example/sidecar:9".to_string(), Enforce::Default);
     });
-    let changed = check_round_trip(&first.object, Some(&ns), &nccl);
+    let untouched = mutated(&first.object, Some(&ns), &nccl);
+    assert!(untouched.patch.0.is_empty(), "{:?}", untouched.patch);
+    // A label (not an input of the injection) is no real change either.
+    let mut labelled = first.object.clone();
+    labelled["metadata"]["labels"] = json!({"team": "ml"});
+    let untouched = mutated(&labelled, Some(&ns), &nccl);
+    assert!(untouched.patch.0.is_empty(), "{:?}", untouched.patch);
+    // A real change (replicas 2 -> 3) re-injects with the current settings.
+    let mut scaled = first.object.clone();
+    scaled["spec"]["replicas"] = json!(3);
+    let changed = check_round_trip(&scaled, Some(&ns), &nccl);
     assert_eq!(
         trainer_value(&changed.object, "NCCL_DEBUG").as_deref(),
         Some("WARN")
+    );
+    assert_eq!(
+        trainer_value(&changed.object, "PET_NNODES").as_deref(),
+        Some("3")
+    );
+    assert_eq!(
+        changed.object["spec"]["template"]["spec"]["initContainers"][0]["image"],
+        "registry.example/sidecar:9"
+    );
+}
+
+#[rstest]
+#[case("job-create-no-completion-mode.json", 2)]
+#[case("job-apply-no-completion-mode.json", 2)]
+#[case("job-nonindexed-create.json", 1)]
+fn a_nonindexed_job_becomes_indexed_with_a_warning(#[case] name: &str, #[case] size: i64) {
+    let (obj, ns) = fixture(name);
+    assert_eq!(obj["spec"]["completionMode"], "NonIndexed");
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(m.object["spec"]["completionMode"], "Indexed");
+    assert_eq!(m.object["spec"]["completions"], size);
+    assert_eq!(
+        trainer_value(&m.object, "PET_NNODES").as_deref(),
+        Some(size.to_string().as_str())
+    );
+    let job = obj["metadata"]["name"].as_str().expect("name");
+    assert_eq!(
+        m.warnings[0],
+        format!(
+            "Job {job}: spec.completionMode NonIndexed (the apiserver's default when the manifest does not set it) is changed to Indexed: a torchrun world needs a node rank per pod, which only an Indexed Job gives"
+        )
+    );
+    // Injecting the result again changes nothing.
+    let again = mutated(&m.object, Some(&ns), &Profile::default());
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+}
+
+#[test]
+fn a_statefulset_created_at_zero_replicas_never_gets_a_world_of_zero() {
+    let (obj, ns) = fixture("statefulset-create-zero-replicas.json");
+    assert_eq!(obj["spec"]["replicas"], 0);
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    for var in ["PET_NNODES", "WORLD_SIZE", "NNODES"] {
+        assert_eq!(trainer_value(&m.object, var), None, "{var}");
+    }
+    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0];
+    assert!(
+        !sidecar["env"].to_string().contains("TRAINWIRE_NNODES"),
+        "{sidecar}"
+    );
+    let status = status::read(
+        &serde_json::from_value(m.object["spec"]["template"].clone()).expect("template"),
+    )
+    .expect("status");
+    assert_eq!(status.nnodes, "");
+    assert!(
+        m.warnings.iter().any(|w| w.contains("replicas 0")),
+        "{:?}",
+        m.warnings
+    );
+    // Scaled up through a path that re-injects: the right world.
+    let mut up = m.object.clone();
+    up["spec"]["replicas"] = json!(3);
+    let m3 = check_round_trip(&up, Some(&ns), &Profile::default());
+    assert_eq!(
+        trainer_value(&m3.object, "PET_NNODES").as_deref(),
+        Some("3")
+    );
+    // With the annotation, the paused StatefulSet already holds its world.
+    let mut annotated = obj.clone();
+    annotated["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("4");
+    let m4 = check_round_trip(&annotated, Some(&ns), &Profile::default());
+    assert_eq!(
+        trainer_value(&m4.object, "PET_NNODES").as_deref(),
+        Some("4")
     );
 }

@@ -222,15 +222,27 @@ impl Workload {
                     .spec
                     .as_mut()
                     .ok_or_else(|| Refusal::Workload(format!("Job {name} has no spec")))?;
+                // The apiserver defaults `completionMode` to `NonIndexed`
+                // before admission, so a manifest that says nothing about it
+                // arrives as `NonIndexed`, exactly like one that says so: both
+                // become Indexed (this runs on CREATE only; a Job's template
+                // is immutable after).
                 match spec.completion_mode.as_deref() {
                     None => {
                         spec.completion_mode = Some("Indexed".to_string());
                         ctx.status.fields.push("completionMode".to_string());
                     }
                     Some("Indexed") => {}
+                    Some("NonIndexed") => {
+                        spec.completion_mode = Some("Indexed".to_string());
+                        ctx.status.fields.push("completionMode".to_string());
+                        ctx.warn(format!(
+                            "Job {name}: spec.completionMode NonIndexed (the apiserver's default when the manifest does not set it) is changed to Indexed: a torchrun world needs a node rank per pod, which only an Indexed Job gives"
+                        ));
+                    }
                     Some(other) => {
                         return Err(Refusal::Workload(format!(
-                            "Job {name} has spec.completionMode {other:?}; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed (or remove it and trainwire sets it)"
+                            "Job {name} has spec.completionMode {other:?}, which trainwire does not know; a torchrun world needs a node rank per pod, which only an Indexed Job gives: set completionMode: Indexed, or leave it out and trainwire sets it"
                         )));
                     }
                 }

@@ -169,6 +169,12 @@ pub struct SidecarPolicy {
     /// Extra `TRAINWIRE_*` env for the sidecar (heartbeat interval, ...).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Pin the sidecar's user (and group) instead of following the trainer's
+    /// (see `mutation::sidecar_container::identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<i64>,
 }
 
 fn default_sidecar_image() -> Setting<String> {
@@ -189,6 +195,8 @@ impl Default for SidecarPolicy {
             on_peer_loss: default_on_peer_loss(),
             enabled: default_sidecar_enabled(),
             env: BTreeMap::new(),
+            run_as_user: None,
+            run_as_group: None,
         }
     }
 }
@@ -249,14 +257,12 @@ pub struct Profile {
 }
 
 /// Per-profile work done once (when the policy is put in force, or on first
-/// use): the profile's canonical JSON for the status hash and the compiled
-/// namespace and claim globs.
+/// use): the compiled namespace and claim globs.
 ///
 /// A clone starts empty (a cloned profile may be edited) and it compares
 /// equal to any other: it is derived, never configuration.
 #[derive(Default)]
 pub struct Prepared {
-    json: std::sync::OnceLock<String>,
     namespaces: std::sync::OnceLock<Vec<Option<globset::GlobMatcher>>>,
     allowed_claims: std::sync::OnceLock<Vec<ClaimPattern>>,
 }
@@ -286,16 +292,6 @@ impl std::fmt::Debug for Prepared {
 }
 
 impl Profile {
-    /// The profile as canonical JSON (sorted keys, compact), as it enters
-    /// the status hash.
-    pub fn canonical_json(&self) -> &str {
-        self.prepared.json.get_or_init(|| {
-            serde_json::to_value(self)
-                .map(|v| v.to_string())
-                .unwrap_or_else(|_| "null".to_string())
-        })
-    }
-
     fn namespace_globs(&self) -> &[Option<globset::GlobMatcher>] {
         self.prepared.namespaces.get_or_init(|| {
             self.namespaces
@@ -327,7 +323,6 @@ impl Profile {
 
     /// Do the per-profile work now rather than on the first request.
     pub fn prepare(&self) {
-        self.canonical_json();
         self.namespace_globs();
         self.allowed_claim_patterns();
     }

@@ -323,6 +323,19 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
             }
         }
     }
+    for (field, id) in [
+        ("runAsUser", p.sidecar.run_as_user),
+        ("runAsGroup", p.sidecar.run_as_group),
+    ] {
+        if let Some(id) = id
+            && !(0..=i64::from(u32::MAX - 1)).contains(&id)
+        {
+            c.error(
+                sc.key(field),
+                format!("{id} is not a user or group ID; accepted: 0 to 4294967294"),
+            );
+        }
+    }
     for (key, value) in &p.sidecar.env {
         let path = sc.key("env").key(key);
         if !SIDECAR_TUNABLE_ENV.contains(&key.as_str()) {
