@@ -193,7 +193,12 @@ fn run(
         .filter(|n| !n.is_empty())
         .unwrap_or("default")
         .to_string();
+    // The engine never changes the workload's own metadata (often the
+    // largest part: managedFields, last-applied-configuration): the copy
+    // kept for the diff leaves it out, and so does the diff below.
+    let metadata = std::mem::take(workload.metadata_mut());
     let before = workload.clone();
+    *workload.metadata_mut() = metadata;
     let mut ctx = Ctx {
         profile,
         warnings: Vec::new(),
@@ -216,7 +221,10 @@ fn run(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
-    let hash = status::input_hash(workload.hash_view(), &namespace);
+    let spec = workload.spec_json();
+    let hash = status::input_hash(&workload, &spec, &namespace);
+    // Nothing was stripped: the spec as JSON is also the diff's left side.
+    let before_spec = previous.is_none().then_some(spec);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
@@ -229,10 +237,11 @@ fn run(
     // or a recomputation that changes nothing but the recorded hash/version:
     // no change at all, so no rollout of the pods.
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
+    *workload.metadata_mut() = Default::default();
     let patch = if same_inputs || status::same_but_hash(&before, &workload) {
         json_patch::Patch(Vec::new())
     } else {
-        workload::diff(&before, &workload)
+        workload::diff(&before, &workload, before_spec)
     };
     Ok(Admitted {
         patch,

@@ -373,30 +373,107 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
 /// "absent" and "empty" hash the same.
 ///
 /// The hashed text is the compact JSON object `{"namespace":..,"workload":..}`
-/// (keys sorted), streamed into the hasher rather than built.
-pub fn input_hash(mut w: Value, namespace: &str) -> String {
-    if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.retain(|k, _| matches!(k.as_str(), "name" | "annotations"));
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.retain(|k, _| k.starts_with(super::annotations::PREFIX));
-        }
-    }
-    if let Some(obj) = w.as_object_mut() {
-        obj.remove("status");
-    }
-    prune(&mut w);
+/// (keys sorted, empty parts left out), streamed into the hasher rather than
+/// built: `spec` is the workload's spec as JSON.
+pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String {
+    let meta = workload.metadata();
+    let own: Vec<(&String, &String)> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(super::annotations::PREFIX))
+        .collect();
     let mut hasher = HashWriter(Sha256::new());
-    let streamed = (|| -> std::io::Result<()> {
-        use std::io::Write as _;
-        hasher.write_all(b"{\"namespace\":")?;
-        serde_json::to_writer(&mut hasher, namespace)?;
-        hasher.write_all(b",\"workload\":")?;
-        serde_json::to_writer(&mut hasher, &w)?;
-        hasher.write_all(b"}")
+    let streamed = (|| -> serde_json::Result<()> {
+        use serde_json::to_writer as json;
+        hasher_write(&mut hasher, "{\"namespace\":")?;
+        json(&mut hasher, namespace)?;
+        hasher_write(&mut hasher, ",\"workload\":{\"apiVersion\":")?;
+        let (api_version, kind) = match workload {
+            Workload::StatefulSet(_) => ("apps/v1", "StatefulSet"),
+            Workload::Job(_) => ("batch/v1", "Job"),
+        };
+        json(&mut hasher, api_version)?;
+        hasher_write(&mut hasher, ",\"kind\":")?;
+        json(&mut hasher, kind)?;
+        // Keys in sorted order, empty maps left out, as the pruned JSON
+        // object of the workload would print.
+        if !own.is_empty() || meta.name.is_some() {
+            hasher_write(&mut hasher, ",\"metadata\":{")?;
+            if !own.is_empty() {
+                hasher_write(&mut hasher, "\"annotations\":")?;
+                json(
+                    &mut hasher,
+                    &own.iter().copied().collect::<BTreeMap<_, _>>(),
+                )?;
+            }
+            if let Some(name) = &meta.name {
+                hasher_write(
+                    &mut hasher,
+                    if own.is_empty() {
+                        "\"name\":"
+                    } else {
+                        ",\"name\":"
+                    },
+                )?;
+                json(&mut hasher, name)?;
+            }
+            hasher_write(&mut hasher, "}")?;
+        }
+        if !prunable(spec) {
+            hasher_write(&mut hasher, ",\"spec\":")?;
+            json(&mut hasher, &Pruned(spec))?;
+        }
+        hasher_write(&mut hasher, "}}")
     })();
     // Writing into a hasher cannot fail; serialising a `Value` neither.
     debug_assert!(streamed.is_ok());
     format!("sha256:{}", hex::encode(hasher.0.finalize()))
+}
+
+fn hasher_write(hasher: &mut HashWriter, s: &str) -> serde_json::Result<()> {
+    use std::io::Write as _;
+    hasher
+        .write_all(s.as_bytes())
+        .map_err(serde_json::Error::io)
+}
+
+/// A JSON value printed without its empty parts: nulls, and maps that are
+/// empty once pruned, are left out of maps; empty lists are left out of maps.
+struct Pruned<'a>(&'a Value);
+
+fn prunable(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.values().all(prunable),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+impl Serialize for Pruned<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(m) => {
+                let mut map = serializer.serialize_map(None)?;
+                for (k, v) in m {
+                    if !prunable(v) {
+                        map.serialize_entry(k, &Pruned(v))?;
+                    }
+                }
+                map.end()
+            }
+            Value::Array(a) => {
+                let mut seq = serializer.serialize_seq(Some(a.len()))?;
+                for v in a {
+                    seq.serialize_element(&Pruned(v))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(serializer),
+        }
+    }
 }
 
 /// A SHA-256 as an `io::Write`, for streaming serialisation into it.
@@ -409,27 +486,5 @@ impl std::io::Write for HashWriter {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-fn prune(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for child in m.values_mut() {
-                prune(child);
-            }
-            m.retain(|_, c| !is_empty(c));
-        }
-        Value::Array(a) => a.iter_mut().for_each(prune),
-        _ => {}
-    }
-}
-
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Object(m) => m.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        _ => false,
     }
 }

@@ -89,6 +89,13 @@ impl Workload {
         }
     }
 
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Workload::StatefulSet(s) => &mut s.metadata,
+            Workload::Job(j) => &mut j.metadata,
+        }
+    }
+
     pub fn metadata(&self) -> &ObjectMeta {
         match self {
             Workload::StatefulSet(s) => &s.metadata,
@@ -96,48 +103,13 @@ impl Workload {
         }
     }
 
-    /// What the input hash covers, as JSON: kind, name, annotations, spec
-    /// (the rest of the metadata, e.g. `managedFields`, is never serialised).
-    pub fn hash_view(&self) -> Value {
-        let (api_version, kind, meta, spec) = match self {
-            Workload::StatefulSet(s) => (
-                "apps/v1",
-                "StatefulSet",
-                &s.metadata,
-                serde_json::to_value(&s.spec),
-            ),
-            Workload::Job(j) => (
-                "batch/v1",
-                "Job",
-                &j.metadata,
-                serde_json::to_value(&j.spec),
-            ),
-        };
-        let mut metadata = serde_json::Map::new();
-        if let Some(name) = &meta.name {
-            metadata.insert("name".to_string(), Value::String(name.clone()));
+    /// The spec as JSON (`null` when there is none).
+    pub fn spec_json(&self) -> Value {
+        match self {
+            Workload::StatefulSet(s) => serde_json::to_value(&s.spec),
+            Workload::Job(j) => serde_json::to_value(&j.spec),
         }
-        if let Some(ann) = &meta.annotations {
-            metadata.insert(
-                "annotations".to_string(),
-                ann.iter()
-                    .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-                    .collect(),
-            );
-        }
-        let mut out = serde_json::Map::new();
-        out.insert(
-            "apiVersion".to_string(),
-            Value::String(api_version.to_string()),
-        );
-        out.insert("kind".to_string(), Value::String(kind.to_string()));
-        out.insert("metadata".to_string(), Value::Object(metadata));
-        if let Ok(spec) = spec
-            && !spec.is_null()
-        {
-            out.insert("spec".to_string(), spec);
-        }
-        Value::Object(out)
+        .unwrap_or(Value::Null)
     }
 
     pub fn kind(&self) -> &'static str {
@@ -282,19 +254,28 @@ impl Workload {
 }
 
 /// The minimal patch from `before` to `after`, computed on the typed model:
-/// only the parts that differ are serialised and compared.
-pub fn diff(before: &Workload, after: &Workload) -> json_patch::Patch {
+/// only the parts that differ are serialised and compared. `before_spec` is
+/// `before`'s spec as JSON when it is at hand already.
+pub fn diff(before: &Workload, after: &Workload, before_spec: Option<Value>) -> json_patch::Patch {
     fn part<T: Serialize + PartialEq>(
         key: &str,
         b: &T,
         a: &T,
+        b_json: Option<Value>,
         pointer: &mut PointerBuf,
         ops: &mut Vec<json_patch::PatchOperation>,
     ) {
         if b == a {
             return;
         }
-        let (Ok(bv), Ok(av)) = (serde_json::to_value(b), serde_json::to_value(a)) else {
+        let bv = match b_json {
+            Some(v) => v,
+            None => match serde_json::to_value(b) {
+                Ok(v) => v,
+                Err(_) => return,
+            },
+        };
+        let Ok(av) = serde_json::to_value(a) else {
             return;
         };
         pointer.push_back(key);
@@ -305,12 +286,40 @@ pub fn diff(before: &Workload, after: &Workload) -> json_patch::Patch {
     let mut pointer = PointerBuf::new();
     match (before, after) {
         (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
-            part("metadata", &b.metadata, &a.metadata, &mut pointer, &mut ops);
-            part("spec", &b.spec, &a.spec, &mut pointer, &mut ops);
+            part(
+                "metadata",
+                &b.metadata,
+                &a.metadata,
+                None,
+                &mut pointer,
+                &mut ops,
+            );
+            part(
+                "spec",
+                &b.spec,
+                &a.spec,
+                before_spec,
+                &mut pointer,
+                &mut ops,
+            );
         }
         (Workload::Job(b), Workload::Job(a)) => {
-            part("metadata", &b.metadata, &a.metadata, &mut pointer, &mut ops);
-            part("spec", &b.spec, &a.spec, &mut pointer, &mut ops);
+            part(
+                "metadata",
+                &b.metadata,
+                &a.metadata,
+                None,
+                &mut pointer,
+                &mut ops,
+            );
+            part(
+                "spec",
+                &b.spec,
+                &a.spec,
+                before_spec,
+                &mut pointer,
+                &mut ops,
+            );
         }
         // The engine never changes the kind.
         _ => {}
