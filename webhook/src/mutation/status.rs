@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec, Toleration, Volume};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, PodSpec, PodTemplateSpec, Toleration, Volume, VolumeMount,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -70,17 +72,47 @@ pub struct Status {
     pub fields: Vec<String>,
 }
 
-/// A short, stable fingerprint of any serialisable entry.
+/// A short, stable fingerprint of an injected entry: the first 6 bytes of
+/// the SHA-256 of its compact JSON with keys sorted.
 ///
 /// Quantities are compared by value, not spelling: the apiserver stores
 /// `1024Mi` as `1Gi`, and trainwire must still recognise its own entry.
-pub fn fingerprint<T: Serialize>(entry: &T) -> String {
-    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
-    normalize_quantities(&mut value, false);
-    let mut hasher = HashWriter(Sha256::new());
-    // Writing into a hasher cannot fail.
-    let _ = serde_json::to_writer(&mut hasher, &value);
-    hex::encode(&hasher.0.finalize()[..6])
+pub fn fingerprint<T: Fingerprinted>(entry: &T) -> String {
+    let mut hasher = HashWriter::new();
+    if T::PLAIN {
+        // Typed serialisation writes these keys in sorted order already,
+        // and they hold no quantity: the same bytes, without a `Value`.
+        let _ = serde_json::to_writer(&mut hasher, entry);
+    } else {
+        let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+        normalize_quantities(&mut value, false);
+        // Writing into a hasher cannot fail.
+        let _ = serde_json::to_writer(&mut hasher, &value);
+    }
+    hex::encode(&hasher.finish()[..6])
+}
+
+/// An entry trainwire fingerprints.
+pub trait Fingerprinted: Serialize {
+    /// Its typed serialisation has its keys in sorted order at every level
+    /// and no quantity (see the `plain_fingerprints_*` test).
+    const PLAIN: bool;
+}
+
+impl Fingerprinted for EnvVar {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for VolumeMount {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for Toleration {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for Volume {
+    const PLAIN: bool = false;
+}
+impl Fingerprinted for Container {
+    const PLAIN: bool = false;
 }
 
 fn normalize_quantities(v: &mut Value, quantity_map: bool) {
@@ -383,7 +415,7 @@ pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String 
         .flatten()
         .filter(|(k, _)| k.starts_with(super::annotations::PREFIX))
         .collect();
-    let mut hasher = HashWriter(Sha256::new());
+    let mut hasher = HashWriter::new();
     let streamed = (|| -> serde_json::Result<()> {
         use serde_json::to_writer as json;
         hasher_write(&mut hasher, "{\"namespace\":")?;
@@ -428,7 +460,7 @@ pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String 
     })();
     // Writing into a hasher cannot fail; serialising a `Value` neither.
     debug_assert!(streamed.is_ok());
-    format!("sha256:{}", hex::encode(hasher.0.finalize()))
+    format!("sha256:{}", hex::encode(hasher.finish()))
 }
 
 fn hasher_write(hasher: &mut HashWriter, s: &str) -> serde_json::Result<()> {
@@ -476,15 +508,91 @@ impl Serialize for Pruned<'_> {
     }
 }
 
-/// A SHA-256 as an `io::Write`, for streaming serialisation into it.
-pub struct HashWriter(pub Sha256);
+/// A SHA-256 as an `io::Write`, for streaming serialisation into it. Small
+/// writes (serde_json writes token by token) are gathered first.
+pub struct HashWriter {
+    hasher: Sha256,
+    buffer: Vec<u8>,
+}
+
+impl HashWriter {
+    pub fn new() -> Self {
+        HashWriter {
+            hasher: Sha256::new(),
+            buffer: Vec::with_capacity(4096),
+        }
+    }
+
+    pub fn finish(mut self) -> [u8; 32] {
+        self.hasher.update(&self.buffer);
+        self.hasher.finalize().into()
+    }
+}
+
+impl Default for HashWriter {
+    fn default() -> Self {
+        HashWriter::new()
+    }
+}
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
+        if self.buffer.len() + buf.len() > self.buffer.capacity() {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+        }
+        if buf.len() >= self.buffer.capacity() {
+            self.hasher.update(buf);
+        } else {
+            self.buffer.extend_from_slice(buf);
+        }
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn by_value<T: Serialize>(entry: &T) -> String {
+        let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+        normalize_quantities(&mut value, false);
+        hex::encode(&Sha256::digest(value.to_string().as_bytes())[..6])
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The streamed fingerprint of a plain entry is the one of its sorted
+    /// JSON, every field set.
+    #[test]
+    fn plain_fingerprints_equal_the_sorted_json_ones() {
+        let envs: Vec<EnvVar> = [
+            json!({"name": "A", "value": "1"}),
+            json!({"name": "R", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels['x']"}}}),
+            json!({"name": "S", "valueFrom": {"secretKeyRef": {"key": "k", "name": "s", "optional": true}}}),
+            json!({"name": "C", "valueFrom": {"configMapKeyRef": {"key": "k", "name": "c", "optional": false}}}),
+            json!({"name": "F", "valueFrom": {"fileKeyRef": {"key": "k", "path": "p", "volumeName": "v", "optional": true}}}),
+            json!({"name": "Q", "valueFrom": {"resourceFieldRef": {"containerName": "c", "divisor": "1Mi", "resource": "limits.memory"}}}),
+        ]
+        .into_iter()
+        .map(typed)
+        .collect();
+        for e in &envs {
+            assert_eq!(fingerprint(e), by_value(e), "{e:?}");
+        }
+        let mount: VolumeMount = typed(
+            json!({"name": "v", "mountPath": "/m", "mountPropagation": "None", "readOnly": true, "recursiveReadOnly": "Disabled", "subPath": "s", "subPathExpr": "e"}),
+        );
+        assert_eq!(fingerprint(&mount), by_value(&mount));
+        let toleration: Toleration = typed(
+            json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30, "value": "v"}),
+        );
+        assert_eq!(fingerprint(&toleration), by_value(&toleration));
     }
 }

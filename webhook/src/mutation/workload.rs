@@ -7,8 +7,13 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Serialize;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSetSpec;
+use k8s_openapi::api::batch::v1::JobSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Ctx, Refusal, patch};
@@ -23,6 +28,48 @@ pub const JOB_RANK_FIELD: &str = "metadata.annotations['batch.kubernetes.io/job-
 pub enum Workload {
     StatefulSet(Box<StatefulSet>),
     Job(Box<Job>),
+}
+
+/// An object as admission reads it: the spec typed, the metadata reduced
+/// to what the engine reads.
+#[derive(Deserialize)]
+#[serde(bound(deserialize = "S: Deserialize<'de>"))]
+struct ObjectLite<'a, S> {
+    #[serde(rename = "apiVersion", default, borrow)]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    metadata: MetaLite,
+    #[serde(default = "none")]
+    spec: Option<S>,
+}
+
+fn none<S>() -> Option<S> {
+    None
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaLite {
+    name: Option<String>,
+    namespace: Option<String>,
+    generate_name: Option<String>,
+    annotations: Option<BTreeMap<String, String>>,
+    deletion_timestamp: Option<Time>,
+}
+
+impl From<MetaLite> for ObjectMeta {
+    fn from(m: MetaLite) -> ObjectMeta {
+        ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            generate_name: m.generate_name,
+            annotations: m.annotations,
+            deletion_timestamp: m.deletion_timestamp,
+            ..ObjectMeta::default()
+        }
+    }
 }
 
 /// What the rest of the engine needs to know about the workload.
@@ -81,11 +128,52 @@ impl Workload {
     }
 
     /// Read the workload from JSON text (an AdmissionReview's object),
-    /// without an intermediate `Value`.
+    /// without an intermediate `Value`. Of the metadata only what the engine
+    /// reads is kept (name, namespace, generateName, annotations,
+    /// deletionTimestamp): the rest (managedFields above all) is skipped,
+    /// never built; the engine never changes the workload's own metadata.
     pub fn from_str(kind: &str, json: &str) -> Result<Workload, serde_json::Error> {
+        fn check(
+            got: (Option<&str>, Option<&str>),
+            want: (&str, &str),
+        ) -> Result<(), serde_json::Error> {
+            let (api_version, kind) = got;
+            if api_version.is_some_and(|v| v != want.0) || kind.is_some_and(|k| k != want.1) {
+                return Err(serde::de::Error::custom(format!(
+                    "expected {} {}, got {} {}",
+                    want.0,
+                    want.1,
+                    api_version.unwrap_or("(no apiVersion)"),
+                    kind.unwrap_or("(no kind)")
+                )));
+            }
+            Ok(())
+        }
         match kind {
-            "StatefulSet" => Ok(Workload::StatefulSet(Box::new(serde_json::from_str(json)?))),
-            _ => Ok(Workload::Job(Box::new(serde_json::from_str(json)?))),
+            "StatefulSet" => {
+                let o: ObjectLite<'_, StatefulSetSpec> = serde_json::from_str(json)?;
+                check(
+                    (o.api_version.as_deref(), o.kind.as_deref()),
+                    ("apps/v1", "StatefulSet"),
+                )?;
+                Ok(Workload::StatefulSet(Box::new(StatefulSet {
+                    metadata: o.metadata.into(),
+                    spec: o.spec,
+                    status: None,
+                })))
+            }
+            _ => {
+                let o: ObjectLite<'_, JobSpec> = serde_json::from_str(json)?;
+                check(
+                    (o.api_version.as_deref(), o.kind.as_deref()),
+                    ("batch/v1", "Job"),
+                )?;
+                Ok(Workload::Job(Box::new(Job {
+                    metadata: o.metadata.into(),
+                    spec: o.spec,
+                    status: None,
+                })))
+            }
         }
     }
 
