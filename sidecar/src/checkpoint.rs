@@ -234,40 +234,60 @@ struct Freshness {
     stale: bool,
 }
 
-/// Watches the checkpoint directory until the task is dropped.
-pub async fn run(shared: Arc<Shared>, config: CheckpointConfig, events: EventSink) {
+/// Time after which a file-system call of the checkpoint thread that has
+/// not returned makes the checkpoint state *unknown* (a hung volume).
+pub const SCAN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the checkpoint thread tells the async side.
+#[derive(Debug)]
+enum Msg {
+    /// A blocking file-system call starts (`what`).
+    Busy(String),
+    /// The directory does not exist (yet).
+    Missing,
+    /// Watching with `watcher`, because `why`.
+    Watching { watcher: &'static str, why: String },
+    /// A scan finished.
+    Scanned {
+        watcher: &'static str,
+        result: Result<Scan, String>,
+    },
+}
+
+/// The blocking half: every file-system call on the checkpoint volume runs
+/// on this dedicated thread, never on the runtime that answers heartbeats
+/// and probes. A volume that stops answering blocks only this thread; the
+/// async half notices (`Busy` with no result) and reports the checkpoint
+/// state as unknown. Ends when the async half is gone.
+fn blocking_loop(config: CheckpointConfig, tx: mpsc::UnboundedSender<Msg>) {
     let dir = config.dir.clone();
-    let mut fresh = Freshness { stale: false };
-    let mut said_missing = false;
+    let send = |m: Msg| tx.send(m).is_ok();
     loop {
+        if !send(Msg::Busy(format!("checking that {} exists", dir.display()))) {
+            return;
+        }
         if !dir.is_dir() {
-            if !said_missing {
-                tracing::warn!(dir = %dir.display(), "checkpoint directory does not exist yet; waiting for it");
-                said_missing = true;
+            if !send(Msg::Missing) {
+                return;
             }
-            update(
-                &shared,
-                &config,
-                &mut fresh,
-                &events,
-                None,
-                "waiting",
-                Some(format!("{} does not exist yet", dir.display())),
-            );
-            tokio::time::sleep(config.poll_interval.min(Duration::from_secs(5))).await;
+            std::thread::sleep(config.poll_interval.min(Duration::from_secs(5)));
             continue;
         }
-        said_missing = false;
+        if !send(Msg::Busy(format!(
+            "reading the mounts of {}",
+            dir.display()
+        ))) {
+            return;
+        }
         let (poll, why) = should_poll(config.poll, &dir);
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        let (ntx, nrx) = std::sync::mpsc::channel::<()>();
         let mut debouncer = None;
         if !poll {
-            let tx = tx.clone();
             let made = notify_debouncer_full::new_debouncer(
                 Duration::from_millis(200),
                 None,
                 move |_res: notify_debouncer_full::DebounceEventResult| {
-                    let _ = tx.send(());
+                    let _ = ntx.send(());
                 },
             );
             match made {
@@ -283,60 +303,173 @@ pub async fn run(shared: Arc<Shared>, config: CheckpointConfig, events: EventSin
         } else {
             "poll"
         };
-        tracing::info!(dir = %dir.display(), watcher, "watching checkpoints: {why}");
+        if !send(Msg::Watching { watcher, why }) {
+            return;
+        }
         loop {
+            if !send(Msg::Busy(format!("scanning {}", dir.display()))) {
+                return;
+            }
             let now = SystemTime::now();
-            let wait = match scan(&dir, now, config.settle) {
-                Err(e) => {
-                    if !dir.is_dir() {
-                        break;
-                    }
-                    update(
-                        &shared,
-                        &config,
-                        &mut fresh,
-                        &events,
-                        None,
-                        watcher,
-                        Some(format!("cannot read {}: {e}", dir.display())),
-                    );
-                    config.poll_interval
-                }
-                Ok(s) => {
-                    let mut wait = update(
-                        &shared,
-                        &config,
-                        &mut fresh,
-                        &events,
-                        Some(&s),
-                        watcher,
-                        None,
-                    );
-                    if let Some(at) = s.next_settle {
-                        wait = wait.min(
-                            at.duration_since(now).unwrap_or(Duration::ZERO)
-                                + Duration::from_millis(50),
-                        );
-                    }
-                    if debouncer.is_none() {
-                        wait = wait.min(config.poll_interval);
-                    }
-                    wait
-                }
-            };
+            let result = scan(&dir, now, config.settle);
+            let mut wait = Duration::from_secs(30);
+            if let Ok(s) = &result
+                && let Some(at) = s.next_settle
+            {
+                wait = wait.min(
+                    at.duration_since(now).unwrap_or(Duration::ZERO) + Duration::from_millis(50),
+                );
+            }
+            if debouncer.is_none() || result.is_err() {
+                wait = wait.min(config.poll_interval);
+            }
+            let gone = result.is_err() && !dir.is_dir();
+            if !send(Msg::Scanned {
+                watcher,
+                result: result.map_err(|e| format!("cannot read {}: {e}", dir.display())),
+            }) {
+                return;
+            }
+            if gone {
+                break;
+            }
             let wait = wait.max(Duration::from_millis(50));
-            tokio::select! {
-                _ = rx.recv() => {
-                    // Drain a burst of notifications.
-                    while rx.try_recv().is_ok() {}
+            match nrx.recv_timeout(wait) {
+                // Drain a burst of notifications.
+                Ok(()) => while nrx.try_recv().is_ok() {},
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(wait);
                 }
-                _ = tokio::time::sleep(wait) => {}
+            }
+            if !send(Msg::Busy(format!("checking that {} exists", dir.display()))) {
+                return;
             }
             if !dir.is_dir() {
                 break;
             }
         }
         drop(debouncer);
+    }
+}
+
+/// Watches the checkpoint directory until the task is dropped. The file
+/// system is only touched by a dedicated thread ([`blocking_loop`]); this
+/// task turns its results into status, metrics and Events, and reports the
+/// checkpoint state as unknown when the thread is stuck in a call to a
+/// volume that does not answer.
+pub async fn run(shared: Arc<Shared>, config: CheckpointConfig, events: EventSink) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
+    {
+        let config = config.clone();
+        let spawned = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || blocking_loop(config, tx));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the checkpoint thread; no checkpoint watch");
+            return;
+        }
+    }
+    let dir = config.dir.clone();
+    let mut fresh = Freshness { stale: false };
+    let mut said_missing = false;
+    let mut watcher: &'static str = "waiting";
+    let mut last: Option<Scan> = None;
+    let mut problem: Option<String> = None;
+    let mut busy: Option<(String, std::time::Instant)> = None;
+    let mut hung_reported = false;
+    let mut recheck = Duration::from_secs(1);
+    loop {
+        let msg = tokio::select! {
+            m = rx.recv() => match m {
+                Some(m) => Some(m),
+                None => {
+                    tracing::error!("the checkpoint thread stopped");
+                    return;
+                }
+            },
+            _ = tokio::time::sleep(recheck.min(Duration::from_secs(1))) => None,
+        };
+        match msg {
+            Some(Msg::Busy(what)) => {
+                busy = Some((what, std::time::Instant::now()));
+                continue;
+            }
+            Some(Msg::Missing) => {
+                busy = None;
+                if !said_missing {
+                    tracing::warn!(dir = %dir.display(), "checkpoint directory does not exist yet; waiting for it");
+                    said_missing = true;
+                }
+                watcher = "waiting";
+                last = None;
+                problem = Some(format!("{} does not exist yet", dir.display()));
+            }
+            Some(Msg::Watching { watcher: w, why }) => {
+                busy = None;
+                said_missing = false;
+                watcher = w;
+                tracing::info!(dir = %dir.display(), watcher, "watching checkpoints: {why}");
+                continue;
+            }
+            Some(Msg::Scanned { watcher: w, result }) => {
+                busy = None;
+                watcher = w;
+                match result {
+                    Ok(s) => {
+                        last = Some(s);
+                        problem = None;
+                    }
+                    Err(e) => {
+                        last = None;
+                        problem = Some(e);
+                    }
+                }
+            }
+            None => {}
+        }
+        if hung_reported && busy.is_none() {
+            tracing::info!(dir = %dir.display(), "the checkpoint volume answers again");
+            hung_reported = false;
+        }
+        if let Some((what, since)) = &busy {
+            let for_ = since.elapsed();
+            if for_ < SCAN_TIMEOUT {
+                continue;
+            }
+            let text = format!(
+                "unknown: {what} has not returned for {}s (the volume does not answer)",
+                for_.as_secs()
+            );
+            if !hung_reported {
+                tracing::warn!(dir = %dir.display(), "checkpoint state {text}");
+                events.publish(true, "CheckpointUnknown", "report", text.clone());
+                hung_reported = true;
+            }
+            let mut s = shared.status();
+            match s.checkpoint.as_mut() {
+                Some(c) => c.problem = Some(text),
+                None => {
+                    s.checkpoint = Some(CheckpointStatus {
+                        dir: dir.display().to_string(),
+                        watcher,
+                        max_age_seconds: config.max_age.as_secs_f64(),
+                        problem: Some(text),
+                        ..CheckpointStatus::default()
+                    })
+                }
+            }
+            continue;
+        }
+        recheck = update(
+            &shared,
+            &config,
+            &mut fresh,
+            &events,
+            last.as_ref(),
+            watcher,
+            problem.clone(),
+        );
     }
 }
 

@@ -98,8 +98,18 @@ fn describe(e: &hyper_util::client::legacy::Error) -> String {
     text
 }
 
-/// Probes every peer forever, sending one observation per probe to `tx`.
-/// Returns when `tx` is closed.
+/// One probe in flight.
+type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
+
+/// Probes every peer forever, sending observations to `tx`; returns when
+/// `tx` is closed.
+///
+/// Probing and counting misses are decoupled: a new probe starts at a tick
+/// when none is in flight, and may take up to the probe timeout (its
+/// connection is kept, so a slow network costs one round trip per probe);
+/// at each tick with no good answer since the previous one, one miss is
+/// reported. So a dead peer is reported after about interval × misses, while
+/// an answer that takes longer than the interval (latency) is not a loss.
 pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
     let timeout = config.heartbeat.timeout;
     let http = client(timeout);
@@ -115,17 +125,59 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut inflight: Option<Probe> = None;
+            let mut inflight_since = Instant::now();
+            let mut answered = false;
+            let mut last_error: Option<String> = None;
             loop {
-                ticker.tick().await;
-                let evidence = match probe(&http, &url, timeout).await {
-                    Ok(beat) if beat.rank == rank => Evidence::Alive(beat.identity()),
-                    Ok(beat) => Evidence::Missed(format!(
-                        "{url} answered as rank {} (pod {}), not rank {rank}",
-                        beat.rank, beat.pod
-                    )),
-                    Err(e) => {
-                        tracing::trace!(rank, %url, error = %e, "heartbeat missed");
-                        Evidence::Missed(e)
+                let evidence = tokio::select! {
+                    _ = ticker.tick() => {
+                        let miss = if answered {
+                            None
+                        } else if let Some(e) = last_error.take() {
+                            Some(e)
+                        } else if inflight.is_some() {
+                            Some(format!("no answer for {}ms", inflight_since.elapsed().as_millis()))
+                        } else {
+                            None
+                        };
+                        answered = false;
+                        if inflight.is_none() {
+                            let (http, url) = (http.clone(), url.clone());
+                            inflight = Some(Box::pin(async move { probe(&http, &url, timeout).await }));
+                            inflight_since = Instant::now();
+                        }
+                        match miss {
+                            Some(e) => Evidence::Missed(e),
+                            None => continue,
+                        }
+                    }
+                    result = async {
+                        match inflight.as_mut() {
+                            Some(f) => f.await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        inflight = None;
+                        match result {
+                            Ok(beat) if beat.rank == rank => {
+                                answered = true;
+                                last_error = None;
+                                Evidence::Alive(beat.identity())
+                            }
+                            Ok(beat) => {
+                                last_error = Some(format!(
+                                    "{url} answered as rank {} (pod {}), not rank {rank}",
+                                    beat.rank, beat.pod
+                                ));
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::trace!(rank, %url, error = %e, "heartbeat missed");
+                                last_error = Some(e);
+                                continue;
+                            }
+                        }
                     }
                 };
                 let obs = Observation {

@@ -14,6 +14,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod decide;
 pub mod env;
 pub mod events;
 pub mod heartbeat;
@@ -198,7 +199,8 @@ pub async fn run(
         tasks.spawn(checkpoint::run(shared.clone(), ck, events.clone()));
     }
     drop(tx);
-    let responder = Responder::new(shared.clone(), events.clone());
+    tasks.spawn(respond::watch_permission(shared.clone(), events.clone()));
+    let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat);
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 
     shared.set_ready(true);
@@ -214,7 +216,11 @@ pub async fn run(
     served.map_err(Error::Serve)
 }
 
-/// Feeds observations into the peers' state machine and responds to losses.
+/// How often open loss episodes are re-evaluated (outage confirmation,
+/// the replacement wait).
+const TICK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Feeds observations into the peers' state machine and the responder.
 async fn coordinate(
     shared: Arc<Shared>,
     mut rx: mpsc::Receiver<Observation>,
@@ -228,12 +234,24 @@ async fn coordinate(
         Instant::now(),
     );
     shared.publish_peers(&peers);
-    while let Some(obs) = rx.recv().await {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let obs = tokio::select! {
+            obs = rx.recv() => match obs {
+                Some(obs) => obs,
+                None => return,
+            },
+            _ = tick.tick() => {
+                responder.tick(Instant::now(), &peers).await;
+                continue;
+            }
+        };
         let rank = obs.rank;
         let before = peers
             .get(rank)
             .map(|p| (p.state, p.misses, p.identity.clone()));
-        let loss = peers.observe(obs);
+        let loss = peers.observe(obs.clone());
         let after = peers
             .get(rank)
             .map(|p| (p.state, p.misses, p.identity.clone()));
@@ -245,9 +263,9 @@ async fn coordinate(
             }
             shared.publish_peers(&peers);
         }
-        if let Some(loss) = loss {
-            responder.handle(&loss);
-            shared.publish_peers(&peers);
+        match loss {
+            Some(loss) => responder.on_loss(&loss, &peers).await,
+            None => responder.on_observation(&obs, &peers).await,
         }
     }
 }

@@ -1,9 +1,22 @@
 use anyhow::Context;
 use tracing_subscriber::EnvFilter;
-use trainwire_sidecar::config::{Config, LogFormat};
+use trainwire_sidecar::config::LogFormat;
 
-fn main() -> anyhow::Result<()> {
-    let config = Config::from_env().context("trainwire-sidecar configuration")?;
+fn main() -> std::process::ExitCode {
+    // A configuration error is a message (with its causes), never a stack
+    // backtrace, whatever RUST_BACKTRACE says.
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let config =
+        trainwire_sidecar::config::from_env().context("trainwire-sidecar configuration")?;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,kube=warn,tower=warn"));
     let builder = tracing_subscriber::fmt()

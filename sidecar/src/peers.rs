@@ -263,8 +263,11 @@ impl Peers {
                             ));
                             lost_identity = Some(old);
                             peer.identity = Some(identity);
-                        } else if peer.state == State::Suspect {
+                        } else if peer.state != State::Healthy {
+                            // A suspect that answers again, or a replacement
+                            // that keeps answering, is healthy.
                             set_state(peer, State::Healthy, at);
+                            peer.reason = None;
                         }
                     }
                 }
@@ -438,6 +441,9 @@ mod tests {
         assert_eq!(loss.reason, LossReason::IdentityChanged);
         assert_eq!(loss.identity.map(|i| i.uid), Some("a".to_string()));
         assert_eq!(p.get(0).map(|x| x.state), Some(State::Replaced));
+        // A replacement that answers again is healthy: the state tells the truth.
+        p.observe(obs(0, Source::Heartbeat, Evidence::Alive(id("b")), t));
+        assert_eq!(p.get(0).map(|x| x.state), Some(State::Healthy));
         // The replacement can be lost in turn: a new generation.
         for _ in 0..2 {
             assert!(

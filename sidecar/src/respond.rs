@@ -1,16 +1,100 @@
-//! The response to a lost peer: plan, guard against restart storms, signal
-//! the local trainer, and record what happened (log, metrics, status, Event).
+//! The response to a lost peer: a pure decision ([`crate::decide`]) per loss
+//! *episode*, and an executor that carries it out off the runtime thread
+//! (the `/proc` scan and the signals run on the blocking pool with a time
+//! limit), guards against restart storms, and records what happened (log,
+//! metrics, status, Event).
+//!
+//! An episode opens when the peers' state machine reports a loss (missed
+//! beats: the peer is *suspect*; reported, never acted on), gets confirmed
+//! by Kubernetes, by a different pod answering at the peer's name, or by an
+//! outage longer than `TRAINWIRE_CONFIRM_AFTER`, and closes when the peer
+//! answers again as itself (a blip) or when nothing more is to be done.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
+use crate::decide::{self, Action, Confirmation, Situation};
 use crate::events::EventSink;
-use crate::peers::Loss;
-use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan};
-use crate::status::{ActionLabels, ActionStatus, LossLabels, Shared, SourceLabels, rfc3339};
+use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source, State};
+use crate::signal::{self, AgentMatcher, Limiter, Outcome, Permission, Plan, Sent};
+use crate::status::{
+    ActionLabels, ActionStatus, ConfirmLabels, EpisodeStatus, LossLabels, Shared,
+    SignalFailureLabels, SourceLabels, rfc3339,
+};
 
-/// Acts on losses, once per generation.
+/// Time limit of one `/proc` scan plus the signals.
+pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One loss, from suspicion to the end of the response.
+#[derive(Debug, Clone)]
+pub struct Episode {
+    pub generation: u64,
+    pub rank: u32,
+    pub source: Source,
+    pub reason: LossReason,
+    pub detail: String,
+    pub identity: Option<Identity>,
+    pub suspected_at: Instant,
+    pub suspected_wall: SystemTime,
+    /// Last good evidence before the loss (outage start).
+    pub last_good: Option<Instant>,
+    pub confirmation: Option<Confirmation>,
+    pub confirmed_at: Option<Instant>,
+    pub confirmed_wall: Option<SystemTime>,
+    pub replacement_ready: bool,
+    pub workers_stopped: bool,
+    pub agent_killed: bool,
+    pub no_replacement_reported: bool,
+    /// A killing action of this episode passed the storm guard.
+    pub admitted: bool,
+    /// Why the episode needs nothing more, once it does not.
+    pub closed: Option<String>,
+    pub waiting_for: Option<String>,
+    pub decision: String,
+    /// The loss instant on the clock process start times use.
+    pub loss_ticks: Option<u64>,
+}
+
+impl Episode {
+    fn status(&self) -> EpisodeStatus {
+        let state = match (&self.closed, self.confirmation) {
+            (Some(_), _) => "closed",
+            (None, None) => "suspect",
+            (None, Some(_)) => "confirmed",
+        };
+        EpisodeStatus {
+            generation: self.generation,
+            rank: self.rank,
+            lost_by: self.source.as_str(),
+            reason: self.reason.as_str(),
+            detail: self.detail.clone(),
+            state,
+            suspected_at: rfc3339(self.suspected_wall),
+            confirmed_by: self.confirmation,
+            confirmed_at: self.confirmed_wall.map(rfc3339),
+            replacement_ready: self.replacement_ready,
+            workers_stopped: self.workers_stopped,
+            agent_killed: self.agent_killed,
+            waiting_for: if self.closed.is_some() {
+                None
+            } else {
+                self.waiting_for.clone()
+            },
+            decision: self.closed.clone().unwrap_or_else(|| self.decision.clone()),
+        }
+    }
+}
+
+/// What the executor did for one step.
+struct Executed {
+    outcome: Outcome,
+    signals: Vec<Sent>,
+    detail: String,
+}
+
+/// Acts on losses: one episode per lost rank.
 pub struct Responder {
     shared: Arc<Shared>,
     limiter: Limiter,
@@ -18,10 +102,14 @@ pub struct Responder {
     proc_root: PathBuf,
     events: EventSink,
     self_pid: i32,
+    episodes: BTreeMap<u32, Episode>,
+    /// Whether heartbeats run: then only a heartbeat answer proves that the
+    /// replacement answers at the peer's name.
+    heartbeats: bool,
 }
 
 impl Responder {
-    pub fn new(shared: Arc<Shared>, events: EventSink) -> Self {
+    pub fn new(shared: Arc<Shared>, events: EventSink, heartbeats: bool) -> Self {
         let config = &shared.config;
         Responder {
             limiter: Limiter::new(config.limits),
@@ -30,14 +118,19 @@ impl Responder {
             events,
             self_pid: std::process::id() as i32,
             shared,
+            episodes: BTreeMap::new(),
+            heartbeats,
         }
     }
 
-    /// Handles one loss decided by the peers' state machine.
-    pub fn handle(&mut self, loss: &Loss) -> Outcome {
-        let config = &self.shared.config;
+    /// The open episodes (for tests and status).
+    pub fn episodes(&self) -> impl Iterator<Item = &Episode> {
+        self.episodes.values()
+    }
+
+    /// A loss decided by the peers' state machine opens an episode.
+    pub async fn on_loss(&mut self, loss: &Loss, peers: &Peers) {
         let metrics = &self.shared.metrics;
-        let now = Instant::now();
         metrics
             .peers_lost
             .get_or_create(&LossLabels {
@@ -54,99 +147,395 @@ impl Responder {
                 })
                 .observe(l.as_secs_f64());
         }
-        // The loss instant on the clock process start times use.
+        let now = Instant::now();
         let loss_ticks = signal::uptime_ticks(&self.proc_root).map(|t| {
             let ago = now.saturating_duration_since(loss.seen_at);
             t.saturating_sub((ago.as_secs_f64() * signal::TICKS_PER_SECOND as f64) as u64)
         });
-
-        let plan = signal::plan(config.on_peer_loss, loss.rank, config.rdzv_host_rank);
-        let mut signals = Vec::new();
-        let (outcome, detail) = match plan {
-            Plan::ReportOnly => {
-                let why = if config.on_peer_loss == crate::config::OnPeerLoss::None {
-                    "on-peer-loss is none: reporting only".to_string()
-                } else {
-                    match config.rdzv_host_rank {
-                        Some(host) => format!(
-                            "rank {} is not the rendezvous host (rank {host}): torchrun recovers by itself once a replacement joins",
-                            loss.rank
-                        ),
-                        None => format!(
-                            "rank {} lost; the rendezvous store is outside the world: torchrun recovers by itself once a replacement joins",
-                            loss.rank
-                        ),
-                    }
-                };
-                (Outcome::Reported, why)
+        let wall = SystemTime::now()
+            .checked_sub(now.saturating_duration_since(loss.seen_at))
+            .unwrap_or_else(SystemTime::now);
+        // A lost identity already replaced (the replacement answered first).
+        let (confirmation, ready) = match (loss.source, loss.reason) {
+            (Source::Heartbeat, LossReason::IdentityChanged) => {
+                (Some(Confirmation::ReplacementAnswered), true)
             }
-            Plan::TermWorkers | Plan::KillAgent => match self.limiter.check(loss.generation, now) {
-                Err(skip) => {
-                    let why = match skip {
-                        Outcome::Cooldown => format!(
-                            "within the cooldown ({}s left)",
-                            self.limiter.cooldown_left(now).as_secs()
-                        ),
-                        Outcome::Capped => format!(
-                            "{} actions already within {}",
-                            config.limits.max_actions,
-                            crate::config::format_duration(config.limits.window)
-                        ),
-                        _ => "already acted on this loss".to_string(),
-                    };
-                    (skip, why)
+            (Source::Kubernetes, reason) => (
+                Confirmation::from_kubernetes(reason),
+                // A restarted container is the same pod at the same address;
+                // without heartbeats, a new Ready pod is all there is to see.
+                reason == LossReason::ContainerRestarted
+                    || (reason == LossReason::IdentityChanged && !self.heartbeats),
+            ),
+            _ => (None, false),
+        };
+        tracing::warn!(
+            generation = loss.generation,
+            rank = loss.rank,
+            source = loss.source.as_str(),
+            reason = loss.reason.as_str(),
+            latency_ms = latency.map(|l| l.as_millis() as u64),
+            confirmed = confirmation.map(|c| c.as_str()),
+            "peer lost: {}",
+            loss.detail
+        );
+        let ep = Episode {
+            generation: loss.generation,
+            rank: loss.rank,
+            source: loss.source,
+            reason: loss.reason,
+            detail: loss.detail.clone(),
+            identity: loss.identity.clone(),
+            suspected_at: loss.seen_at,
+            suspected_wall: wall,
+            last_good: loss.last_good,
+            confirmation: None,
+            confirmed_at: None,
+            confirmed_wall: None,
+            replacement_ready: false,
+            workers_stopped: false,
+            agent_killed: false,
+            no_replacement_reported: false,
+            admitted: false,
+            closed: None,
+            waiting_for: None,
+            decision: String::new(),
+            loss_ticks,
+        };
+        self.episodes.insert(loss.rank, ep);
+        if let Some(c) = confirmation {
+            self.confirm(loss.rank, c, now);
+        }
+        if ready && let Some(ep) = self.episodes.get_mut(&loss.rank) {
+            ep.replacement_ready = true;
+        }
+        self.step(loss.rank, peers).await;
+    }
+
+    /// Any observation may confirm, heal or complete an open episode.
+    pub async fn on_observation(&mut self, obs: &Observation, peers: &Peers) {
+        let Some(ep) = self.episodes.get_mut(&obs.rank) else {
+            return;
+        };
+        if ep.closed.is_some() {
+            return;
+        }
+        let now = obs.at;
+        let mut confirm = None;
+        match &obs.evidence {
+            Evidence::Lost(reason, _) if obs.source == Source::Kubernetes => {
+                confirm = Confirmation::from_kubernetes(*reason);
+                if *reason == LossReason::ContainerRestarted {
+                    ep.replacement_ready = true;
                 }
-                Ok(()) => {
-                    let ticks = loss_ticks.unwrap_or(u64::MAX);
-                    let procs = signal::scan(&self.proc_root);
-                    let trainers = signal::trainers_before(
-                        signal::find_trainers(&procs, &self.matcher, self.self_pid),
-                        ticks,
-                    );
-                    if trainers.is_empty() {
-                        (
-                            Outcome::NoTrainer,
-                            "no trainer agent that started before the loss is running".to_string(),
-                        )
-                    } else {
-                        signals = signal::execute(plan, &trainers, ticks);
-                        self.limiter.record(loss.generation, now);
-                        let ok = signals.iter().filter(|s| s.error.is_none()).count();
-                        if signals.is_empty() {
-                            (
-                                Outcome::NoTrainer,
-                                "the agent has no workers that started before the loss".to_string(),
-                            )
-                        } else if ok == 0 {
-                            (
-                                Outcome::Failed,
-                                format!(
-                                    "every signal failed: {}",
-                                    signals
-                                        .iter()
-                                        .filter_map(|s| s.error.clone())
-                                        .next()
-                                        .unwrap_or_default()
-                                ),
-                            )
-                        } else {
-                            (
-                                Outcome::Signalled,
-                                format!(
-                                    "{} of {} signals delivered ({})",
-                                    ok,
-                                    signals.len(),
-                                    signals
-                                        .iter()
-                                        .map(|s| format!("{} {} {}", s.signal, s.role, s.pid))
-                                        .collect::<Vec<_>>()
-                                        .join(", ")
-                                ),
-                            )
+            }
+            Evidence::Alive(identity) => {
+                let same = ep.identity.as_ref().is_none_or(|old| old.same_as(identity));
+                if same {
+                    if obs.source == ep.source && ep.confirmation.is_none() {
+                        // The peer answers again as itself: a blip, survived.
+                        ep.closed = Some(format!(
+                            "rank {} answers again as the same pod: an outage of {:.1}s that training rides out; nothing was touched",
+                            ep.rank,
+                            now.saturating_duration_since(ep.last_good.unwrap_or(ep.suspected_at))
+                                .as_secs_f64()
+                        ));
+                        tracing::info!(
+                            rank = ep.rank,
+                            generation = ep.generation,
+                            "peer back: {}",
+                            ep.closed.as_deref().unwrap_or_default()
+                        );
+                    } else if obs.source == Source::Heartbeat
+                        && ep.confirmation == Some(Confirmation::Outage)
+                        && !ep.agent_killed
+                    {
+                        // Back after a long outage: its store and agent are
+                        // the same; torchrun re-rendezvous with it.
+                        ep.closed = Some(format!(
+                            "rank {} answers again as the same pod after the outage",
+                            ep.rank
+                        ));
+                        tracing::info!(
+                            rank = ep.rank,
+                            generation = ep.generation,
+                            "peer back: {}",
+                            ep.closed.as_deref().unwrap_or_default()
+                        );
+                    }
+                } else {
+                    confirm = Some(match obs.source {
+                        Source::Heartbeat => Confirmation::ReplacementAnswered,
+                        Source::Kubernetes => Confirmation::Kubernetes(LossReason::IdentityChanged),
+                    });
+                    if obs.source == Source::Heartbeat || !self.heartbeats {
+                        ep.replacement_ready = true;
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(c) = confirm {
+            self.confirm(obs.rank, c, now);
+        }
+        self.step(obs.rank, peers).await;
+    }
+
+    /// Time passes: an outage may now confirm; a wait may run out.
+    pub async fn tick(&mut self, now: Instant, peers: &Peers) {
+        let ranks: Vec<u32> = self.episodes.keys().copied().collect();
+        for rank in ranks {
+            let Some(ep) = self.episodes.get(&rank) else {
+                continue;
+            };
+            if ep.closed.is_some() {
+                continue;
+            }
+            if ep.confirmation.is_none() && ep.source == Source::Heartbeat {
+                let limit = self.shared.config.confirm_after_for(rank);
+                let start = ep.last_good.unwrap_or(ep.suspected_at);
+                if now.saturating_duration_since(start) >= limit {
+                    self.confirm(rank, Confirmation::Outage, now);
+                }
+            }
+            self.step(rank, peers).await;
+        }
+    }
+
+    fn confirm(&mut self, rank: u32, c: Confirmation, now: Instant) {
+        let Some(ep) = self.episodes.get_mut(&rank) else {
+            return;
+        };
+        if ep.confirmation.is_some() || ep.closed.is_some() {
+            return;
+        }
+        ep.confirmation = Some(c);
+        ep.confirmed_at = Some(now);
+        ep.confirmed_wall = Some(SystemTime::now());
+        self.shared
+            .metrics
+            .losses_confirmed
+            .get_or_create(&ConfirmLabels {
+                confirmation: c.as_str().into(),
+            })
+            .inc();
+        let outage = now.saturating_duration_since(ep.last_good.unwrap_or(ep.suspected_at));
+        tracing::warn!(
+            rank,
+            generation = ep.generation,
+            confirmation = c.as_str(),
+            outage_ms = outage.as_millis() as u64,
+            "peer loss confirmed"
+        );
+    }
+
+    /// Decide and carry out the next steps of `rank`'s episode.
+    async fn step(&mut self, rank: u32, peers: &Peers) {
+        // At most two steps per call (stop the workers, then the agent).
+        for _ in 0..3 {
+            let Some(ep) = self.episodes.get(&rank) else {
+                return;
+            };
+            if ep.closed.is_some() {
+                break;
+            }
+            let config = &self.shared.config;
+            let survivors = 1 + peers
+                .iter()
+                .filter(|p| matches!(p.state, State::Healthy | State::Suspect | State::Replaced))
+                .filter(|p| p.rank != rank)
+                .count() as u32;
+            let now = Instant::now();
+            let situation = Situation {
+                mode: config.on_peer_loss,
+                lost_rank: rank,
+                rdzv_host_rank: config.rdzv_host_rank,
+                nnodes: config.nnodes,
+                survivors,
+                confirmation: ep.confirmation,
+                replacement_ready: ep.replacement_ready,
+                workers_stopped: ep.workers_stopped,
+                agent_killed: ep.agent_killed,
+                since_confirmed: ep
+                    .confirmed_at
+                    .map(|c| now.saturating_duration_since(c))
+                    .unwrap_or_default(),
+                replacement_wait: config.replacement_wait,
+                no_replacement_reported: ep.no_replacement_reported,
+            };
+            let d = decide::decide(&situation);
+            let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
+            if let Some(ep) = self.episodes.get_mut(&rank) {
+                ep.decision = d.why.clone();
+                ep.waiting_for = d.waiting_for.clone();
+            }
+            match d.action {
+                Action::Wait => {
+                    if changed {
+                        tracing::info!(rank, waiting_for = d.waiting_for.as_deref(), "{}", d.why);
+                        self.publish(rank);
+                    }
+                    break;
+                }
+                Action::Done => {
+                    if let Some(ep) = self.episodes.get_mut(&rank) {
+                        ep.closed = Some(d.why.clone());
+                        if !ep.workers_stopped && !ep.agent_killed {
+                            let ep = ep.clone();
+                            self.record(
+                                &ep,
+                                Plan::ReportOnly,
+                                Executed {
+                                    outcome: Outcome::Reported,
+                                    signals: Vec::new(),
+                                    detail: d.why.clone(),
+                                },
+                            );
                         }
                     }
+                    self.publish(rank);
+                    break;
                 }
-            },
+                Action::ReportNoReplacement => {
+                    if let Some(ep) = self.episodes.get_mut(&rank) {
+                        ep.no_replacement_reported = true;
+                    }
+                    tracing::warn!(rank, "{}", d.why);
+                    self.events
+                        .publish(true, "NoReplacement", "report", d.why.clone());
+                    self.publish(rank);
+                }
+                Action::StopWorkers | Action::KillAgent => {
+                    let plan = if d.action == Action::KillAgent {
+                        Plan::KillAgent
+                    } else {
+                        Plan::TermWorkers
+                    };
+                    let done = self.act(rank, plan, &d.why).await;
+                    self.publish(rank);
+                    if !done {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one killing step through the storm guard and the executor.
+    /// Returns whether the episode may go on to its next step.
+    async fn act(&mut self, rank: u32, plan: Plan, why: &str) -> bool {
+        let Some(ep) = self.episodes.get(&rank).cloned() else {
+            return false;
+        };
+        let now = Instant::now();
+        let config = &self.shared.config;
+        // The second step of one episode (the agent after the workers) is
+        // the same response, not a new one: the guard admits it.
+        if !ep.admitted
+            && let Err(skip) = self.limiter.check(ep.generation, now)
+        {
+            {
+                let detail = match skip {
+                    Outcome::Cooldown => format!(
+                        "within the cooldown ({}s left)",
+                        self.limiter.cooldown_left(now).as_secs()
+                    ),
+                    Outcome::Capped => format!(
+                        "{} actions already within {}",
+                        config.limits.max_actions,
+                        crate::config::format_duration(config.limits.window)
+                    ),
+                    _ => "already acted on this loss".to_string(),
+                };
+                if let Some(e) = self.episodes.get_mut(&rank) {
+                    e.closed = Some(format!("{why}; not done: {detail}"));
+                }
+                self.record(
+                    &ep,
+                    plan,
+                    Executed {
+                        outcome: skip,
+                        signals: Vec::new(),
+                        detail,
+                    },
+                );
+                return false;
+            }
+        }
+        let ticks = ep.loss_ticks.unwrap_or(u64::MAX);
+        let executed = execute_off_loop(
+            self.proc_root.clone(),
+            self.matcher.clone(),
+            self.self_pid,
+            plan,
+            ticks,
+        )
+        .await;
+        if matches!(executed.outcome, Outcome::Signalled | Outcome::Failed) && !ep.admitted {
+            self.limiter.record(ep.generation, now);
+        }
+        let detail = format!("{why}: {}", executed.detail);
+        if let Some(e) = self.episodes.get_mut(&rank) {
+            e.admitted = true;
+            match plan {
+                Plan::TermWorkers => e.workers_stopped = true,
+                Plan::KillAgent => {
+                    e.workers_stopped = true;
+                    e.agent_killed = true;
+                }
+                Plan::ReportOnly => {}
+            }
+        }
+        let ep = self.episodes.get(&rank).cloned().unwrap_or(ep);
+        self.record(&ep, plan, Executed { detail, ..executed });
+        true
+    }
+
+    fn publish(&self, rank: u32) {
+        if let Some(ep) = self.episodes.get(&rank) {
+            self.shared.status().last_loss = Some(ep.status());
+        }
+    }
+
+    /// Log, metrics, status and Event of one step.
+    fn record(&mut self, ep: &Episode, plan: Plan, executed: Executed) {
+        let metrics = &self.shared.metrics;
+        let Executed {
+            outcome,
+            signals,
+            detail,
+        } = executed;
+        let failures: Vec<Sent> = signals
+            .iter()
+            .filter(|s| s.error.is_some())
+            .cloned()
+            .collect();
+        for f in &failures {
+            metrics
+                .signal_failures
+                .get_or_create(&SignalFailureLabels {
+                    role: f.role.into(),
+                    error: signal::errno_label(f.error.as_deref().unwrap_or_default()).into(),
+                })
+                .inc();
+        }
+        let detail = if failures.is_empty() || outcome == Outcome::Failed {
+            detail
+        } else {
+            format!(
+                "{detail}; FAILED: {}",
+                failures
+                    .iter()
+                    .map(|f| format!(
+                        "{} {} {}: {}",
+                        f.signal,
+                        f.role,
+                        f.pid,
+                        f.error.as_deref().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         };
         metrics
             .actions
@@ -155,36 +544,45 @@ impl Responder {
                 result: outcome.as_str().into(),
             })
             .inc();
-        let level_warn = matches!(outcome, Outcome::Failed | Outcome::Capped);
+        // A signal that did not arrive is never silent: a warning line, a
+        // Warning Event, the metric above and the status below.
+        let level_warn =
+            matches!(outcome, Outcome::Failed | Outcome::Capped) || !failures.is_empty();
+        let confirmation = ep.confirmation.map(|c| c.as_str());
         if level_warn {
             tracing::warn!(
-                generation = loss.generation,
-                rank = loss.rank,
-                source = loss.source.as_str(),
-                reason = loss.reason.as_str(),
+                generation = ep.generation,
+                rank = ep.rank,
+                source = ep.source.as_str(),
+                reason = ep.reason.as_str(),
+                confirmation,
                 action = plan.as_str(),
                 result = outcome.as_str(),
                 "peer lost: {}; {detail}",
-                loss.detail
+                ep.detail
             );
         } else {
             tracing::info!(
-                generation = loss.generation,
-                rank = loss.rank,
-                source = loss.source.as_str(),
-                reason = loss.reason.as_str(),
+                generation = ep.generation,
+                rank = ep.rank,
+                source = ep.source.as_str(),
+                reason = ep.reason.as_str(),
+                confirmation,
                 action = plan.as_str(),
                 result = outcome.as_str(),
-                latency_ms = latency.map(|l| l.as_millis() as u64),
                 "peer lost: {}; {detail}",
-                loss.detail
+                ep.detail
             );
         }
+        let latency = ep
+            .last_good
+            .map(|g| ep.suspected_at.saturating_duration_since(g));
         let record = ActionStatus {
-            generation: loss.generation,
-            lost_rank: loss.rank,
-            lost_by: loss.source.as_str(),
-            reason: loss.reason.as_str(),
+            generation: ep.generation,
+            lost_rank: ep.rank,
+            lost_by: ep.source.as_str(),
+            reason: ep.reason.as_str(),
+            confirmed_by: ep.confirmation,
             action: plan.as_str(),
             result: outcome.as_str(),
             at: rfc3339(SystemTime::now()),
@@ -202,18 +600,160 @@ impl Responder {
         let warning = !matches!(outcome, Outcome::Reported);
         self.events.publish(
             warning,
-            "PeerLost",
+            if failures.is_empty() {
+                "PeerLost"
+            } else {
+                "SignalFailed"
+            },
             plan.as_str(),
             format!(
-                "rank {} lost ({}, seen by {}): {}; action {}: {} ({detail})",
-                loss.rank,
-                loss.reason.as_str(),
-                loss.source.as_str(),
-                loss.detail,
+                "rank {} lost ({}, seen by {}, confirmed by {}): {}; action {}: {} ({detail})",
+                ep.rank,
+                ep.reason.as_str(),
+                ep.source.as_str(),
+                confirmation.unwrap_or("nothing yet"),
+                ep.detail,
                 plan.as_str(),
                 outcome.as_str()
             ),
         );
-        outcome
+    }
+}
+
+/// The `/proc` scan and the signals, on the blocking pool, with a time limit.
+async fn execute_off_loop(
+    proc_root: PathBuf,
+    matcher: AgentMatcher,
+    self_pid: i32,
+    plan: Plan,
+    ticks: u64,
+) -> Executed {
+    let work = tokio::task::spawn_blocking(move || {
+        let procs = signal::scan(&proc_root);
+        let trainers =
+            signal::trainers_before(signal::find_trainers(&procs, &matcher, self_pid), ticks);
+        if trainers.is_empty() {
+            return Executed {
+                outcome: Outcome::NoTrainer,
+                signals: Vec::new(),
+                detail: "no trainer agent that started before the loss is running".into(),
+            };
+        }
+        let signals = signal::execute(plan, &trainers, ticks);
+        let ok = signals.iter().filter(|s| s.error.is_none()).count();
+        if signals.is_empty() {
+            Executed {
+                outcome: Outcome::NoTrainer,
+                signals,
+                detail: "the agent has no workers that started before the loss".into(),
+            }
+        } else if ok == 0 {
+            let first = signals
+                .iter()
+                .filter_map(|s| s.error.clone())
+                .next()
+                .unwrap_or_default();
+            Executed {
+                outcome: Outcome::Failed,
+                signals,
+                detail: format!("every signal failed: {first}"),
+            }
+        } else {
+            let list = signals
+                .iter()
+                .map(|s| format!("{} {} {}", s.signal, s.role, s.pid))
+                .collect::<Vec<_>>()
+                .join(", ");
+            Executed {
+                outcome: Outcome::Signalled,
+                detail: format!("{ok} of {} signals delivered ({list})", signals.len()),
+                signals,
+            }
+        }
+    });
+    match tokio::time::timeout(EXECUTE_TIMEOUT, work).await {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => Executed {
+            outcome: Outcome::Failed,
+            signals: Vec::new(),
+            detail: format!("the /proc scan failed: {e}"),
+        },
+        Err(_) => Executed {
+            outcome: Outcome::Failed,
+            signals: Vec::new(),
+            detail: format!(
+                "scanning /proc and signalling took over {}s",
+                EXECUTE_TIMEOUT.as_secs()
+            ),
+        },
+    }
+}
+
+/// How often [`watch_permission`] checks that the trainer may be signalled.
+pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// A `/proc` scan that takes longer than this is abandoned (and reported).
+const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks, while nothing is lost, that this sidecar may signal the trainer's
+/// processes (`kill(pid, 0)`), so that a sidecar that could not act (another
+/// user without `CAP_KILL`: the runtime drops added capabilities of a
+/// non-root user at exec) says so at once, in the log, `/status`, the
+/// `signal_permitted` metric and a Warning Event, instead of at the first
+/// lost peer. The `/proc` scan runs on the blocking pool, off the thread that
+/// answers heartbeats and probes.
+pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
+    let matcher = AgentMatcher::new(shared.config.agent_match.clone());
+    let self_pid = std::process::id() as i32;
+    let mut last: Option<String> = None;
+    let mut tick = tokio::time::interval(PERMISSION_CHECK_INTERVAL);
+    loop {
+        tick.tick().await;
+        let matcher = matcher.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            let procs = signal::scan(std::path::Path::new("/proc"));
+            signal::check_permission(&signal::find_trainers(&procs, &matcher, self_pid))
+        });
+        let (text, gauge, denied) = match tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, scan).await
+        {
+            Ok(Ok(Permission::NoTrainer)) => ("no trainer running".to_string(), -1, false),
+            Ok(Ok(Permission::Permitted { processes })) => (
+                format!("permitted: may signal the trainer's {processes} processes"),
+                1,
+                false,
+            ),
+            Ok(Ok(Permission::Denied { pid, role, error })) => (
+                format!(
+                    "denied: signalling the trainer's {role} (pid {pid}) fails with {error}; the sidecar must run as the trainer's user, or as root with CAP_KILL (the webhook sets this from the trainer's runAsUser)"
+                ),
+                0,
+                true,
+            ),
+            Ok(Err(e)) => (format!("unknown: the check failed: {e}"), -1, false),
+            Err(_) => (
+                format!(
+                    "unknown: scanning /proc took over {}s",
+                    PERMISSION_CHECK_TIMEOUT.as_secs()
+                ),
+                -1,
+                false,
+            ),
+        };
+        shared.metrics.signal_permitted.set(gauge);
+        shared.status().signal_permission = Some(text.clone());
+        let changed = last.as_deref().map(|l| l.split(':').next()) != Some(text.split(':').next());
+        if changed {
+            if denied {
+                tracing::warn!(result = "denied", "signal permission: {text}");
+                events.publish(
+                    true,
+                    "CannotSignalTrainer",
+                    "check-permission",
+                    text.clone(),
+                );
+            } else {
+                tracing::info!("signal permission: {text}");
+            }
+        }
+        last = Some(text);
     }
 }

@@ -361,6 +361,55 @@ pub fn execute(plan: Plan, trainers: &[Trainer], loss_ticks: u64) -> Vec<Sent> {
     sent
 }
 
+/// What [`check_permission`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Permission {
+    /// No trainer agent is running: nothing to check.
+    NoTrainer,
+    /// Every agent and worker may be signalled.
+    Permitted { processes: usize },
+    /// A signal to this process would fail.
+    Denied {
+        pid: i32,
+        role: &'static str,
+        error: String,
+    },
+}
+
+/// Whether this process may signal the trainers' processes: `kill(pid, 0)`
+/// checks the permission (same UID, or `CAP_KILL`) without sending anything.
+/// Run before any loss, so a sidecar that could not act says so at once.
+pub fn check_permission(trainers: &[Trainer]) -> Permission {
+    let mut processes = 0;
+    for t in trainers {
+        let roles =
+            std::iter::once((&t.agent, "agent")).chain(t.workers.iter().map(|w| (w, "worker")));
+        for (p, role) in roles {
+            match kill(Pid::from_raw(p.pid), None) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => processes += 1,
+                Err(e) => {
+                    return Permission::Denied {
+                        pid: p.pid,
+                        role,
+                        error: e.to_string(),
+                    };
+                }
+            }
+        }
+    }
+    if trainers.is_empty() {
+        Permission::NoTrainer
+    } else {
+        Permission::Permitted { processes }
+    }
+}
+
+/// `EPERM` of `EPERM: Operation not permitted`: the bounded label a metric
+/// may carry.
+pub fn errno_label(error: &str) -> &str {
+    error.split(':').next().unwrap_or(error).trim()
+}
+
 /// Trainers whose agent started at or before `loss_ticks`.
 pub fn trainers_before(trainers: Vec<Trainer>, loss_ticks: u64) -> Vec<Trainer> {
     trainers

@@ -37,6 +37,20 @@ pub struct ActionLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalFailureLabels {
+    /// `agent`, `worker`, `worker-child`.
+    pub role: String,
+    /// The errno name (`EPERM`, ...): a small, bounded set.
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConfirmLabels {
+    /// `kubernetes`, `replacement-answered`, `outage`.
+    pub confirmation: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
     pub source: String,
 }
@@ -56,6 +70,11 @@ pub struct Metrics {
     pub checkpoint_age: Gauge<f64, AtomicU64>,
     pub checkpoint_stale: Gauge,
     pub checkpoint_stale_episodes: Counter,
+    pub signal_failures: Family<SignalFailureLabels, Counter>,
+    /// 1: the sidecar may signal every running trainer; 0: it may not (a
+    /// signal would fail with EPERM); -1: no trainer running to check.
+    pub signal_permitted: Gauge,
+    pub losses_confirmed: Family<ConfirmLabels, Counter>,
 }
 
 impl Metrics {
@@ -74,6 +93,9 @@ impl Metrics {
             checkpoint_age: Gauge::default(),
             checkpoint_stale: Gauge::default(),
             checkpoint_stale_episodes: Counter::default(),
+            signal_failures: Family::default(),
+            signal_permitted: Gauge::default(),
+            losses_confirmed: Family::default(),
         };
         registry.register(
             "peers_lost",
@@ -113,6 +135,22 @@ impl Metrics {
             "Times the checkpoint became stale",
             m.checkpoint_stale_episodes.clone(),
         );
+        registry.register(
+            "signal_failures",
+            "Signals to the trainer that failed, by process role and errno (EPERM: the sidecar's user may not signal the trainer's)",
+            m.signal_failures.clone(),
+        );
+        registry.register(
+            "signal_permitted",
+            "1 when the sidecar may signal every running trainer process, 0 when it may not (EPERM), -1 when no trainer is running",
+            m.signal_permitted.clone(),
+        );
+        registry.register(
+            "losses_confirmed",
+            "Peer losses confirmed (the only ones acted on), by what confirmed them",
+            m.losses_confirmed.clone(),
+        );
+        m.signal_permitted.set(-1);
         m
     }
 }
@@ -138,12 +176,46 @@ pub struct ActionStatus {
     pub lost_rank: u32,
     pub lost_by: &'static str,
     pub reason: &'static str,
+    /// What confirmed the loss (`null`: unconfirmed, reported only).
+    pub confirmed_by: Option<crate::decide::Confirmation>,
     pub action: &'static str,
     pub result: &'static str,
     pub at: String,
     pub detection_latency_seconds: Option<f64>,
     pub signals: Vec<Sent>,
     pub detail: String,
+}
+
+/// The last loss episode in `/status`: from suspicion to the response.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpisodeStatus {
+    pub generation: u64,
+    pub rank: u32,
+    pub lost_by: &'static str,
+    pub reason: &'static str,
+    pub detail: String,
+    /// `suspect` (reported, nothing touched), `confirmed`, `closed`.
+    pub state: &'static str,
+    pub suspected_at: String,
+    pub confirmed_by: Option<crate::decide::Confirmation>,
+    pub confirmed_at: Option<String>,
+    pub replacement_ready: bool,
+    pub workers_stopped: bool,
+    pub agent_killed: bool,
+    /// What the response waits for, if anything.
+    pub waiting_for: Option<String>,
+    /// The last decision, or why the episode closed.
+    pub decision: String,
+}
+
+/// The world as this sidecar sees it.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct WorldStatus {
+    pub nnodes: String,
+    /// Ranks answering (this one included).
+    pub up: Vec<u32>,
+    /// Ranks suspect or lost.
+    pub down: Vec<u32>,
 }
 
 /// Which detection sources run, and why.
@@ -180,11 +252,17 @@ pub struct StatusDoc {
     pub started: String,
     pub detection: DetectionStatus,
     pub generation: u64,
+    pub world: WorldStatus,
     pub peers: Vec<PeerStatus>,
+    /// The last loss: suspicion, confirmation, what is waited for.
+    pub last_loss: Option<EpisodeStatus>,
     pub last_action: Option<ActionStatus>,
     pub actions_total: u64,
     pub checkpoint: Option<CheckpointStatus>,
     pub kubernetes_api: Option<String>,
+    /// Whether this sidecar may signal the trainer, checked (without sending
+    /// anything) while it runs, before any peer is lost.
+    pub signal_permission: Option<String>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.
@@ -215,11 +293,14 @@ impl Shared {
             started: started_text.clone(),
             detection: DetectionStatus::default(),
             generation: 0,
+            world: WorldStatus::default(),
             peers: Vec::new(),
+            last_loss: None,
             last_action: None,
             actions_total: 0,
             checkpoint: None,
             kubernetes_api: None,
+            signal_permission: None,
         };
         Arc::new(Shared {
             config,
@@ -295,7 +376,24 @@ impl Shared {
         }
         self.generation.store(peers.generation(), Ordering::Relaxed);
         self.metrics.generation.set(peers.generation() as i64);
+        let mut up: Vec<u32> = peers
+            .iter()
+            .filter(|p| matches!(p.state, State::Healthy | State::Replaced))
+            .map(|p| p.rank)
+            .chain(std::iter::once(self.config.node_rank))
+            .collect();
+        up.sort_unstable();
+        let down = peers
+            .iter()
+            .filter(|p| matches!(p.state, State::Suspect | State::Lost))
+            .map(|p| p.rank)
+            .collect();
         let mut s = self.status();
+        s.world = WorldStatus {
+            nnodes: self.config.nnodes.to_string(),
+            up,
+            down,
+        };
         s.peers = list;
         s.generation = peers.generation();
     }

@@ -36,6 +36,38 @@ impl Kubelet {
         restart_delay: Duration,
         make: impl Fn() -> Command + Send + 'static,
     ) -> Kubelet {
+        Self::run_with(name, tag, log, move |_| restart_delay, make)
+    }
+
+    /// Like a real kubelet's CrashLoopBackOff: the first restart after
+    /// `first`, then 10 s, 20 s, 40 s, ... (at most 5 min).
+    pub fn run_backoff(
+        name: &str,
+        tag: &str,
+        log: &Log,
+        first: Duration,
+        make: impl Fn() -> Command + Send + 'static,
+    ) -> Kubelet {
+        Self::run_with(
+            name,
+            tag,
+            log,
+            move |exits| match exits {
+                0 | 1 => first,
+                n => Duration::from_secs(10u64.saturating_mul(1 << (n - 2).min(5)).min(300)),
+            },
+            make,
+        )
+    }
+
+    /// Restart after `delay(exits so far)`.
+    pub fn run_with(
+        name: &str,
+        tag: &str,
+        log: &Log,
+        delay: impl Fn(usize) -> Duration + Send + 'static,
+        make: impl Fn() -> Command + Send + 'static,
+    ) -> Kubelet {
         let stop = Arc::new(AtomicBool::new(false));
         let pid = Arc::new(AtomicI32::new(0));
         let starts = Arc::new(Mutex::new(Vec::new()));
@@ -64,7 +96,7 @@ impl Kubelet {
                         Ok(p) => p,
                         Err(e) => {
                             log.push(format!("{prefix}[kubelet] cannot start: {e}"));
-                            std::thread::sleep(restart_delay);
+                            std::thread::sleep(delay(0).max(Duration::from_secs(1)));
                             continue;
                         }
                     };
@@ -85,7 +117,7 @@ impl Kubelet {
                         std::thread::sleep(Duration::from_millis(20));
                     };
                     pid.store(0, Ordering::SeqCst);
-                    exits.fetch_add(1, Ordering::SeqCst);
+                    let restart_delay = delay(exits.fetch_add(1, Ordering::SeqCst) + 1);
                     log.push(format!(
                         "{prefix}[kubelet] exited {status}; restarting in {restart_delay:?}"
                     ));

@@ -132,6 +132,20 @@ impl Network {
         hostname: &str,
         addr: Ipv4Addr,
     ) -> Result<Node, String> {
+        self.add_node_named(label, hostname, addr, true)
+    }
+
+    /// [`Network::add_node`]; with `point_name` false, `hostname` keeps
+    /// resolving to what it did (the node that is being replaced) until
+    /// [`Network::set_host`] re-points it, as DNS does a moment after a
+    /// replacement pod starts.
+    pub fn add_node_named(
+        &mut self,
+        label: &str,
+        hostname: &str,
+        addr: Ipv4Addr,
+        point_name: bool,
+    ) -> Result<Node, String> {
         let ns = format!("{}-{label}", self.prefix);
         ip(&["netns", "add", &ns])?;
         let node = Node {
@@ -152,7 +166,11 @@ impl Network {
         ip(&["-n", &ns, "addr", "add", &cidr, "dev", "eth0"])?;
         ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        self.set_host(hostname, addr)?;
+        if point_name {
+            self.set_host(hostname, addr)?;
+        } else {
+            self.rewrite_hosts()?;
+        }
         Ok(node)
     }
 
@@ -166,6 +184,10 @@ impl Network {
     pub fn set_host(&mut self, hostname: &str, addr: Ipv4Addr) -> Result<(), String> {
         self.hosts.retain(|(h, _)| h != hostname);
         self.hosts.push((hostname.to_string(), addr));
+        self.rewrite_hosts()
+    }
+
+    fn rewrite_hosts(&self) -> Result<(), String> {
         let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
         for (h, a) in &self.hosts {
             text.push_str(&format!("{a}\t{h}\n"));
@@ -183,6 +205,11 @@ impl Network {
     /// notices; its peers stop hearing from it.
     pub fn cut(&self, node: &Node) -> Result<(), String> {
         self.in_switch(&["link", "set", &node.port, "down"])
+    }
+
+    /// Undo [`Network::cut`]: the node's switch port comes up again.
+    pub fn heal(&self, node: &Node) -> Result<(), String> {
+        self.in_switch(&["link", "set", &node.port, "up"])
     }
 
     /// Processes running inside a node's namespace.

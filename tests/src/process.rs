@@ -79,29 +79,29 @@ impl Drop for Tag {
 
 /// Live processes whose environment holds exactly `needle` (`KEY=value`).
 pub fn pids_with_env(needle: &str) -> Vec<i32> {
-    let mut out = Vec::new();
+    live_pids_where(|pid| {
+        std::fs::read(format!("/proc/{pid}/environ"))
+            .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+    })
+}
+
+/// Live processes whose program (`argv[0]`) contains `program` and whose
+/// command line contains `needle`.
+pub fn pids_with_cmdline(program: &str, needle: &str) -> Vec<i32> {
+    live_pids_where(|pid| {
+        let line = cmdline(pid);
+        line.split(' ').next().is_some_and(|p| p.contains(program)) && line.contains(needle)
+    })
+}
+
+fn live_pids_where(mut pred: impl FnMut(i32) -> bool) -> Vec<i32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
+        return Vec::new();
     };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if is_zombie(pid) {
-            continue;
-        }
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
-            out.push(pid);
-        }
-    }
-    out
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()))
+        .filter(|pid| !is_zombie(*pid) && pred(*pid))
+        .collect()
 }
 
 /// `(state, ppid)` of a process from `/proc/<pid>/stat`.

@@ -30,9 +30,6 @@ const TLS_SECRET: &str = "trainwire-webhook-tls";
 const INJECT: &str = "inject.trainwire.dev";
 const SCALE: &str = "scale.trainwire.dev";
 
-/// What the scale guard calls: it reads the StatefulSet behind a Scale.
-const SCALE_GUARD_PERMISSIONS: &[(&str, &str, &str)] = &[("apps", "statefulsets", "get")];
-
 /// What the sidecar calls in its Kubernetes-watch mode (sidecar/src/kubewatch.rs:
 /// a pod watcher, a SelfSubjectAccessReview; sidecar/src/events.rs: kube-rs's
 /// event recorder). `get` pods is the contract, for `kubectl`-style reads.
@@ -429,13 +426,9 @@ fn webhook_entries_are_what_design_md_asks() -> Result<()> {
             );
         }
         assert_eq!(scale.reinvocation_policy.as_deref(), Some("Never"));
-        // The apiserver must wait longer than the guard's own StatefulSet
-        // lookup, or a slow lookup turns into "allowed" (failurePolicy).
+        // The guard answers from its cache, without I/O: a short timeout.
         let timeout = u64::try_from(scale.timeout_seconds.unwrap_or(10))?;
-        assert!(
-            timeout > trainwire_webhook::scale::LOOKUP_TIMEOUT.as_secs(),
-            "scale timeoutSeconds {timeout} is not above the lookup timeout"
-        );
+        assert!(timeout <= 5, "scale timeoutSeconds {timeout}");
         assert_eq!(scale.failure_policy.as_deref(), Some("Ignore"));
     }
     Ok(())
@@ -486,17 +479,19 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
             sts(json!({"name": "a", "annotations": {"other": "true"}})),
             false,
         ),
+        // Every value of the annotation reaches the engine, which answers
+        // as offline `inject` does (see below).
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "false"}})),
-            false,
+            true,
         ),
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": "True"}})),
-            false,
+            true,
         ),
         (
             sts(json!({"name": "a", "annotations": {"trainwire.dev/inject": ""}})),
-            false,
+            true,
         ),
         // A label is not the opt-in.
         (
@@ -506,6 +501,39 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
     ];
     for (object, want) in cases {
         assert_eq!(condition_admits(expression, &object)?, want, "{object}");
+    }
+
+    // What the engine then answers for each value, on the captured
+    // StatefulSet: the same verdict in the cluster as offline.
+    let path = trainwire_tests::admission_fixtures_dir().join("statefulset-create.json");
+    let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let profile = trainwire_webhook::policy::Profile::default();
+    for (value, verdict) in [
+        (json!("true"), "injected"),
+        (json!("false"), "untouched"),
+        (json!("True"), "refused"),
+        (json!("yes"), "refused"),
+        (json!(""), "refused"),
+        (json!(true), "refused"),
+    ] {
+        let mut object = review["request"]["object"].clone();
+        object["metadata"]["annotations"]["trainwire.dev/inject"] = value.clone();
+        assert!(condition_admits(expression, &object)?, "{value} is sent");
+        let got =
+            match trainwire_webhook::mutation::mutate(&object, Some("trainwire-test"), &profile) {
+                Ok(trainwire_webhook::mutation::Outcome::Mutated(_)) => "injected".to_string(),
+                Ok(trainwire_webhook::mutation::Outcome::NotManaged) => "untouched".to_string(),
+                Err(refusal) => {
+                    let message = refusal.to_string();
+                    assert!(
+                        message.contains("annotation trainwire.dev/inject")
+                            && message.contains("\"true\" or \"false\""),
+                        "{message}"
+                    );
+                    "refused".to_string()
+                }
+            };
+        assert_eq!(got, verdict, "trainwire.dev/inject: {value}");
     }
 
     // The captured requests from a real apiserver: their objects as sent.
@@ -872,7 +900,8 @@ fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
             permissions(role.rules.as_deref().unwrap_or_default())?,
             owned(&[
                 trainwire_webhook::reconciler::API_PERMISSIONS,
-                SCALE_GUARD_PERMISSIONS
+                trainwire_webhook::failures::API_PERMISSIONS,
+                trainwire_webhook::scale::API_PERMISSIONS
             ]),
             "{}: webhook ClusterRole",
             rendered.overlay
@@ -900,10 +929,29 @@ fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
             1,
             "only the webhook's binding"
         );
-        assert!(rendered.all("RoleBinding").is_empty());
+        // The Lease: a Role in the webhook's namespace, bound to its account.
+        let lease: k8s_openapi::api::rbac::v1::Role =
+            rendered.typed("Role", "trainwire-webhook-lease")?;
+        assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(
+            permissions(lease.rules.as_deref().unwrap_or_default())?,
+            owned(&[trainwire_webhook::lease::API_PERMISSIONS]),
+            "{}: webhook lease Role",
+            rendered.overlay
+        );
+        let lease_binding: RoleBinding =
+            rendered.typed("RoleBinding", "trainwire-webhook-lease")?;
+        assert_eq!(lease_binding.metadata.namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(lease_binding.role_ref.kind, "Role");
+        assert_eq!(lease_binding.role_ref.name, "trainwire-webhook-lease");
+        let subjects = lease_binding.subjects.unwrap_or_default();
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0].name, SERVICE);
+        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
+        assert_eq!(rendered.all("RoleBinding").len(), 1);
         // Nothing else grants anything.
         assert_eq!(rendered.all("ClusterRole").len(), 2);
-        assert!(rendered.all("Role").is_empty());
+        assert_eq!(rendered.all("Role").len(), 1);
     }
     Ok(())
 }

@@ -8,7 +8,6 @@
 //! reconciler reads what the engine writes: the status annotation, the
 //! rendezvous env, the sidecar) and given a UID, as stored.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -145,7 +144,13 @@ fn fixture_object(name: &str) -> Result<Value> {
 /// The fixture object injected by the real engine, as the apiserver
 /// stores it after admission (plus a UID).
 fn injected(fixture: &str, uid: &str) -> Result<Value> {
-    let object = fixture_object(fixture)?;
+    injected_with(fixture, uid, |_| {})
+}
+
+/// The same, with the manifest edited before injection.
+fn injected_with(fixture: &str, uid: &str, edit: impl FnOnce(&mut Value)) -> Result<Value> {
+    let mut object = fixture_object(fixture)?;
+    edit(&mut object);
     let profile = trainwire_webhook::policy::Profile::default();
     match trainwire_webhook::mutation::mutate(&object, Some(NS), &profile) {
         Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => {
@@ -158,17 +163,13 @@ fn injected(fixture: &str, uid: &str) -> Result<Value> {
     }
 }
 
-/// Set the injected PET_RDZV_ENDPOINT of the trainer.
-fn set_endpoint(o: &mut Value, endpoint: &str) -> Result<()> {
-    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array_mut()
-        .context("trainer env")?;
-    let e = env
-        .iter_mut()
-        .find(|e| e["name"] == "PET_RDZV_ENDPOINT")
-        .context("no PET_RDZV_ENDPOINT injected")?;
-    e["value"] = json!(endpoint);
-    Ok(())
+/// Give the trainer of a manifest its own PET_RDZV_ENDPOINT (which wins
+/// over the engine's).
+fn with_endpoint(o: &mut Value, endpoint: &str) {
+    let trainer = &mut o["spec"]["template"]["spec"]["containers"][0];
+    let mut env = trainer["env"].as_array().cloned().unwrap_or_default();
+    env.push(json!({"name": "PET_RDZV_ENDPOINT", "value": endpoint}));
+    trainer["env"] = Value::Array(env);
 }
 
 /// The fixture Job `bert-pretrain`, stored (UID) and injected.
@@ -179,11 +180,13 @@ fn job() -> Result<Job> {
     )?)?)
 }
 
-/// The fixture StatefulSet `llama-ft`, stored and injected, its rendezvous
-/// port changed by hand to 29400 (the user's env wins over the engine's).
+/// The fixture StatefulSet `llama-ft`, stored and injected, its manifest
+/// setting its own rendezvous endpoint on port 29400 (the user's env wins
+/// over the engine's, and the engine records the port the trainer uses).
 fn statefulset() -> Result<StatefulSet> {
-    let mut o = injected("statefulset-create.json", STS_UID)?;
-    set_endpoint(&mut o, "llama-ft-0.llama-ft.trainwire-test.svc:29400")?;
+    let o = injected_with("statefulset-create.json", STS_UID, |o| {
+        with_endpoint(o, "llama-ft-0.llama-ft.trainwire-test.svc:29400");
+    })?;
     Ok(serde_json::from_value(o)?)
 }
 
@@ -590,56 +593,36 @@ async fn a_statefulsets_own_service_is_the_users_and_is_not_reported() -> Result
     server.done().await
 }
 
+/// The rendezvous port of the Service is the one the trainer uses, as the
+/// engine recorded it in the typed status: the manifest's own endpoint, the
+/// c10d default when that names no port, the annotation, else 29500.
 #[test]
-fn a_bad_injected_endpoint_is_an_error_naming_it() -> Result<()> {
-    let mut o = serde_json::to_value(job()?)?;
-    set_endpoint(
-        &mut o,
-        "bert-pretrain-0.bert-pretrain.trainwire-test.svc:rdzv",
-    )?;
-    let job: Job = serde_json::from_value(o)?;
-    let err = reconciler::Workload::from_job(&job).expect_err("no port");
-    let text = err.to_string();
-    assert!(text.contains("PET_RDZV_ENDPOINT"), "{text}");
-    assert!(text.contains("host:port"), "{text}");
-
-    // No port at all is torchrun's own default for c10d, 29400.
-    let mut o = serde_json::to_value(job)?;
-    set_endpoint(&mut o, "[fd00::1]")?;
-    let job: Job = serde_json::from_value(o)?;
-    let w = reconciler::Workload::from_job(&job)?.context("injected")?;
-    assert_eq!(w.ports[0].port, 29400);
-    Ok(())
-}
-
-#[test]
-fn without_injected_env_the_annotation_then_the_default_port_is_used() -> Result<()> {
-    let mut o = serde_json::to_value(job()?)?;
-    let env = o["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array_mut()
-        .context("trainer env")?;
-    env.retain(|e| e["name"] != "PET_RDZV_ENDPOINT");
-    let plain: Job = serde_json::from_value(o.clone())?;
-    let ports = |w: reconciler::Workload| -> BTreeMap<String, i32> {
+fn the_rendezvous_port_is_the_one_the_trainer_uses() -> Result<()> {
+    let rdzv = |edit: &dyn Fn(&mut Value)| -> Result<i32> {
+        let job: Job =
+            serde_json::from_value(injected_with("job-indexed-create.json", JOB_UID, edit)?)?;
+        let w = reconciler::Workload::from_job(&job)?.context("injected")?;
         w.ports
-            .into_iter()
-            .map(|p| (p.name.unwrap_or_default(), p.port))
-            .collect()
+            .iter()
+            .find(|p| p.name.as_deref() == Some("rdzv"))
+            .map(|p| p.port)
+            .context("no rdzv port")
     };
-    let w = reconciler::Workload::from_job(&plain)?.context("injected")?;
-    assert_eq!(ports(w)["rdzv"], 29500);
-    o["metadata"]["annotations"]["trainwire.dev/rdzv-port"] = json!("29777");
-    let annotated: Job = serde_json::from_value(o.clone())?;
-    let w = reconciler::Workload::from_job(&annotated)?.context("injected")?;
-    assert_eq!(ports(w)["rdzv"], 29777);
-    o["metadata"]["annotations"]["trainwire.dev/rdzv-port"] = json!("0");
-    let bad: Job = serde_json::from_value(o)?;
-    let text = reconciler::Workload::from_job(&bad)
-        .expect_err("port 0")
-        .to_string();
-    assert!(
-        text.contains("trainwire.dev/rdzv-port") && text.contains("\"0\""),
-        "{text}"
+    assert_eq!(rdzv(&|_| {})?, 29500);
+    assert_eq!(
+        rdzv(&|o| with_endpoint(o, "bert-pretrain-0.bert-pretrain.trainwire-test.svc:29400"))?,
+        29400
+    );
+    assert_eq!(
+        rdzv(&|o| with_endpoint(o, "[fd00::1]"))?,
+        29400,
+        "c10d's own default"
+    );
+    assert_eq!(
+        rdzv(&|o| {
+            o["metadata"]["annotations"]["trainwire.dev/rdzv-port"] = json!("29777");
+        })?,
+        29777
     );
     Ok(())
 }

@@ -37,6 +37,8 @@ const WAIT: Duration = Duration::from_secs(180);
 /// When the replacement node starts after the cut (as in DESIGN.md's measured facts).
 const REPLACEMENT_AFTER: Duration = Duration::from_secs(5);
 const CHECKPOINT_INTERVAL: u64 = 5;
+/// When the lost node's name is re-pointed to the replacement, after it starts.
+const REPOINT_AFTER: Duration = Duration::from_secs(2);
 const RDZV_PORT: u16 = 29400;
 
 /// Who sends the signals: the real sidecar; or, to reproduce DESIGN.md's
@@ -100,9 +102,17 @@ impl Cluster {
     }
 
     /// A node: namespace, sidecar, and the trainer container under a kubelet.
-    fn start_node(&mut self, label: &str, rank: u32, addr: Ipv4Addr) -> Result<Node, String> {
+    fn start_node(
+        &mut self,
+        label: &str,
+        rank: u32,
+        addr: Ipv4Addr,
+        point_name: bool,
+    ) -> Result<Node, String> {
         let hostname = format!("node-{rank}");
-        let node = self.net.add_node(label, &hostname, addr)?;
+        let node = self
+            .net
+            .add_node_named(label, &hostname, addr, point_name)?;
         let agent_token = format!("trainwire_agent={label}.{}", self.run);
         let sidecar = match &self.sidecar_bin {
             Some(bin) => {
@@ -168,7 +178,8 @@ impl Cluster {
                 .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
             cmd
         };
-        let kubelet = Kubelet::run(
+        // A kubelet's restart policy: 1 s, then CrashLoopBackOff 10 s, 20 s, ...
+        let kubelet = Kubelet::run_backoff(
             &format!("{label}/trainer"),
             self.tag.value(),
             &self.log,
@@ -253,14 +264,17 @@ struct Measured {
     cut_to_signal: Option<Duration>,
     /// `None`: no resume (the `none` baseline).
     replacement_to_resume: Option<Duration>,
+    cut_to_resume: Option<Duration>,
+    /// Container exits of the survivor's trainer during the recovery.
+    survivor_exits: usize,
 }
 
 /// Runs one scenario; `lose_host` picks B (node 0, the rendezvous host) over A.
 fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     let mut c = Cluster::new(responder)?;
     let cold = Instant::now();
-    c.start_node("n0", 0, Network::addr(10))?;
-    c.start_node("n1", 1, Network::addr(11))?;
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
 
     // Both nodes train together and a few checkpoints exist.
     c.wait("a 2-node world", |l| {
@@ -308,7 +322,9 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     let lost_rank = if lose_host { 0 } else { 1 };
     let (mut detected, mut signalled) = (None, None);
     let deadline = cut + Duration::from_secs(30);
-    let expect_signal = lose_host && c.responder != Responder::Nobody;
+    // The sidecar restarts the survivor's agent only once the replacement
+    // answers: its signal is awaited after the replacement starts.
+    let expect_signal = lose_host && c.responder == Responder::Harness;
     while Instant::now() < deadline
         && ((with_sidecar && detected.is_none()) || (expect_signal && signalled.is_none()))
     {
@@ -337,7 +353,7 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
             c.log.tail(200)
         ));
     }
-    if lose_host && signalled.is_none() && c.responder != Responder::Nobody {
+    if lose_host && signalled.is_none() && c.responder == Responder::Harness {
         return Err(format!(
             "the survivor's trainer was not killed within 30 s of losing the rendezvous host\n{}",
             c.log.tail(200)
@@ -350,8 +366,14 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     let label = if lose_host { "n0b" } else { "n1b" };
     let mark = c.log.mark();
     let replaced = Instant::now();
-    c.start_node(label, rank, Network::addr(if lose_host { 20 } else { 21 }))?;
+    let new_addr = Network::addr(if lose_host { 20 } else { 21 });
+    // As DNS does, the name follows the replacement a moment after it
+    // starts: until then it resolves to the dead pod's address.
+    c.start_node(label, rank, new_addr, false)?;
     c.note(format!("started the replacement {label} as node-{rank}"));
+    std::thread::sleep(REPOINT_AFTER);
+    c.net.set_host(&format!("node-{rank}"), new_addr)?;
+    c.note(format!("node-{rank} now resolves to {new_addr}"));
 
     if c.responder == Responder::Nobody && lose_host {
         // The baseline: nobody kills the survivor's agent, which stays blocked
@@ -376,6 +398,8 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
             cut_to_detect: None,
             cut_to_signal: None,
             replacement_to_resume: None,
+            cut_to_resume: None,
+            survivor_exits: 0,
         });
     }
     // Training resumes from the checkpoint of the cut, with both nodes.
@@ -391,6 +415,7 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
             )
         })?;
     let took = resumed.at.duration_since(replaced);
+    let cut_to_resume = resumed.at.duration_since(cut);
     let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
     let from = ev.num("resumed_from").ok_or("no resumed_from")?;
     if from != at_cut {
@@ -440,6 +465,17 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
             ));
         }
     }
+    let survivor_exits = c
+        .trainer(survivor)
+        .map(|t| t.kubelet.exits())
+        .unwrap_or(0)
+        .saturating_sub(survivor_exits);
+    if lose_host && responder == Responder::Sidecar && survivor_exits != 1 {
+        return Err(format!(
+            "the survivor's trainer container exited {survivor_exits} times, not once\n{}",
+            c.log.tail(250)
+        ));
+    }
     if std::env::var_os("TRAINWIRE_E2E_DUMP").is_some() {
         eprintln!("{}", c.log.tail(100_000));
     }
@@ -449,6 +485,8 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
         cut_to_detect: detected,
         cut_to_signal: signalled,
         replacement_to_resume: Some(took),
+        cut_to_resume: Some(cut_to_resume),
+        survivor_exits,
     })
 }
 
@@ -460,7 +498,7 @@ fn run(test: &str, lose_host: bool) {
     let started = Instant::now();
     match scenario(lose_host, responder) {
         Ok(m) => println!(
-            "RECOVERY scenario={} responder={responder:?} resumed_from={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cold_start_s={} total_s={}",
+            "RECOVERY scenario={} responder={responder:?} resumed_from={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
             if lose_host {
                 "B-lose-rendezvous-host"
             } else {
@@ -476,6 +514,10 @@ fn run(test: &str, lose_host: bool) {
             m.replacement_to_resume
                 .map(|d| secs(d).to_string())
                 .unwrap_or_else(|| "never".into()),
+            m.cut_to_resume
+                .map(|d| secs(d).to_string())
+                .unwrap_or_else(|| "never".into()),
+            m.survivor_exits,
             secs(m.cold_start),
             secs(started.elapsed()),
         ),
@@ -494,4 +536,70 @@ fn torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host() {
 #[test]
 fn torchrun_resumes_after_losing_the_rendezvous_host() {
     run("torchrun_resumes_after_losing_the_rendezvous_host", true);
+}
+
+/// A 5 s network blip of the rendezvous host (no freeze: its processes keep
+/// running): training rides it out without any helper, so with the sidecar
+/// too: no container exit, no worker restart, steps go on after the heal.
+fn blip(cut_for: Duration) -> Result<(), String> {
+    let mut c = Cluster::new(responder())?;
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let exits: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    let node = c.trainer("n0").map(|t| t.node.clone()).ok_or("no n0")?;
+    let mark = c.log.mark();
+    c.net.cut(&node)?;
+    let cut = Instant::now();
+    c.note(format!("cut n0 off for {cut_for:?} (no freeze)"));
+    std::thread::sleep(cut_for);
+    c.net.heal(&node)?;
+    c.note("healed n0".to_string());
+    let healed = Instant::now();
+    let last = c
+        .log
+        .wait_for_after(c.log.mark(), Duration::from_secs(60), |l| {
+            is_event(l, "step").is_some()
+        })
+        .ok_or_else(|| format!("no step after the heal\n{}", c.log.tail(200)))?;
+    // Some more steps, to give a wrong restart time to show.
+    std::thread::sleep(Duration::from_secs(8));
+    let now: Vec<usize> = c.trainers.iter().map(|t| t.kubelet.exits()).collect();
+    if now != exits {
+        return Err(format!(
+            "container exits during a {cut_for:?} blip: {exits:?} -> {now:?}\n{}",
+            c.log.tail(200)
+        ));
+    }
+    if let Some(l) = c.log.wait_for_after(mark, Duration::from_millis(10), |l| {
+        is_event(l, "start").is_some()
+    }) {
+        return Err(format!(
+            "a worker restarted during a blip: {}\n{}",
+            l.text,
+            c.log.tail(200)
+        ));
+    }
+    println!(
+        "BLIP responder={:?} cut_s={} heal_to_step_s={} cut_to_step_s={} container_exits=0 worker_restarts=0 survivor_view={:?}",
+        c.responder,
+        secs(cut_for),
+        secs(last.at.saturating_duration_since(healed)),
+        secs(last.at.saturating_duration_since(cut)),
+        c.peer_state("n1", 0)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_five_second_blip_of_the_rendezvous_host_restarts_nothing() {
+    let test = "a_five_second_blip_of_the_rendezvous_host_restarts_nothing";
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    if let Err(e) = blip(Duration::from_secs(5)) {
+        panic!("{test}: {e}");
+    }
 }

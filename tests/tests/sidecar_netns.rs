@@ -6,10 +6,12 @@
 //! `TRAINWIRE_ON_PEER_LOSS` says, exactly once:
 //!
 //! - `auto`: the survivor that lost rank 1 (not the rendezvous host) leaves
-//!   its processes alone; the side that lost rank 0 (the rendezvous host)
-//!   SIGKILLs its agent and both workers.
-//! - `restart-workers`: each side SIGTERMs its workers once; the agent stays,
-//!   restarts them, and the new workers are left alone.
+//!   its processes alone; the side that lost rank 0 (the rendezvous host),
+//!   once the outage confirms the loss (`CONFIRM_AFTER`), SIGTERMs both
+//!   workers (frees the GPUs) and leaves the agent until a replacement
+//!   answers at rank 0's name (none comes here).
+//! - `restart-workers`: once confirmed, each side SIGTERMs its workers once;
+//!   the agent stays, restarts them, and the new workers are left alone.
 //!
 //! Skips with a clear message when not root or when `ip netns` does not work.
 
@@ -27,6 +29,8 @@ const MISSES: u64 = 3;
 /// Margin over interval × misses for a probe timeout and a busy machine.
 const MARGIN: Duration = Duration::from_secs(3);
 const PORT: u16 = tw::DEFAULT_HEALTH_PORT;
+/// The outage that confirms a loss here (the default is 30 s).
+const CONFIRM: Duration = Duration::from_secs(3);
 
 /// An agent like torchrun's: workers in new sessions, restarted when they exit.
 const FAKE_AGENT: &str = r#"
@@ -92,6 +96,7 @@ impl Cluster {
             (tw::DETECTION, "heartbeat".to_string()),
             (tw::HEARTBEAT_INTERVAL, format!("{INTERVAL_MS}ms")),
             (tw::HEARTBEAT_MISSES, MISSES.to_string()),
+            (tw::CONFIRM_AFTER, format!("{}s", CONFIRM.as_secs())),
             (tw::AGENT_MATCH, token.clone()),
             ("RUST_LOG", "info".to_string()),
         ]);
@@ -246,23 +251,39 @@ fn cut_link_auto_kills_only_the_side_that_lost_the_rendezvous_host() {
         "n1 saw rank 0 lost after {lost1:?}, over {bound:?}"
     );
 
-    // n1 lost the rendezvous host: its agent and workers are SIGKILLed.
+    // n1 lost the rendezvous host: once confirmed, its workers are stopped;
+    // the agent waits for a replacement host.
     c.until(
-        "n1's agent and workers to die",
-        Duration::from_secs(10),
-        || !alive(agent1) && workers1.iter().all(|w| !alive(*w)),
+        "n1's workers to be stopped",
+        CONFIRM + MARGIN + Duration::from_secs(10),
+        || {
+            workers1.iter().all(|w| !alive(*w))
+                && c.status("n1")
+                    .is_ok_and(|s| s["last_loss"]["workers_stopped"] == true)
+        },
     );
     let s1 = c.status("n1").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(s1["last_action"]["action"], "restart-agent", "{s1:#}");
+    assert!(alive(agent1), "the agent waits for the replacement: {s1:#}");
+    assert_eq!(s1["last_action"]["action"], "restart-workers", "{s1:#}");
     assert_eq!(s1["last_action"]["result"], "signalled", "{s1:#}");
     assert_eq!(s1["last_action"]["lost_rank"], 0, "{s1:#}");
+    assert_eq!(s1["last_loss"]["confirmed_by"]["by"], "outage", "{s1:#}");
+    assert!(
+        s1["last_loss"]["waiting_for"]
+            .as_str()
+            .is_some_and(|w| w.contains("replacement")),
+        "{s1:#}"
+    );
     let signals = s1["last_action"]["signals"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     assert!(
-        signals.iter().all(|s| s["signal"] == "SIGKILL") && signals.len() == 3,
-        "the agent and its two workers, each SIGKILLed once: {s1:#}"
+        signals
+            .iter()
+            .all(|s| s["signal"] == "SIGTERM" && s["role"] == "worker")
+            && signals.len() == 2,
+        "its two workers, each SIGTERMed once: {s1:#}"
     );
 
     // n0 lost a peer that is not the rendezvous host: it only reports.
@@ -292,7 +313,7 @@ fn cut_link_restart_workers_terms_each_sides_workers_once() {
     let bound = detection_bound();
     let took = c.until(
         "both sides' workers to be SIGTERMed",
-        bound + Duration::from_secs(10),
+        bound + CONFIRM + Duration::from_secs(10),
         || c.count("n0", "exited -15") == 2 && c.count("n1", "exited -15") == 2,
     );
     println!(
@@ -300,8 +321,8 @@ fn cut_link_restart_workers_terms_each_sides_workers_once() {
         took.as_secs_f64()
     );
     assert!(
-        took <= bound + Duration::from_secs(1),
-        "signalled after {took:?}, over {bound:?}"
+        took <= bound + CONFIRM + Duration::from_secs(1),
+        "signalled after {took:?}, over {bound:?} + {CONFIRM:?}"
     );
 
     // The agents were left alone and restarted their workers; the new

@@ -191,17 +191,28 @@ impl Admitter {
                     .filter(|o| o.get() != "null")
                     .and_then(|o| replicas_of(o).ok());
                 let namespace = request.namespace.as_deref().unwrap_or_default();
-                match scale::check(
-                    &self.statefulsets,
+                match scale::decide(
+                    || self.statefulsets.lookup(namespace, &request.name),
                     namespace,
                     &request.name,
                     new_replicas,
                     old_replicas,
-                )
-                .await
-                {
-                    Ok(()) => allowed(),
-                    Err(refusal) => deny(request, &refusal),
+                ) {
+                    scale::Verdict::Allow => allowed(),
+                    scale::Verdict::AllowUnknown(reason, warning) => {
+                        self.metrics
+                            .scale_guard_unknown
+                            .get_or_create(&crate::metrics::ScaleGuardLabels { reason })
+                            .inc();
+                        let mut response = allow(request);
+                        response.warnings = Some(vec![warning.clone()]);
+                        Decision {
+                            response,
+                            outcome: Outcome::allowed,
+                            detail: Some(warning),
+                        }
+                    }
+                    scale::Verdict::Refuse(refusal) => deny(request, &refusal),
                 }
             }
             _ => allowed(),

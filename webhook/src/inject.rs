@@ -89,6 +89,68 @@ pub struct Rendered {
     pub refusals: Vec<String>,
     /// The input was a KRM ResourceList and `output` is the answer to it.
     pub resource_list: bool,
+    /// What was added besides the input's documents (the headless Service of
+    /// a Job), printed on stderr.
+    pub notes: Vec<String>,
+}
+
+/// The headless Services the injected Jobs among `objects` need and the
+/// input does not have (`inputs`: every object of the input), with a note for
+/// each. Offline there is no reconciler to create them, and without one a
+/// Job's pods never resolve each other's names: the rendezvous never forms.
+fn missing_job_services(
+    objects: &[(String, &Value)],
+    inputs: &[&Value],
+    default_namespace: &str,
+) -> Vec<(String, Value)> {
+    let namespace_of = |v: &Value| {
+        v.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default_namespace)
+            .to_string()
+    };
+    let has_service = |name: &str, namespace: &str| {
+        inputs.iter().any(|v| {
+            v.get("kind").and_then(Value::as_str) == Some("Service")
+                && v.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+                && namespace_of(v) == namespace
+        })
+    };
+    let mut out: Vec<(String, Value)> = Vec::new();
+    for (who, obj) in objects {
+        if obj.get("kind").and_then(Value::as_str) != Some("Job")
+            || obj.get("apiVersion").and_then(Value::as_str) != Some("batch/v1")
+        {
+            continue;
+        }
+        let Ok(job) = serde_json::from_value::<k8s_openapi::api::batch::v1::Job>((*obj).clone())
+        else {
+            continue;
+        };
+        let Ok(Some(service)) = crate::reconciler::offline_job_service(&job) else {
+            continue;
+        };
+        let name = service.metadata.name.clone().unwrap_or_default();
+        let namespace = namespace_of(obj);
+        let emitted = out.iter().any(|(_, s)| {
+            s.pointer("/metadata/name").and_then(Value::as_str) == Some(name.as_str())
+                && namespace_of(s) == namespace
+        });
+        if has_service(&name, &namespace) || emitted {
+            continue;
+        }
+        let Ok(value) = serde_json::to_value(&service) else {
+            continue;
+        };
+        out.push((
+            format!(
+                "{who}: note: added the headless Service {name} its pods' DNS names need (in the cluster the webhook's reconciler creates it, owned by the Job; this one has no owner: delete it with the Job)"
+            ),
+            value,
+        ));
+    }
+    out
 }
 
 /// One object's outcome.
@@ -247,10 +309,10 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string();
-            if r.get("severity").and_then(Value::as_str) == Some("error") {
-                rendered.refusals.push(msg);
-            } else {
-                rendered.warnings.push(msg);
+            match r.get("severity").and_then(Value::as_str) {
+                Some("error") => rendered.refusals.push(msg),
+                Some("info") => rendered.notes.push(msg),
+                _ => rendered.warnings.push(msg),
             }
         }
         debug_assert_eq!(failed, !rendered.refusals.is_empty());
@@ -259,6 +321,7 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
     let mut warnings = Vec::new();
     let mut refusals = Vec::new();
     let mut out: Vec<String> = Vec::new();
+    let mut results: Vec<(String, Value)> = Vec::new();
     for (i, (text, value)) in parsed.iter().enumerate() {
         let prefix = format!("document {}", i + 1);
         let changed = if is_list(value) {
@@ -269,21 +332,55 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
                 Injected::Changed(v) => Some(v),
             }
         };
-        out.push(match changed {
-            Some(v) => to_yaml(&v),
+        out.push(match &changed {
+            Some(v) => to_yaml(v),
             None => {
                 let mut t = text.trim_end().to_string();
                 t.push('\n');
                 t
             }
         });
+        results.push((prefix, changed.unwrap_or_else(|| value.clone())));
+    }
+    let objects = flatten(&results);
+    let inputs: Vec<&Value> = parsed.iter().flat_map(|(_, v)| items_of(v)).collect();
+    let default_namespace = opts.namespace.as_deref().unwrap_or("default");
+    let mut notes = Vec::new();
+    for (note, service) in missing_job_services(&objects, &inputs, default_namespace) {
+        out.push(to_yaml(&service));
+        notes.push(note);
     }
     Ok(Rendered {
         output: out.join("---\n"),
         warnings: warnings.into_iter().map(|(m, _)| m).collect(),
         refusals: refusals.into_iter().map(|(m, _)| m).collect(),
         resource_list: false,
+        notes,
     })
+}
+
+/// A document's objects: itself, or a List's items.
+fn items_of(v: &Value) -> Vec<&Value> {
+    if is_list(v) {
+        v.get("items")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().collect())
+            .unwrap_or_default()
+    } else {
+        vec![v]
+    }
+}
+
+/// Every object of the rendered documents, with its `document N Kind/name`.
+fn flatten(results: &[(String, Value)]) -> Vec<(String, &Value)> {
+    results
+        .iter()
+        .flat_map(|(prefix, v)| {
+            items_of(v)
+                .into_iter()
+                .map(move |o| (format!("{prefix} {}", label(o)), o))
+        })
+        .collect()
 }
 
 fn resource_ref(obj: &Value) -> Value {
@@ -324,13 +421,29 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
         };
         out.push(changed.unwrap_or_else(|| item.clone()));
     }
+    let notes = {
+        let rendered: Vec<(String, Value)> = out
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("item {}", i + 1), v.clone()))
+            .collect();
+        let objects = flatten(&rendered);
+        let inputs: Vec<&Value> = items.iter().flat_map(items_of).collect();
+        let default_namespace = opts.namespace.as_deref().unwrap_or("default");
+        missing_job_services(&objects, &inputs, default_namespace)
+    };
+    let mut infos = Vec::new();
+    for (note, service) in notes {
+        infos.push((note, service.clone()));
+        out.push(service);
+    }
     let failed = !refusals.is_empty();
     let mut results: Vec<Value> = list
         .get("results")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    for (severity, entries) in [("error", refusals), ("warning", warnings)] {
+    for (severity, entries) in [("error", refusals), ("warning", warnings), ("info", infos)] {
         for (message, obj) in entries {
             results.push(json!({
                 "message": message,
@@ -368,7 +481,7 @@ fn read_input(file: &std::path::Path) -> Result<String, InjectError> {
 /// is printed even then, as KRM functions do), messages on stderr.
 fn emit(rendered: &Rendered) -> anyhow::Result<()> {
     let mut err = std::io::stderr().lock();
-    for w in &rendered.warnings {
+    for w in rendered.warnings.iter().chain(&rendered.notes) {
         writeln!(err, "{w}")?;
     }
     for r in &rendered.refusals {

@@ -10,10 +10,13 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
-pub mod error;
+pub mod crashloop;
+pub mod failures;
 pub mod inject;
+pub mod lease;
 pub mod metrics;
 pub mod mutation;
+pub mod nodefailure;
 pub mod policy;
 pub mod reconciler;
 pub mod scale;
@@ -21,5 +24,3 @@ pub mod serve;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tls;
-
-pub use error::{Error, Result};

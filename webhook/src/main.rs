@@ -1,3 +1,5 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 
 // mimalloc: an admission allocates and frees many small strings and maps;
@@ -6,8 +8,16 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
     // One crypto provider for rustls, kube and rcgen: ring.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    trainwire_webhook::cli::Cli::parse().run().await
+    match trainwire_webhook::cli::Cli::parse().run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        // A user's error is a message (with its causes), never a stack
+        // backtrace, whatever RUST_BACKTRACE says.
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }

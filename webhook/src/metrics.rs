@@ -100,6 +100,34 @@ pub struct ReloadLabels {
     pub result: ReloadResult,
 }
 
+/// What the failure controller did.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum FailureAction {
+    /// A pod on a dead node deleted with grace period 0.
+    force_delete,
+    /// A dead node tainted `node.kubernetes.io/out-of-service`.
+    out_of_service,
+    /// A reclaim held back by `maxPodsPerMinute`.
+    rate_limited,
+    /// A world stopped at a fail-fast exit code.
+    stop_fail_fast,
+    /// A world stopped after too many failures.
+    stop_max_failures,
+    /// A stopped world resumed.
+    resume,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub action: FailureAction,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScaleGuardLabels {
+    pub reason: crate::scale::Unknown,
+}
+
 type HistogramFamily = Family<KindLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -116,6 +144,9 @@ pub struct Metrics {
     pub cert_reloads: Family<ReloadLabels, Counter>,
     pub cert_expiry: Gauge,
     pub policy_reloads: Family<ReloadLabels, Counter>,
+    pub failure_actions: Family<FailureLabels, Counter>,
+    /// Scale requests the guard allowed because it could not check them.
+    pub scale_guard_unknown: Family<ScaleGuardLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -170,8 +201,22 @@ impl Metrics {
             "Platform policy file reloads, by result",
             policy_reloads.clone(),
         );
+        let failure_actions = Family::<FailureLabels, Counter>::default();
+        registry.register(
+            "failure_actions",
+            "What the failure controller did: dead-node reclaims, crash-loop stops, resumes",
+            failure_actions.clone(),
+        );
+        let scale_guard_unknown = Family::<ScaleGuardLabels, Counter>::default();
+        registry.register(
+            "scale_guard_unknown",
+            "statefulsets/scale requests allowed with a warning because the scale guard could not check them, by reason",
+            scale_guard_unknown.clone(),
+        );
         Metrics {
+            failure_actions,
             registry,
+            scale_guard_unknown,
             admissions,
             admission_duration,
             rejected_requests,

@@ -56,6 +56,8 @@ use kube::{Client, Resource};
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
+use crate::scale::slim;
+
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "trainwire";
 /// Label on every Service the reconciler creates (and the watch's selector).
@@ -76,13 +78,6 @@ use crate::mutation::annotations::{
     DEFAULT_RDZV_PORT, RDZV_PORT as RDZV_PORT_ANNOTATION, STATUS as STATUS_ANNOTATION,
 };
 use crate::mutation::sidecar_container::NAME as SIDECAR_CONTAINER;
-
-/// The port torchrun's c10d rendezvous uses when the endpoint names none.
-const C10D_DEFAULT_PORT: u16 = 29400;
-/// The injected rendezvous endpoint, `host:port`.
-const RDZV_ENDPOINT_ENV: &str = "PET_RDZV_ENDPOINT";
-/// The injected rendezvous backend.
-const RDZV_BACKEND_ENV: &str = "PET_RDZV_BACKEND";
 
 /// How long to wait before looking again at a name held by someone else.
 const FOREIGN_RECHECK: Duration = Duration::from_secs(60);
@@ -126,16 +121,6 @@ pub enum Error {
     MissingField {
         workload: String,
         field: &'static str,
-    },
-    /// A port the Service needs cannot be read from the workload.
-    #[error(
-        "{workload}: {source_name} is {value:?}, which has no valid port; accepted: {accepted}"
-    )]
-    InvalidPort {
-        workload: String,
-        source_name: String,
-        value: String,
-        accepted: &'static str,
     },
 }
 
@@ -227,89 +212,40 @@ fn identity(kind: Kind, meta: &ObjectMeta) -> Result<(String, String, String)> {
     Ok((namespace, name, uid))
 }
 
-fn env_value<'a>(
-    template: &'a PodTemplateSpec,
-    containers_init: bool,
-    name: &str,
-) -> Option<&'a str> {
-    let spec = template.spec.as_ref()?;
-    let containers = if containers_init {
-        spec.init_containers.as_deref().unwrap_or_default()
-    } else {
-        &spec.containers
-    };
-    containers
-        .iter()
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.as_deref())
-}
-
-/// The port part of a torchrun endpoint (`host:port`, `[v6]:port`), if any.
-fn endpoint_port(endpoint: &str) -> Option<&str> {
-    let endpoint = endpoint.trim();
-    if let Some(rest) = endpoint.strip_prefix('[') {
-        return rest.split_once("]:").map(|(_, p)| p);
-    }
-    endpoint.rsplit_once(':').map(|(_, p)| p)
-}
-
-fn parse_port(raw: &str) -> Option<u16> {
-    raw.trim().parse::<u16>().ok().filter(|p| *p > 0)
-}
-
-/// The ports a created Service exposes: the rendezvous (where pod 0 serves
-/// the c10d store; none with an external etcd) and the sidecar's.
-fn ports(kind: Kind, meta: &ObjectMeta, template: &PodTemplateSpec) -> Result<Vec<ServicePort>> {
-    let workload = describe(kind, meta);
+/// The ports a created Service exposes, from the typed status the engine
+/// recorded: the rendezvous (where pod 0 serves the c10d store; none with an
+/// external etcd) and the sidecar's. A status written by trainwire 0.1.0 has
+/// neither: the defaults then (the annotation's port, the sidecar's default).
+fn ports(meta: &ObjectMeta, template: &PodTemplateSpec) -> Vec<ServicePort> {
+    let status = crate::mutation::status::read(template).unwrap_or_default();
+    let legacy = status.service.is_empty();
     let mut out = Vec::new();
-    let external =
-        env_value(template, false, RDZV_BACKEND_ENV).is_some_and(|b| b.starts_with("etcd"));
-    if !external {
-        let port = if let Some(endpoint) = env_value(template, false, RDZV_ENDPOINT_ENV) {
-            match endpoint_port(endpoint) {
-                None => C10D_DEFAULT_PORT,
-                Some(p) => parse_port(p).ok_or_else(|| Error::InvalidPort {
-                    workload: workload.clone(),
-                    source_name: format!("env {RDZV_ENDPOINT_ENV}"),
-                    value: endpoint.to_string(),
-                    accepted: "host, host:port or [ipv6]:port, with a port from 1 to 65535",
-                })?,
-            }
-        } else if let Some(raw) = meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(RDZV_PORT_ANNOTATION))
-        {
-            parse_port(raw).ok_or_else(|| Error::InvalidPort {
-                workload: workload.clone(),
-                source_name: format!("annotation {RDZV_PORT_ANNOTATION}"),
-                value: raw.clone(),
-                accepted: "a port from 1 to 65535",
-            })?
-        } else {
-            DEFAULT_RDZV_PORT
-        };
+    let rdzv = if legacy {
+        Some(
+            meta.annotations
+                .as_ref()
+                .and_then(|a| a.get(RDZV_PORT_ANNOTATION))
+                .and_then(|p| p.parse::<u16>().ok())
+                .filter(|p| *p > 0)
+                .unwrap_or(DEFAULT_RDZV_PORT),
+        )
+    } else {
+        status.rdzv_port
+    };
+    if let Some(port) = rdzv {
         out.push(service_port(RDZV_PORT_NAME, port));
     }
-    let sidecar_port = env_value(template, true, trainwire_sidecar::env::HEALTH_PORT);
-    if let Some(raw) = sidecar_port {
-        let port = parse_port(raw).ok_or_else(|| Error::InvalidPort {
-            workload,
-            source_name: format!("sidecar env {}", trainwire_sidecar::env::HEALTH_PORT),
-            value: raw.to_string(),
-            accepted: "a port from 1 to 65535",
-        })?;
+    let sidecar = if legacy {
+        has_sidecar(template).then_some(trainwire_contract::env::DEFAULT_HEALTH_PORT)
+    } else {
+        status.sidecar_port
+    };
+    if let Some(port) = sidecar {
         out.push(service_port(SIDECAR_PORT_NAME, port));
-    } else if has_sidecar(template) {
-        out.push(service_port(
-            SIDECAR_PORT_NAME,
-            trainwire_sidecar::env::DEFAULT_HEALTH_PORT,
-        ));
     }
     // Two names for one port would be refused by the apiserver.
     out.dedup_by_key(|p| p.port);
-    Ok(out)
+    out
 }
 
 /// Whether the template has the injected sidecar.
@@ -366,7 +302,7 @@ impl Workload {
         pod_labels.insert("job-name".to_string(), name.clone());
         Ok(Some(Workload {
             kind: Kind::Job,
-            ports: ports(Kind::Job, meta, &spec.template)?,
+            ports: ports(meta, &spec.template),
             namespace,
             name,
             uid,
@@ -397,7 +333,7 @@ impl Workload {
         let (namespace, name, uid) = identity(Kind::StatefulSet, meta)?;
         Ok(Some(Workload {
             kind: Kind::StatefulSet,
-            ports: ports(Kind::StatefulSet, meta, &spec.template)?,
+            ports: ports(meta, &spec.template),
             namespace,
             name,
             uid,
@@ -448,6 +384,27 @@ impl Workload {
             status: None,
         }
     }
+}
+
+/// The headless Service an injected Job needs, as offline `inject` emits it
+/// for a manifest that does not have it: the same Service the reconciler
+/// creates (name, selector, ports, `publishNotReadyAddresses`, labels), but
+/// with no owner reference, since a manifest has no UID yet. `None` when the
+/// Job is not injected.
+pub fn offline_job_service(job: &Job) -> Result<Option<Service>> {
+    let mut job = job.clone();
+    // Identity fields a stored Job always has; the UID only feeds the owner
+    // reference, which is dropped below.
+    job.metadata.uid.get_or_insert_with(String::new);
+    let namespace = job.metadata.namespace.clone();
+    job.metadata.namespace.get_or_insert_with(String::new);
+    let Some(workload) = Workload::from_job(&job)? else {
+        return Ok(None);
+    };
+    let mut service = workload.desired_service();
+    service.metadata.owner_references = None;
+    service.metadata.namespace = namespace.filter(|n| !n.is_empty());
+    Ok(Some(service))
 }
 
 fn job_finished(job: &Job) -> bool {
@@ -744,15 +701,6 @@ where
     Action::requeue(ERROR_RECHECK)
 }
 
-/// Drop what the reconciler never reads, to keep the caches small.
-fn slim<K: Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
 fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
     result: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>,
 ) -> futures::future::Ready<()>
@@ -768,8 +716,14 @@ where
     futures::future::ready(())
 }
 
-/// Run the reconciler until the process shuts down.
-pub async fn run(client: kube::Client) -> anyhow::Result<()> {
+/// Run the reconciler until the process shuts down. StatefulSets come from
+/// the shared watch cache (the scale guard reads the same one); `writer` is
+/// its writer, fed by the watch this function drives.
+pub async fn run(
+    client: kube::Client,
+    statefulsets: crate::scale::StatefulSetCache,
+    writer: reflector::store::Writer<StatefulSet>,
+) -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(client.clone()));
     let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
@@ -785,16 +739,13 @@ pub async fn run(client: kube::Client) -> anyhow::Result<()> {
         .run(reconcile_job, error_policy, ctx.clone())
         .for_each(log_result);
 
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(slim)
-    .reflect(sts_writer)
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
+    let sts_store = statefulsets
+        .store()
+        .ok_or_else(|| anyhow::anyhow!("the StatefulSet cache has no store"))?;
+    let sts_stream = statefulsets
+        .watch(client.clone(), writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
     let statefulsets = Controller::for_stream(sts_stream, sts_store)
         .owns(Api::<Service>::all(client), owned)
         .run(reconcile_statefulset, error_policy, ctx)
@@ -810,62 +761,83 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn job(env: serde_json::Value, init_env: Option<serde_json::Value>) -> Job {
-        let mut init = json!([]);
-        if let Some(e) = init_env {
-            init = json!([{"name": SIDECAR_CONTAINER, "image": "s", "env": e}]);
-        }
+    fn job(status: serde_json::Value, sidecar: bool) -> Job {
+        let init = if sidecar {
+            json!([{"name": SIDECAR_CONTAINER, "image": "s"}])
+        } else {
+            json!([])
+        };
         serde_json::from_value(json!({
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": "j", "namespace": "ns", "uid": "u"},
             "spec": {"template": {
-                "metadata": {"annotations": {STATUS_ANNOTATION: "{}"}, "labels": {"team": "a"}},
+                "metadata": {"annotations": {STATUS_ANNOTATION: status.to_string()}, "labels": {"team": "a"}},
                 "spec": {"subdomain": "j", "restartPolicy": "Never",
-                         "containers": [{"name": "trainer", "env": env}],
+                         "containers": [{"name": "trainer"}],
                          "initContainers": init}}}
         }))
         .unwrap_or_default()
     }
 
-    #[test]
-    fn an_external_etcd_rendezvous_gets_no_rendezvous_port() {
-        let j = job(
-            json!([{"name": RDZV_BACKEND_ENV, "value": "etcd-v2"},
-                   {"name": RDZV_ENDPOINT_ENV, "value": "etcd.infra:2379"}]),
-            Some(json!([{"name": "TRAINWIRE_NODE_RANK", "value": "0"}])),
-        );
-        let w = Workload::from_job(&j).ok().flatten();
-        let ports: Vec<(Option<String>, i32)> = w
+    fn ports_of(j: &Job) -> Option<Vec<(Option<String>, i32)>> {
+        Workload::from_job(j)
+            .ok()
+            .flatten()
             .map(|w| w.ports.into_iter().map(|p| (p.name, p.port)).collect())
-            .unwrap_or_default();
-        assert_eq!(
-            ports,
-            vec![(
-                Some(SIDECAR_PORT_NAME.to_string()),
-                i32::from(trainwire_sidecar::env::DEFAULT_HEALTH_PORT)
-            )]
-        );
     }
 
     #[test]
-    fn no_sidecar_no_sidecar_port_and_the_same_port_twice_is_listed_once() {
-        let j = job(
-            json!([{"name": RDZV_ENDPOINT_ENV, "value": "j-0.j.ns.svc:29600"}]),
-            Some(json!([{"name": trainwire_sidecar::env::HEALTH_PORT, "value": "29600"}])),
+    fn the_ports_come_from_the_typed_status() {
+        let sidecar = (
+            Some(SIDECAR_PORT_NAME.to_string()),
+            i32::from(trainwire_contract::env::DEFAULT_HEALTH_PORT),
         );
-        let w = Workload::from_job(&j).ok().flatten();
-        assert_eq!(w.map(|w| w.ports.len()), Some(1));
-        let j = job(json!([]), None);
-        let w = Workload::from_job(&j).ok().flatten();
+        // An external etcd store: no rendezvous port.
+        let j = job(json!({"service": "j", "sidecarPort": 29600}), true);
+        assert_eq!(ports_of(&j), Some(vec![sidecar.clone()]));
+        // The store's port as recorded (the manifest's endpoint, say).
+        let j = job(
+            json!({"service": "j", "rdzvPort": 29400, "sidecarPort": 29600}),
+            true,
+        );
         assert_eq!(
-            w.map(|w| w.ports.into_iter().map(|p| p.port).collect::<Vec<_>>()),
-            Some(vec![i32::from(DEFAULT_RDZV_PORT)])
+            ports_of(&j),
+            Some(vec![
+                (Some(RDZV_PORT_NAME.to_string()), 29400),
+                sidecar.clone()
+            ])
+        );
+        // The same port twice is listed once; no sidecar, no sidecar port.
+        let j = job(
+            json!({"service": "j", "rdzvPort": 29600, "sidecarPort": 29600}),
+            true,
+        );
+        assert_eq!(ports_of(&j).map(|p| p.len()), Some(1));
+        let j = job(json!({"service": "j", "rdzvPort": 29500}), false);
+        assert_eq!(
+            ports_of(&j),
+            Some(vec![(Some(RDZV_PORT_NAME.to_string()), 29500)])
+        );
+        // A status from trainwire 0.1.0 (no service recorded): the defaults.
+        let j = job(json!({"version": "0.1.0"}), true);
+        assert_eq!(
+            ports_of(&j),
+            Some(vec![
+                (
+                    Some(RDZV_PORT_NAME.to_string()),
+                    i32::from(DEFAULT_RDZV_PORT)
+                ),
+                sidecar
+            ])
         );
     }
 
     #[test]
     fn a_foreign_service_is_judged_on_headlessness_and_selection() {
-        let Some(w) = Workload::from_job(&job(json!([]), None)).ok().flatten() else {
+        let Some(w) = Workload::from_job(&job(json!({"service": "j"}), false))
+            .ok()
+            .flatten()
+        else {
             panic!("injected job")
         };
         let svc =

@@ -1,98 +1,457 @@
-//! The scale guard: `kubectl scale` on an injected fixed-size StatefulSet
-//! would leave `PET_NNODES` stale, so such a `statefulsets/scale` request is
-//! refused unless the world is elastic over the new size.
+//! The scale guard: `kubectl scale` (the `statefulsets/scale` subresource)
+//! changes `replicas` without going through the injection, so on an injected
+//! fixed-size StatefulSet it would leave `PET_NNODES` stale. Such a request
+//! is refused unless the world the template holds covers the new size.
 //!
 //! The `autoscaling/v1 Scale` in the review carries no labels or annotations,
-//! so the StatefulSet itself is read through the Kubernetes API. When it
-//! cannot be read, the request is refused with the reason rather than let
-//! through on a guess.
+//! so the guard looks the StatefulSet up — in a watch cache (a kube-rs
+//! reflector of StatefulSets, the same one the reconciler uses), never with a
+//! live GET per request. It reads the typed status trainwire recorded on the
+//! pod template (`trainwire.dev/status`: the injected world).
+//!
+//! Its failure mode is an allowance, never a cluster-wide denial: this entry
+//! sees the scale requests of every StatefulSet outside kube-system, so when
+//! the guard cannot know (no Kubernetes client, cache not synced yet, the
+//! watch failing, the StatefulSet not in the cache, a status it cannot read)
+//! the request is allowed with an admission warning that says so, and counted
+//! in `trainwire_webhook_scale_guard_unknown_total`. Only a known injected
+//! StatefulSet whose new size its world does not cover is refused.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
-use serde_json::Value;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use prometheus_client::encoding::EncodeLabelValue;
 
-use crate::mutation::Refusal;
+use crate::mutation::annotations::Nnodes;
+use crate::mutation::{Refusal, status};
 
-/// Where the guard reads StatefulSets from: the Kubernetes API in the
-/// server, a map in tests.
-pub trait StatefulSetSource: Send + Sync {
-    /// The StatefulSet as JSON, `Ok(None)` when it does not exist, `Err`
-    /// with a reason a user can act on when it cannot be read.
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Value>, String>>;
-}
+/// The Kubernetes API calls the guard's cache makes (the RBAC test holds the
+/// ClusterRole to exactly these and the reconciler's).
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("apps", "statefulsets", "list"),
+    ("apps", "statefulsets", "watch"),
+];
 
-/// Reads StatefulSets with the server's kube client.
-#[derive(Clone)]
-pub struct KubeStatefulSets(pub kube::Client);
-
-/// How long a StatefulSet lookup may take: well under the apiserver's
-/// default webhook timeout (10 s).
-pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(4);
-
-impl StatefulSetSource for KubeStatefulSets {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Value>, String>> {
-        Box::pin(async move {
-            let api: kube::Api<k8s_openapi::api::apps::v1::StatefulSet> =
-                kube::Api::namespaced(self.0.clone(), namespace);
-            match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_opt(name)).await {
-                Err(_) => Err(format!(
-                    "the Kubernetes API did not answer within {}s",
-                    LOOKUP_TIMEOUT.as_secs()
-                )),
-                Ok(Err(e)) => Err(e.to_string()),
-                Ok(Ok(None)) => Ok(None),
-                Ok(Ok(Some(sts))) => serde_json::to_value(sts)
-                    .map(Some)
-                    .map_err(|e| format!("cannot encode the StatefulSet: {e}")),
-            }
-        })
-    }
-}
-
-/// Used when the server has no Kubernetes client (no in-cluster config and
-/// no kubeconfig): every lookup fails with the reason.
+/// What the guard knows about one StatefulSet.
 #[derive(Clone, Debug)]
-pub struct NoKubernetesApi(pub String);
-
-impl StatefulSetSource for NoKubernetesApi {
-    fn get<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Value>, String>> {
-        let why = format!("no Kubernetes API client: {}", self.0);
-        Box::pin(async move { Err(why) })
-    }
+pub enum Lookup {
+    Found(Arc<StatefulSet>),
+    /// The cache is synced and does not hold it.
+    Missing,
+    /// The guard cannot know; the reason is shown to the user.
+    Unknown(Unknown, String),
 }
 
-/// Decide a `statefulsets/scale` UPDATE to `new_replicas` (from
-/// `old_replicas`, when the review says).
-pub async fn check(
-    source: &Arc<dyn StatefulSetSource>,
+/// Why the guard could not know (the metric's label: a closed set).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Unknown {
+    /// The server has no Kubernetes API client.
+    no_client,
+    /// The StatefulSet watch has not listed everything yet.
+    not_synced,
+    /// The watch is failing (RBAC, an unreachable apiserver): the cache may be stale.
+    watch_error,
+    /// The cache does not hold the StatefulSet (created a moment ago).
+    not_cached,
+    /// The StatefulSet's `trainwire.dev/status` cannot be read.
+    unreadable_status,
+}
+
+/// Where the guard reads StatefulSets from: the watch cache in the server, a
+/// map in tests.
+pub trait StatefulSetSource: Send + Sync {
+    fn lookup(&self, namespace: &str, name: &str) -> Lookup;
+}
+
+/// The guard's verdict on one scale request.
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    Allow,
+    /// Allowed, with this admission warning, because the guard could not know.
+    AllowUnknown(Unknown, String),
+    Refuse(Refusal),
+}
+
+/// Decide a `statefulsets/scale` UPDATE of `namespace/name` to `new_replicas`
+/// (from `old_replicas`, when the review says). Pure: the lookup is done.
+pub fn decide(
+    lookup: impl FnOnce() -> Lookup,
     namespace: &str,
     name: &str,
     new_replicas: i32,
     old_replicas: Option<i32>,
-) -> Result<(), Refusal> {
+) -> Verdict {
     if old_replicas == Some(new_replicas) {
+        return Verdict::Allow;
+    }
+    let unknown = |reason: Unknown, why: &str| {
+        Verdict::AllowUnknown(
+            reason,
+            format!(
+                "trainwire could not check this scale of StatefulSet {namespace}/{name} ({why}); if trainwire injected it with a fixed world size, its pods keep the old PET_NNODES: change spec.replicas with kubectl apply or kubectl patch instead, which re-injects"
+            ),
+        )
+    };
+    let statefulset = match lookup() {
+        Lookup::Unknown(reason, why) => return unknown(reason, &why),
+        Lookup::Missing => {
+            return unknown(
+                Unknown::not_cached,
+                "it is not in the webhook's StatefulSet cache yet",
+            );
+        }
+        Lookup::Found(sts) => sts,
+    };
+    let Some(template) = statefulset.spec.as_ref().map(|s| &s.template) else {
+        return Verdict::Allow;
+    };
+    let recorded = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(crate::mutation::annotations::STATUS));
+    if recorded.is_none() {
+        // Not injected: not trainwire's to guard.
+        return Verdict::Allow;
+    }
+    let Some(status) = status::read(template) else {
+        return unknown(
+            Unknown::unreadable_status,
+            "its trainwire.dev/status annotation cannot be read",
+        );
+    };
+    match scale_allowed(name, &status, new_replicas) {
+        Ok(()) => Verdict::Allow,
+        Err(refusal) => Verdict::Refuse(refusal),
+    }
+}
+
+/// Whether an injected StatefulSet whose template holds `status` may go to
+/// `new_replicas` replicas through the scale subresource, which re-injects
+/// nothing: yes when stopping (0), when the world is an elastic range that
+/// covers the new size, or when the fixed world already is that size.
+pub fn scale_allowed(
+    name: &str,
+    status: &status::Status,
+    new_replicas: i32,
+) -> Result<(), Refusal> {
+    let new = u32::try_from(new_replicas).unwrap_or(0);
+    if new == 0 {
         return Ok(());
     }
-    match source.get(namespace, name).await {
-        Err(why) => Err(Refusal::Workload(format!(
-            "cannot read StatefulSet {namespace}/{name} to check that scaling it to {new_replicas} replicas keeps its trainwire PET_NNODES right: {why}; try again, or change spec.replicas with kubectl apply or kubectl patch (the webhook re-injects it)"
-        ))),
-        // The apiserver answers NotFound itself.
-        Ok(None) => Ok(()),
-        Ok(Some(statefulset)) => crate::mutation::scale_allowed(&statefulset, new_replicas),
+    let detail = if status.nnodes.is_empty() {
+        "it was injected paused (replicas 0, no trainwire.dev/nnodes), so its pods hold no world size".to_string()
+    } else {
+        match status.nnodes.parse::<Nnodes>() {
+            Ok(n) if n.covers(new) => return Ok(()),
+            Ok(Nnodes::Fixed(n)) => format!("its pods were injected with PET_NNODES={n}"),
+            Ok(Nnodes::Elastic { min, max }) => {
+                format!("its elastic world is {min}:{max}, which does not cover {new}")
+            }
+            Err(_) => format!("its recorded world size {:?} cannot be read", status.nnodes),
+        }
+    };
+    Err(Refusal::Workload(format!(
+        "StatefulSet {name}: scaling to {new} replicas with the scale subresource (kubectl scale) is refused because {detail} and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers {new}"
+    )))
+}
+
+/// The watch cache of StatefulSets the guard (and the reconciler) read.
+#[derive(Clone)]
+pub struct StatefulSetCache {
+    store: Option<Store<StatefulSet>>,
+    /// Why there is no cache at all (no Kubernetes client).
+    absent: Option<String>,
+    synced: Arc<AtomicBool>,
+    /// The last watch error and when it happened, cleared by the next good
+    /// event (see [`WATCH_ERROR_WINDOW`]).
+    watch_error: Arc<Mutex<Option<(Instant, String)>>>,
+}
+
+/// How long after a watch error the cache is not trusted. A watch that keeps
+/// failing reports again within kube's back-off (at most about 30 s); one
+/// that was re-established quietly (no change to deliver) reports nothing,
+/// so after this window the cache is trusted again.
+pub const WATCH_ERROR_WINDOW: Duration = Duration::from_secs(60);
+
+impl StatefulSetCache {
+    /// A cache and the writer its watch feeds (see [`StatefulSetCache::watch`]).
+    pub fn new() -> (StatefulSetCache, reflector::store::Writer<StatefulSet>) {
+        let (store, writer) = reflector::store::<StatefulSet>();
+        let cache = StatefulSetCache {
+            store: Some(store.clone()),
+            absent: None,
+            synced: Arc::new(AtomicBool::new(false)),
+            watch_error: Arc::new(Mutex::new(None)),
+        };
+        let synced = cache.synced.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                synced.store(true, Ordering::Release);
+                tracing::info!("StatefulSet cache synced: the scale guard answers from it");
+            }
+        });
+        (cache, writer)
+    }
+
+    /// No cache: every lookup is unknown, for this reason.
+    pub fn unavailable(why: String) -> StatefulSetCache {
+        StatefulSetCache {
+            store: None,
+            absent: Some(why),
+            synced: Arc::new(AtomicBool::new(false)),
+            watch_error: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The reader, for a controller that shares the cache.
+    pub fn store(&self) -> Option<Store<StatefulSet>> {
+        self.store.clone()
+    }
+
+    /// The watch that fills the cache: every StatefulSet, without
+    /// `managedFields` and the last-applied annotation (the cache keeps what
+    /// the guard and the reconciler read). Its events come out for a
+    /// controller to use; errors are recorded for [`Self::lookup`].
+    pub fn watch(
+        &self,
+        client: kube::Client,
+        writer: reflector::store::Writer<StatefulSet>,
+    ) -> impl Stream<Item = Result<watcher::Event<StatefulSet>, watcher::Error>> + Send + use<>
+    {
+        let errors = self.watch_error.clone();
+        watcher(Api::<StatefulSet>::all(client), watcher::Config::default())
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .inspect(move |event| {
+                let mut last = match errors.lock() {
+                    Ok(g) => g,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                match event {
+                    Ok(_) => *last = None,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "StatefulSet watch failed; the scale guard allows scales it cannot check");
+                        *last = Some((Instant::now(), e.to_string()));
+                    }
+                }
+            })
+    }
+
+    /// Run the watch alone (when the reconciler, which shares it, is off).
+    pub async fn run(self, client: kube::Client, writer: reflector::store::Writer<StatefulSet>) {
+        self.watch(client, writer).for_each(|_| async {}).await;
+    }
+}
+
+impl StatefulSetSource for StatefulSetCache {
+    fn lookup(&self, namespace: &str, name: &str) -> Lookup {
+        let Some(store) = &self.store else {
+            return Lookup::Unknown(
+                Unknown::no_client,
+                format!(
+                    "no Kubernetes API client: {}",
+                    self.absent.as_deref().unwrap_or("not configured")
+                ),
+            );
+        };
+        if !self.synced.load(Ordering::Acquire) {
+            return Lookup::Unknown(
+                Unknown::not_synced,
+                "the webhook's StatefulSet cache has not synced yet".to_string(),
+            );
+        }
+        let failing = match self.watch_error.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        if let Some((at, e)) = failing
+            && at.elapsed() < WATCH_ERROR_WINDOW
+        {
+            return Lookup::Unknown(
+                Unknown::watch_error,
+                format!("the webhook's StatefulSet watch is failing: {e}"),
+            );
+        }
+        match store.get(&ObjectRef::new(name).within(namespace)) {
+            Some(sts) => Lookup::Found(sts),
+            None => Lookup::Missing,
+        }
+    }
+}
+
+/// Drop what no reader of the cache needs, to keep it small.
+pub fn slim<K: kube::Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutation::status::Status;
+    use k8s_openapi::api::apps::v1::StatefulSetSpec;
+    use k8s_openapi::api::core::v1::PodTemplateSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn sts(status: Option<&str>) -> Lookup {
+        let annotations = status.map(|s| {
+            std::collections::BTreeMap::from([(
+                crate::mutation::annotations::STATUS.to_string(),
+                s.to_string(),
+            )])
+        });
+        Lookup::Found(Arc::new(StatefulSet {
+            metadata: ObjectMeta {
+                name: Some("train".into()),
+                namespace: Some("ml".into()),
+                ..Default::default()
+            },
+            spec: Some(StatefulSetSpec {
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        annotations,
+                        ..Default::default()
+                    }),
+                    spec: None,
+                },
+                ..Default::default()
+            }),
+            status: None,
+        }))
+    }
+
+    fn injected(nnodes: &str) -> Lookup {
+        let status = Status {
+            nnodes: nnodes.to_string(),
+            ..Default::default()
+        };
+        sts(Some(&serde_json::to_string(&status).expect("json")))
+    }
+
+    fn verdict(lookup: Lookup, new: i32, old: Option<i32>) -> &'static str {
+        match decide(|| lookup, "ml", "train", new, old) {
+            Verdict::Allow => "allow",
+            Verdict::AllowUnknown(..) => "allow-with-warning",
+            Verdict::Refuse(_) => "refuse",
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let unknown = |r| Lookup::Unknown(r, "why".into());
+        let table: Vec<(&str, Lookup, i32, Option<i32>, &str)> = vec![
+            ("not injected", sts(None), 5, Some(2), "allow"),
+            ("fixed, same size", injected("2"), 2, Some(3), "allow"),
+            ("fixed, grow", injected("2"), 3, Some(2), "refuse"),
+            ("fixed, shrink", injected("4"), 2, Some(4), "refuse"),
+            ("fixed, stop", injected("4"), 0, Some(4), "allow"),
+            ("elastic, inside", injected("1:4"), 3, Some(2), "allow"),
+            ("elastic, outside", injected("3:4"), 2, Some(3), "refuse"),
+            (
+                "paused, scale up from 0",
+                injected(""),
+                2,
+                Some(0),
+                "refuse",
+            ),
+            ("paused, stays 0", injected(""), 0, Some(0), "allow"),
+            (
+                "annotated nnodes at 0, up to it",
+                injected("4"),
+                4,
+                Some(0),
+                "allow",
+            ),
+            (
+                "no change, no lookup",
+                unknown(Unknown::no_client),
+                3,
+                Some(3),
+                "allow",
+            ),
+            (
+                "no client",
+                unknown(Unknown::no_client),
+                3,
+                Some(2),
+                "allow-with-warning",
+            ),
+            (
+                "not synced",
+                unknown(Unknown::not_synced),
+                3,
+                Some(2),
+                "allow-with-warning",
+            ),
+            (
+                "API error",
+                unknown(Unknown::watch_error),
+                3,
+                Some(2),
+                "allow-with-warning",
+            ),
+            (
+                "not cached",
+                Lookup::Missing,
+                3,
+                Some(2),
+                "allow-with-warning",
+            ),
+            (
+                "unreadable status",
+                sts(Some("{not json")),
+                3,
+                Some(2),
+                "allow-with-warning",
+            ),
+        ];
+        for (case, lookup, new, old, want) in table {
+            assert_eq!(verdict(lookup, new, old), want, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_refusal_says_what_to_do() {
+        let Verdict::Refuse(r) = decide(|| injected("2"), "ml", "train", 3, Some(2)) else {
+            panic!("refused");
+        };
+        assert_eq!(
+            r.to_string(),
+            "StatefulSet train: scaling to 3 replicas with the scale subresource (kubectl scale) is refused because its pods were injected with PET_NNODES=2 and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers 3"
+        );
+        let Verdict::Refuse(r) = decide(|| injected(""), "ml", "train", 2, Some(0)) else {
+            panic!("refused");
+        };
+        assert!(
+            r.to_string()
+                .contains("injected paused (replicas 0, no trainwire.dev/nnodes)"),
+            "{r}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cache_without_a_client_or_not_synced_is_unknown() {
+        let none = StatefulSetCache::unavailable("no kubeconfig".into());
+        assert!(matches!(
+            none.lookup("ml", "train"),
+            Lookup::Unknown(Unknown::no_client, why) if why.contains("no kubeconfig")
+        ));
+        let (cache, _writer) = StatefulSetCache::new();
+        assert!(matches!(
+            cache.lookup("ml", "train"),
+            Lookup::Unknown(Unknown::not_synced, _)
+        ));
     }
 }

@@ -27,7 +27,7 @@ use tower::Service as _;
 use crate::admission::{Admitter, Answer};
 use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::scale::{KubeStatefulSets, NoKubernetesApi, StatefulSetSource};
+use crate::scale::{StatefulSetCache, StatefulSetSource};
 use crate::telemetry::LogFormat;
 use crate::tls::CertStore;
 
@@ -87,8 +87,59 @@ pub struct ServeArgs {
         action = clap::ArgAction::Set
     )]
     pub reconcile: bool,
+    /// After SIGTERM, how long to keep answering with /readyz failing, so the
+    /// Service's endpoints drop this pod before its listener closes (with
+    /// `failurePolicy: Fail`, an apiserver call to a closed listener would
+    /// refuse a user's apply). A Go duration (`5s`, `0s` to close at once).
+    #[arg(
+        long,
+        env = "TRAINWIRE_SHUTDOWN_DRAIN",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub shutdown_drain: trainwire_contract::Duration,
+    /// Namespace of the Lease that lets one replica at a time run the
+    /// controllers (normally the webhook's own, from the downward API).
+    #[arg(
+        long,
+        env = "TRAINWIRE_LEASE_NAMESPACE",
+        value_name = "NAMESPACE",
+        default_value = "trainwire-system"
+    )]
+    pub lease_namespace: String,
     #[command(flatten)]
     pub policy: PolicyArgs,
+}
+
+/// The controllers (headless Services, failures), on the replica that holds
+/// the Lease only.
+async fn controllers(
+    client: kube::Client,
+    namespace: String,
+    policy: SharedPolicy,
+    metrics: Arc<Metrics>,
+) {
+    let identity = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("trainwire-webhook-{}", std::process::id()));
+    let config = crate::lease::LeaseConfig::new(namespace, identity);
+    crate::lease::supervise(client.clone(), config, move || {
+        let client = client.clone();
+        let policy = policy.clone();
+        let metrics = metrics.clone();
+        async move {
+            let services_client = client.clone();
+            let services = async move {
+                let (cache, writer) = StatefulSetCache::new();
+                if let Err(e) = crate::reconciler::run(services_client, cache, writer).await {
+                    tracing::error!(error = %e, "the Job Service reconciler stopped");
+                }
+            };
+            futures::join!(services, crate::failures::run(client, policy, metrics));
+        }
+    })
+    .await;
 }
 
 /// Readiness: the TLS listener is bound, a certificate is loaded, and the
@@ -396,24 +447,31 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let mut background = vec![cert_watch, policy_watch];
+    // One watch cache of StatefulSets: the scale guard answers from it, and
+    // the reconciler (when on) shares it.
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
+            // Every replica feeds its own cache (the scale guard answers on
+            // every replica); the controllers run on the Lease holder only,
+            // the reconciler over a StatefulSet watch of its own.
+            let (cache, writer) = StatefulSetCache::new();
+            background.push(tokio::spawn(cache.clone().run(client.clone(), writer)));
             if args.reconcile {
-                let client = client.clone();
-                background.push(tokio::spawn(async move {
-                    if let Err(e) = crate::reconciler::run(client).await {
-                        tracing::error!(error = %e, "the Job Service reconciler stopped");
-                    }
-                }));
+                background.push(tokio::spawn(controllers(
+                    client,
+                    args.lease_namespace.clone(),
+                    policy.clone(),
+                    metrics.clone(),
+                )));
             }
-            Arc::new(KubeStatefulSets(client))
+            Arc::new(cache)
         }
         Err(why) => {
             tracing::warn!(
                 error = %why,
-                "no Kubernetes API client: the Job Service reconciler is off and statefulsets/scale requests are refused"
+                "no Kubernetes API client: the Service reconciler is off and the scale guard allows every scale with a warning"
             );
-            Arc::new(NoKubernetesApi(why))
+            Arc::new(StatefulSetCache::unavailable(why))
         }
     };
 
@@ -465,8 +523,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     });
 
     let signal = crate::shutdown::signal().await;
-    tracing::info!(signal, "shutting down: finishing in-flight requests");
+    // Readiness fails first; the listener keeps answering for the drain
+    // period while the endpoints controller removes this pod, then closes
+    // and the requests in flight finish (SHUTDOWN_GRACE).
     readiness.set_stopping();
+    let drain: Duration = args.shutdown_drain.into();
+    tracing::info!(
+        signal,
+        drain_seconds = drain.as_secs_f64(),
+        "shutting down: not ready any more, still answering for the drain period"
+    );
+    tokio::time::sleep(drain).await;
+    tracing::info!("drain over: closing the listener, finishing in-flight requests");
     let _ = stop_tx.send(true);
     server.join().await;
     let _ = tokio::time::timeout(Duration::from_secs(2), probe).await;

@@ -21,7 +21,7 @@ use tower::ServiceExt;
 use trainwire_webhook::admission::Admitter;
 use trainwire_webhook::metrics::Metrics;
 use trainwire_webhook::policy::{Policy, SharedPolicy};
-use trainwire_webhook::scale::NoKubernetesApi;
+use trainwire_webhook::scale::StatefulSetCache;
 use trainwire_webhook::serve::{AppState, MAX_BODY_BYTES, Readiness, router};
 use trainwire_webhook::tls::CertStore;
 
@@ -30,7 +30,9 @@ fn state() -> AppState {
     AppState {
         admitter: Admitter {
             policy: SharedPolicy::new(Policy::default()),
-            statefulsets: Arc::new(NoKubernetesApi("no API in this test".to_string())),
+            statefulsets: Arc::new(StatefulSetCache::unavailable(
+                "no API in this test".to_string(),
+            )),
             metrics: metrics.clone(),
         },
         certs: Arc::new(CertStore::new(

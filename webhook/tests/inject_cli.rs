@@ -223,7 +223,7 @@ fn a_refusal_exits_non_zero_naming_the_document() {
     );
     let stderr = text(&out.stderr);
     assert!(
-        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: not a node count or range; accepted: "),
+        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: N is not a whole number from 1; accepted: "),
         "{stderr}"
     );
 }
@@ -306,7 +306,7 @@ fn krm_refusal_is_an_error_result_and_a_failure() {
     assert_eq!(v["results"][0]["severity"], "error");
     assert_eq!(
         v["results"][0]["message"],
-        "item 2 StatefulSet/llama: refused: annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: unknown rendezvous backend; accepted: \"c10d\", \"static\" or \"etcd-v2\""
+        "item 2 StatefulSet/llama: refused: annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: not one of the accepted names; accepted: c10d, static, etcd-v2"
     );
 }
 
@@ -340,4 +340,106 @@ fn kpt_exec_function() {
     let rendered = std::fs::read_to_string(dir.path().join("retrofit.yaml")).expect("read back");
     assert!(rendered.contains("PET_RDZV_ENDPOINT"), "{rendered}");
     assert!(rendered.contains("train-llm-0.train-rdzv.ml-train.svc:29500"));
+}
+
+/// A Job rendered offline gets the headless Service its pods' DNS names
+/// need, exactly the one the reconciler would create (but with no owner: a
+/// manifest has no UID), and says so on stderr; not when the input has it.
+#[test]
+fn an_injected_job_gets_its_headless_service_offline() {
+    let job =
+        std::fs::read_to_string(repo().join("examples/job-indexed-gpu.yaml")).expect("example");
+    let out = run(&["inject", "-f", "-"], &job);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("Job/bert-pretrain: note: added the headless Service bert-pretrain"),
+        "{stderr}"
+    );
+    let docs: Vec<Value> = text(&out.stdout)
+        .split("---\n")
+        .map(|d| serde_saphyr::from_str::<Value>(d).expect("yaml"))
+        .collect();
+    assert_eq!(docs.len(), 2, "the Job and its Service");
+    let service = &docs[1];
+    assert_eq!(service["apiVersion"], "v1");
+    assert_eq!(service["kind"], "Service");
+    assert!(
+        service["metadata"].get("ownerReferences").is_none(),
+        "{service}"
+    );
+
+    // The reconciler's Service for the same Job, stored (with a UID).
+    let mut stored = docs[0].clone();
+    stored["metadata"]["uid"] = serde_json::json!("0f6b2a4e");
+    let stored: k8s_openapi::api::batch::v1::Job = serde_json::from_value(stored).expect("Job");
+    let reconciled = trainwire_webhook::reconciler::Workload::from_job(&stored)
+        .expect("readable")
+        .expect("injected")
+        .desired_service();
+    let mut reconciled = serde_json::to_value(reconciled).expect("json");
+    reconciled["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("ownerReferences");
+    assert_eq!(service, &reconciled);
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+    assert_eq!(
+        service["spec"]["selector"],
+        serde_json::json!({"batch.kubernetes.io/job-name": "bert-pretrain"})
+    );
+
+    // Rendering the output again: the Service is there, nothing is added.
+    let again = run(&["inject", "-f", "-"], &text(&out.stdout));
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        !text(&again.stderr).contains("note:"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(text(&again.stdout).matches("kind: Service").count(), 1);
+
+    // As a KRM function: the Service is an item, the note an info result.
+    let out = run(&[], &resource_list(&[&job]));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
+    assert_eq!(v["items"][1]["kind"], "Service");
+    assert_eq!(v["results"][0]["severity"], "info");
+}
+
+/// A refusal is a message and exit code 1, never an anyhow stack backtrace,
+/// even with RUST_BACKTRACE=1.
+#[test]
+fn a_refusal_prints_no_backtrace() {
+    let manifest = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: x\n  annotations:\n    trainwire.dev/inject: \"True\"\n";
+    let out = Command::new(bin())
+        .args(["inject", "-f", "-"])
+        .env("RUST_BACKTRACE", "1")
+        .env("RUST_LIB_BACKTRACE", "1")
+        .env_remove("TRAINWIRE_POLICY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(manifest.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("refused: annotation trainwire.dev/inject"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("error: 1 workload(s) refused"), "{stderr}");
+    assert!(!stderr.to_lowercase().contains("backtrace"), "{stderr}");
+    assert!(
+        !stderr.contains("Caused by") && !stderr.contains(" at "),
+        "{stderr}"
+    );
 }

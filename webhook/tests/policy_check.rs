@@ -13,14 +13,14 @@ const DATA: &str = "tests/data/policy";
 #[rstest]
 #[case::bad_api_version("bad-api-version", &[r#"1:13: apiVersion: unknown variant "trainwire.dev/v1", expected one of trainwire.dev/v1alpha1"#])]
 #[case::bad_claim_pattern("bad-claim-pattern", &[r#"6:14: profiles[0].checkpoint.claim: "{team}-checkpoints" holds an unknown placeholder; the accepted ones are {namespace} and {name}"#])]
-#[case::bad_duration("bad-duration", &[r#"5:31: profiles[0].checkpointMaxAge.value: "30 minutes" is not a duration: a whole number and a unit ms, s, m or h, such as 90s, 30m, 2h"#])]
+#[case::bad_duration("bad-duration", &[r#"5:31: profiles[0].checkpointMaxAge.value: "30 minutes" is not valid: " minutes" is not a unit; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"#])]
 #[case::bad_etcd_endpoint("bad-etcd-endpoint", &[r#"6:19: profiles[0].etcdEndpoint: "http://etcd.platform.svc:2379" is not host:port (no scheme); accepted: etcd.example.svc:2379, 10.0.0.5:2379, [fd00::5]:2379"#])]
 #[case::bad_glob("bad-glob", &[r#"5:18: profiles[0].namespaces[0]: "ml-[" is not a valid glob: unclosed character class; missing ']'"#])]
 #[case::bad_nccl_key("bad-nccl-key", &[r#"6:7: profiles[0].nccl.SOCKET_IFNAME: "SOCKET_IFNAME" is not an NCCL variable: names start with NCCL_ or TORCH_NCCL_ and hold letters, digits and '_'"#])]
 #[case::bad_node_selector("bad-node-selector", &[r#"6:7: profiles[0].nodeSelector["karpenter.sh/node pool"]: "karpenter.sh/node pool" is not a label key (an optional DNS subdomain prefix and '/', then at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"#, r#"7:38: profiles[0].nodeSelector["karpenter.sh/nodepool"].value: "gpu a100" is not a label value (empty, or at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"#])]
 #[case::bad_resources("bad-resources", &[r#"8:9: profiles[0].sidecar.resources.limit: unknown field "limit", expected one of limits, requests (did you mean "limits"?)"#])]
-#[case::bad_shm_size("bad-shm-size", &[r#"5:22: profiles[0].shmSize.value: "8GB" is not a Kubernetes quantity such as 8Gi, 512Mi, 1G or 1e9, or off to disable the memory-backed /dev/shm"#])]
-#[case::bad_sidecar_env("bad-sidecar-env", &[r#"7:9: profiles[0].sidecar.env.TRAINWIRE_HEARTBEAT_INTERVALS: "TRAINWIRE_HEARTBEAT_INTERVALS" is not a sidecar setting the policy may set; accepted: TRAINWIRE_HEALTH_PORT, TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT"#, r#"8:9: profiles[0].sidecar.env.TRAINWIRE_NODE_RANK: "TRAINWIRE_NODE_RANK" is not a sidecar setting the policy may set (the webhook sets it, or it has its own policy field); accepted: TRAINWIRE_HEALTH_PORT, TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT"#, r#"9:30: profiles[0].sidecar.env.TRAINWIRE_DETECTION: "gossip" is not valid; accepted: auto, kubernetes, heartbeat, both"#])]
+#[case::bad_shm_size("bad-shm-size", &[r#"5:22: profiles[0].shmSize.value: "8GB" is not valid: "GB" is not a suffix; accepted: a size of at least 1Mi such as 8Gi, 512Mi or 64Gi, or off to leave /dev/shm alone"#])]
+#[case::bad_sidecar_env("bad-sidecar-env", &[r#"7:9: profiles[0].sidecar.env.TRAINWIRE_HEARTBEAT_INTERVALS: "TRAINWIRE_HEARTBEAT_INTERVALS" is not a sidecar setting the policy may set; accepted: TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_HEARTBEAT_TIMEOUT, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_CHECKPOINT_SETTLE, TRAINWIRE_CHECKPOINT_POLL_INTERVAL, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT, TRAINWIRE_CONFIRM_AFTER, TRAINWIRE_REPLACEMENT_WAIT"#, r#"8:9: profiles[0].sidecar.env.TRAINWIRE_NODE_RANK: "TRAINWIRE_NODE_RANK" is not a sidecar setting the policy may set (the webhook sets it, or it has its own policy field); accepted: TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_HEARTBEAT_TIMEOUT, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_CHECKPOINT_SETTLE, TRAINWIRE_CHECKPOINT_POLL_INTERVAL, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT, TRAINWIRE_CONFIRM_AFTER, TRAINWIRE_REPLACEMENT_WAIT"#, r#"9:30: profiles[0].sidecar.env.TRAINWIRE_DETECTION: TRAINWIRE_DETECTION="gossip" is invalid: not one of the accepted names (accepted: auto, kubernetes (or k8s), heartbeat (or heartbeats), both); the sidecar would not start with it"#])]
 #[case::bad_toleration_operator("bad-toleration-operator", &[r#"7:19: profiles[0].tolerations[0].operator: unknown variant "exists", expected one of Exists, Equal"#])]
 #[case::checkpoint_not_allowed("checkpoint-not-allowed", &[r#"6:14: profiles[0].checkpoint.claim: claim "shared-ckpt" is not in allowedClaims, so every workload would be refused; add it to allowedClaims"#])]
 #[case::checkpoint_pattern_overwrite("checkpoint-pattern-overwrite", &[r#"7:16: profiles[0].checkpoint.enforce: claim "ckpt-*" is a pattern, so trainwire cannot pick the claim for the workload; a pattern needs enforce: refuse (a workload must name a matching claim), or give a plain claim name"#])]
@@ -35,14 +35,19 @@ const DATA: &str = "tests/data/policy";
 #[case::no_profiles("no-profiles", &[r#"3:11: profiles: a policy needs at least one profile; without a policy file the embedded defaults apply"#])]
 #[case::not_a_mapping("not-a-mapping", &[r#"1:1: (document): expected a mapping; a policy file is a mapping: apiVersion: trainwire.dev/v1alpha1, kind: Policy, profiles: [...]"#])]
 #[case::setting_shorthand("setting-shorthand", &[r#"6:19: profiles[0].nccl.NCCL_DEBUG: expected a setting {value: ..., enforce: default|refuse|overwrite}; a plain value must be written {value: ...}"#])]
-#[case::several_errors("several-errors", &[r#"4:11: profiles[0].name: "GPU" is not a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"#, r#"6:22: profiles[0].shmSize.value: "huge" is not a Kubernetes quantity such as 8Gi, 512Mi, 1G or 1e9, or off to disable the memory-backed /dev/shm"#, r#"7:15: profiles[0].maxNodes: 0 would refuse every workload; give the largest node count allowed (1 or more), or remove maxNodes for no limit"#, r#"8:29: profiles[0].checkpointPath.value: "checkpoints" is not an absolute mount path (starts with '/', is not '/' itself, has no '..')"#])]
+#[case::several_errors("several-errors", &[r#"4:11: profiles[0].name: "GPU" is not a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters)"#, r#"6:19: profiles[0].etcdEndpoint: "etcd" is not host:port (the port is missing); accepted: etcd.example.svc:2379, 10.0.0.5:2379, [fd00::5]:2379"#, r#"7:15: profiles[0].maxNodes: 0 would refuse every workload; give the largest node count allowed (1 or more), or remove maxNodes for no limit"#, r#"8:21: profiles[0].allowedClaims[0]: "Ckpt" is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 253 characters)"#])]
 #[case::syntax_error("syntax-error", &[r#"7:12: profiles[0].nccl.NCCL_DEBUG: while parsing a flow mapping, did not find expected ',' or '}'"#])]
 #[case::toleration_shape("toleration-shape", &[r#"8:16: profiles[0].tolerations[0].value: a toleration with operator Exists has no value; remove value or use operator Equal"#, r#"12:28: profiles[0].tolerations[1].tolerationSeconds: tolerationSeconds applies only to effect NoExecute; set effect: NoExecute or remove it"#])]
 #[case::two_fallbacks("two-fallbacks", &[r#"5:11: profiles[1].name: profile "cpu" has no namespaces, like profiles[0] before it: only the first profile without namespaces is the fallback, so this one would never apply; give it namespaces"#])]
-#[case::unknown_field("unknown-field", &[r#"5:5: profiles[0].shmsize: unknown field "shmsize", expected one of name, namespaces, nccl, nodeSelector, tolerations, nodeFailureTolerationSeconds, checkpoint, checkpointPath, checkpointMaxAge, allowedClaims, shmSize, maxNodes, maxGpusPerNode, rdzvBackend, etcdEndpoint, sidecar (did you mean "shmSize"?)"#])]
+#[case::unknown_field("unknown-field", &[r#"5:5: profiles[0].shmsize: unknown field "shmsize", expected one of name, namespaces, nccl, nodeSelector, tolerations, nodeFailureTolerationSeconds, nodeFailure, crashLoop, checkpoint, checkpointPath, checkpointMaxAge, allowedClaims, shmSize, maxNodes, maxGpusPerNode, rdzvBackend, etcdEndpoint, sidecar (did you mean "shmSize"?)"#])]
 #[case::unknown_toleration_field("unknown-toleration-field", &[r#"9:9: profiles[0].tolerations[0].tolerationSecond: unknown field "tolerationSecond", expected one of key, operator, value, effect, tolerationSeconds (did you mean "tolerationSeconds"?)"#])]
 #[case::unknown_variant("unknown-variant", &[r#"9:18: profiles[0].nccl.NCCL_SOCKET_IFNAME.enforce: unknown variant "warn", expected one of default, refuse, overwrite"#])]
 #[case::wrong_type("wrong-type", &[r#"5:15: profiles[0].maxNodes: expected a whole number (0 or more)"#])]
+#[case::max_age_overflow("max-age-overflow", &[r#"5:31: profiles[0].checkpointMaxAge.value: "18446744073709551615s" is not valid: it is longer than 8760h; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"#])]
+#[case::root_checkpoint_path("root-checkpoint-path", &[r#"5:29: profiles[0].checkpointPath.value: "//" is not valid: it is the root directory; accepted: an absolute directory path below / without '..' or ',', such as /checkpoints"#])]
+#[case::shm_fraction_of_a_byte("shm-fraction-of-a-byte", &[r#"5:22: profiles[0].shmSize.value: "512m" is not valid: m, u and n are thousandths, millionths and billionths (a fraction of a byte); write Mi or M for mebibytes or megabytes; accepted: a size of at least 1Mi such as 8Gi, 512Mi or 64Gi, or off to leave /dev/shm alone"#])]
+#[case::sidecar_env_count_range("sidecar-env-count-range", &[r#"7:37: profiles[0].sidecar.env.TRAINWIRE_HEARTBEAT_MISSES: TRAINWIRE_HEARTBEAT_MISSES="4294967296" is invalid: above 4294967295 (accepted: a whole number from 1 to 4294967295, such as 8); the sidecar would not start with it"#])]
+#[case::sidecar_env_overflow("sidecar-env-overflow", &[r#"7:39: profiles[0].sidecar.env.TRAINWIRE_HEARTBEAT_INTERVAL: TRAINWIRE_HEARTBEAT_INTERVAL="1e20" is invalid: "e" is not a unit (accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)); the sidecar would not start with it"#, r#"8:34: profiles[0].sidecar.env.TRAINWIRE_ACTION_WINDOW: TRAINWIRE_ACTION_WINDOW="18446744073709551615s" is invalid: it is longer than 8760h (accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)); the sidecar would not start with it"#, r#"9:9: profiles[0].sidecar.env.TRAINWIRE_HEALTH_PORT: "TRAINWIRE_HEALTH_PORT" is not a sidecar setting the policy may set (the webhook sets it, or it has its own policy field); accepted: TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_HEARTBEAT_TIMEOUT, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_CHECKPOINT_SETTLE, TRAINWIRE_CHECKPOINT_POLL_INTERVAL, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT, TRAINWIRE_CONFIRM_AFTER, TRAINWIRE_REPLACEMENT_WAIT"#])]
 fn broken_policies(#[case] name: &str, #[case] expected: &[&str]) {
     let file = format!("{DATA}/{name}.yaml");
     let err = policy::check(Path::new(&file)).expect_err("the policy must be refused");
@@ -133,4 +138,32 @@ fn the_manifests_configmap_policy_is_valid() {
     let policy = policy::Policy::from_yaml(policy_text, "manifests/base/policy.yaml#policy.yaml")
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!policy.profiles.is_empty());
+}
+
+/// Regression (issue 11): what the sidecar documents, the policy accepts;
+/// enforced values compare by value; and a policy that passes the check
+/// gives every sidecar a configuration it starts with.
+#[test]
+fn sidecar_documented_values_pass_the_check() {
+    let text = r#"apiVersion: trainwire.dev/v1alpha1
+kind: Policy
+profiles:
+  - name: default
+    checkpointMaxAge: {value: 1h30m, enforce: refuse}
+    shmSize: {value: 64Gi, enforce: refuse}
+    sidecar:
+      env:
+        TRAINWIRE_MAX_ACTIONS: "0"
+        TRAINWIRE_CHECKPOINT_POLL: auto
+        TRAINWIRE_DETECTION: k8s
+        TRAINWIRE_HEARTBEAT_MISSES: "4294967295"
+        TRAINWIRE_HEARTBEAT_INTERVAL: 1.5s
+"#;
+    let p = policy::Policy::from_yaml(text, "inline.yaml").unwrap_or_else(|e| panic!("{e}"));
+    let profile = p.profile_for("any");
+    assert_eq!(
+        profile.checkpoint_max_age.value,
+        "5400s".parse().expect("duration")
+    );
+    assert_eq!(profile.shm_size.value, "65536Mi".parse().expect("size"));
 }

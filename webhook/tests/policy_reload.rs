@@ -135,7 +135,7 @@ async fn a_configmap_swap_puts_the_new_policy_in_force() {
     assert_eq!(next_reload(&mut w).await, Ok(()));
     let current = w.shared.current();
     assert_eq!(current.profiles[0].name, "second");
-    assert_eq!(current.profiles[0].shm_size.value, "16Gi");
+    assert_eq!(current.profiles[0].shm_size.value.to_string(), "16Gi");
 }
 
 #[tokio::test]

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -17,13 +16,12 @@ use tower::ServiceExt;
 use trainwire_webhook::admission::Admitter;
 use trainwire_webhook::metrics::Metrics;
 use trainwire_webhook::policy::{Policy, SharedPolicy};
-use trainwire_webhook::scale::StatefulSetSource;
+use trainwire_webhook::scale::{Lookup, StatefulSetCache, StatefulSetSource, Unknown};
 use trainwire_webhook::serve::{AppState, Readiness, probe_router, router};
 use trainwire_webhook::tls::CertStore;
 
-type Lookup = Result<Option<Value>, String>;
-
-/// A StatefulSet source fed by the test: `(namespace, name)` → answer.
+/// A StatefulSet source fed by the test: `(namespace, name)` → what the
+/// cache would know.
 #[derive(Default)]
 struct FakeStatefulSets {
     answers: Mutex<HashMap<(String, String), Lookup>>,
@@ -31,7 +29,7 @@ struct FakeStatefulSets {
 }
 
 impl FakeStatefulSets {
-    fn with(namespace: &str, name: &str, answer: Result<Option<Value>, String>) -> Arc<Self> {
+    fn with(namespace: &str, name: &str, answer: Lookup) -> Arc<Self> {
         let fake = FakeStatefulSets::default();
         fake.answers
             .lock()
@@ -39,24 +37,23 @@ impl FakeStatefulSets {
             .insert((namespace.to_string(), name.to_string()), answer);
         Arc::new(fake)
     }
+
+    fn found(namespace: &str, name: &str, sts: Value) -> Arc<Self> {
+        let sts = serde_json::from_value(sts).expect("a StatefulSet");
+        Self::with(namespace, name, Lookup::Found(Arc::new(sts)))
+    }
 }
 
 impl StatefulSetSource for FakeStatefulSets {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Value>, String>> {
+    fn lookup(&self, namespace: &str, name: &str) -> Lookup {
         let key = (namespace.to_string(), name.to_string());
         self.lookups.lock().expect("lock").push(key.clone());
-        let answer = self
-            .answers
+        self.answers
             .lock()
             .expect("lock")
             .get(&key)
             .cloned()
-            .unwrap_or(Ok(None));
-        Box::pin(async move { answer })
+            .unwrap_or(Lookup::Missing)
     }
 }
 
@@ -529,7 +526,7 @@ async fn scale_answer(source: Arc<dyn StatefulSetSource>, body: Vec<u8>) -> Valu
 async fn scale_guard_refuses_kubectl_scale_of_a_fixed_size_world() {
     let scale = common::fixture_bytes("statefulset-scale-subresource.json");
     let fixed = stored_statefulset(|_| {});
-    let fake = FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(fixed)));
+    let fake = FakeStatefulSets::found("trainwire-test", "llama-ft", fixed);
     let response = scale_answer(fake.clone(), scale).await;
     assert_eq!(response["allowed"], false, "{response}");
     assert_eq!(response["status"]["code"], 403, "{response}");
@@ -550,7 +547,7 @@ async fn scale_guard_lets_an_elastic_world_scale_within_its_range() {
         sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("1:4");
     });
     let response = scale_answer(
-        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(elastic))),
+        FakeStatefulSets::found("trainwire-test", "llama-ft", elastic),
         scale.clone(),
     )
     .await;
@@ -561,7 +558,7 @@ async fn scale_guard_lets_an_elastic_world_scale_within_its_range() {
         sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("3:4");
     });
     let response = scale_answer(
-        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(narrow))),
+        FakeStatefulSets::found("trainwire-test", "llama-ft", narrow),
         scale,
     )
     .await;
@@ -578,14 +575,10 @@ async fn scale_guard_leaves_other_statefulsets_alone() {
             .remove("trainwire.dev/inject");
     });
     let response = scale_answer(
-        FakeStatefulSets::with("trainwire-test", "llama-ft", Ok(Some(plain))),
+        FakeStatefulSets::found("trainwire-test", "llama-ft", plain),
         scale.clone(),
     )
     .await;
-    assert_eq!(response["allowed"], true, "{response}");
-
-    // Not found: the apiserver answers NotFound itself.
-    let response = scale_answer(Arc::new(FakeStatefulSets::default()), scale.clone()).await;
     assert_eq!(response["allowed"], true, "{response}");
 
     // Same size as before: no lookup at all.
@@ -597,37 +590,53 @@ async fn scale_guard_leaves_other_statefulsets_alone() {
     assert!(fake.lookups.lock().expect("lock").is_empty());
 }
 
+/// When the guard cannot know, it allows with a warning that says why, and
+/// counts it: its own failure never denies a scale in the cluster.
 #[tokio::test]
-async fn scale_guard_says_why_when_the_api_is_unreachable() {
+async fn scale_guard_allows_with_a_warning_when_it_cannot_know() {
     let scale = common::fixture_bytes("statefulset-scale-subresource.json");
-    let response = scale_answer(
-        FakeStatefulSets::with(
-            "trainwire-test",
-            "llama-ft",
-            Err("error trying to connect: tcp connect error: Connection refused".to_string()),
+    let cases: Vec<(Arc<dyn StatefulSetSource>, &str, &str)> = vec![
+        (
+            FakeStatefulSets::with(
+                "trainwire-test",
+                "llama-ft",
+                Lookup::Unknown(
+                    Unknown::watch_error,
+                    "the webhook's StatefulSet watch is failing: error trying to connect: tcp connect error: Connection refused".into(),
+                ),
+            ),
+            "Connection refused",
+            "watch_error",
         ),
-        scale.clone(),
-    )
-    .await;
-    assert_eq!(response["allowed"], false, "{response}");
-    let message = response["status"]["message"].as_str().expect("message");
-    assert!(
-        message.contains("cannot read StatefulSet trainwire-test/llama-ft")
-            && message.contains("Connection refused"),
-        "{message}"
-    );
-
-    // No client at all (no in-cluster config, no kubeconfig).
-    let response = scale_answer(
-        Arc::new(trainwire_webhook::scale::NoKubernetesApi(
-            "no kubeconfig found".to_string(),
-        )),
-        scale,
-    )
-    .await;
-    assert_eq!(response["allowed"], false, "{response}");
-    let message = response["status"]["message"].as_str().expect("message");
-    assert!(message.contains("no kubeconfig found"), "{message}");
+        (
+            Arc::new(StatefulSetCache::unavailable("no kubeconfig found".into())),
+            "no kubeconfig found",
+            "no_client",
+        ),
+        (
+            Arc::new(FakeStatefulSets::default()),
+            "not in the webhook's StatefulSet cache yet",
+            "not_cached",
+        ),
+    ];
+    for (source, why, reason) in cases {
+        let state = state_with(source);
+        let reply = post(&state, scale.clone()).await;
+        let response = check_review_envelope(&reply.json(), "aa0fce72-9b80-4105-bc0e-8eab320a9ef2");
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response.get("patch").is_none(), "{response}");
+        let warning = response["warnings"][0].as_str().unwrap_or_default();
+        assert!(
+            warning.contains(
+                "trainwire could not check this scale of StatefulSet trainwire-test/llama-ft"
+            ) && warning.contains(why)
+                && warning.contains("kubectl apply or kubectl patch"),
+            "{warning}"
+        );
+        let metrics = state.metrics.encode();
+        let line = format!("trainwire_webhook_scale_guard_unknown_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} not in\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -675,5 +684,59 @@ async fn probes_and_metrics() {
         "# EOF",
     ] {
         assert!(metrics.contains(needle), "{needle} not in\n{metrics}");
+    }
+}
+
+/// The StatefulSet created paused (`statefulset-create-zero-replicas.json`),
+/// as the webhook stored it, behind the captured `kubectl scale`: refused
+/// from 0 without `trainwire.dev/nnodes` (its pods hold no world size);
+/// allowed with an annotation that covers the new size.
+#[tokio::test]
+async fn scale_guard_on_the_statefulset_created_paused() {
+    let scale: Value = common::fixture("statefulset-scale-subresource.json");
+    let mut from_zero = scale.clone();
+    from_zero["request"]["oldObject"]["spec"]["replicas"] = json!(0);
+    from_zero["request"]["object"]["spec"]["replicas"] = json!(2);
+    let body = serde_json::to_vec(&from_zero).expect("json");
+    let paused = |nnodes: Option<&str>| {
+        let mut sts =
+            common::fixture("statefulset-create-zero-replicas.json")["request"]["object"].clone();
+        if let Some(n) = nnodes {
+            sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!(n);
+        }
+        let Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) =
+            trainwire_webhook::mutation::mutate(
+                &sts,
+                Some("trainwire-test"),
+                &trainwire_webhook::policy::Profile::default(),
+            )
+        else {
+            panic!("injected");
+        };
+        // Stored under the name the captured Scale is for.
+        let mut stored = m.object;
+        stored["metadata"]["name"] = json!("llama-ft");
+        stored["metadata"]["namespace"] = json!("trainwire-test");
+        stored
+    };
+    for (nnodes, allowed) in [
+        (None, false),
+        (Some("2"), true),
+        (Some("1:4"), true),
+        (Some("3"), false),
+    ] {
+        let response = scale_answer(
+            FakeStatefulSets::found("trainwire-test", "llama-ft", paused(nnodes)),
+            body.clone(),
+        )
+        .await;
+        assert_eq!(
+            response["allowed"], allowed,
+            "nnodes {nnodes:?}: {response}"
+        );
+        if nnodes.is_none() {
+            let message = response["status"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("injected paused"), "{message}");
+        }
     }
 }

@@ -563,13 +563,19 @@ async fn kubelet_style_certificate_rotation_drops_no_request() {
     );
 }
 
+/// SIGTERM: readiness fails first, the server keeps answering new requests
+/// for the drain period (the endpoints controller needs it to drop the pod,
+/// or an apiserver call lands on a closed port and, with failurePolicy Fail,
+/// refuses the user's apply), then closes the listener and finishes the
+/// request in flight.
 #[tokio::test]
-async fn sigterm_finishes_the_request_in_flight() {
+async fn sigterm_drains_then_finishes_the_request_in_flight() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().expect("tempdir");
     let certs = pair();
     let volume = SecretVolume::new(dir.path(), &certs.tls_cert_pem, &certs.tls_key_pem);
-    let mut server = Server::start(&volume.cert(), &volume.key(), &[]);
+    let mut server = Server::start(&volume.cert(), &volume.key(), &["--shutdown-drain", "3s"]);
+    assert_eq!(server.probe_get("/readyz").await.0, 200);
 
     // Send the headers and half of the body, then SIGTERM, then the rest.
     let connector =
@@ -587,11 +593,35 @@ async fn sigterm_finishes_the_request_in_flight() {
     tls.write_all(head.as_bytes()).await.expect("head");
     tls.write_all(&body[..body.len() / 2]).await.expect("half");
     tls.flush().await.expect("flush");
-    tokio::time::sleep(Duration::from_millis(200)).await;
     server.sigterm();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Shutting down: not ready any more, new connections refused.
-    assert!(tokio::net::TcpStream::connect(server.addr).await.is_err());
+    // Not ready any more, at once...
+    let started = std::time::Instant::now();
+    while server.probe_get("/readyz").await.0 != 503 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "readiness never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...but still answering new requests during the drain.
+    let client = client(&[&certs], server.addr, Http::One, true);
+    let (_, review) = post_review(&client, server.addr, body.clone())
+        .await
+        .expect("a review answered during the drain");
+    assert_eq!(review["response"]["allowed"], true, "{review}");
+    // After the drain: the listener is closed.
+    let closed = std::time::Instant::now();
+    while tokio::net::TcpStream::connect(server.addr).await.is_ok() {
+        assert!(
+            closed.elapsed() < Duration::from_secs(15),
+            "the listener never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "closed before the drain"
+    );
     tls.write_all(&body[body.len() / 2..]).await.expect("rest");
     tls.flush().await.expect("flush");
     let mut answer = Vec::new();

@@ -312,7 +312,10 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
         .as_slice(),
     )?;
     let shared = Shared::new(config);
-    let mut responder = Responder::new(shared.clone(), EventSink::disabled());
+    let mut responder = Responder::new(shared.clone(), EventSink::disabled(), false);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut tracker = Tracker::new("llama-ft-1", Duration::from_secs(10));
     let mut peers = Peers::new(NodeCount::Fixed(2), 1, 3, Instant::now());
     let mut out = Vec::new();
@@ -352,8 +355,11 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
                 evidence: v.evidence,
                 at: Instant::now(),
             }) {
-                let outcome = responder.handle(&loss);
-                signalled = outcome == trainwire_sidecar::signal::Outcome::Signalled;
+                rt.block_on(responder.on_loss(&loss, &peers));
+                signalled =
+                    shared.status().last_action.as_ref().is_some_and(|a| {
+                        a.generation == loss.generation && a.result == "signalled"
+                    });
             }
         }
         let dt = t0.elapsed().as_secs_f64();

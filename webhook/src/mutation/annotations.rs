@@ -10,7 +10,10 @@ use std::fmt;
 use serde_json::Value;
 
 use super::Refusal;
-use crate::policy::{PeerLossAction, RdzvBackend};
+use trainwire_contract::{
+    Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount, PositiveDuration,
+    RdzvBackend, ShmSize,
+};
 
 pub const PREFIX: &str = "trainwire.dev/";
 pub const INJECT: &str = "trainwire.dev/inject";
@@ -31,6 +34,26 @@ pub const SIDECAR: &str = "trainwire.dev/sidecar";
 pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
 /// Written by trainwire on the pod template (never read from the workload).
 pub const STATUS: &str = "trainwire.dev/status";
+/// Trainer exit codes that stop the world at once (read by the controller).
+pub const FAIL_FAST_EXIT_CODES: &str = "trainwire.dev/fail-fast-exit-codes";
+/// Trainer failures within a window that stop the world (the controller).
+pub const MAX_FAILURES: &str = "trainwire.dev/max-failures";
+/// Set by the user (any value) on a stopped workload: the controller resumes it.
+pub const RESUME: &str = "trainwire.dev/resume";
+/// Written by the controller when it stops a workload (its evidence).
+pub const STOPPED_REASON: &str = "trainwire.dev/stopped-reason";
+pub const STOPPED_AT: &str = "trainwire.dev/stopped-at";
+pub const STOPPED_REPLICAS: &str = "trainwire.dev/stopped-replicas";
+pub const STOPPED_EXIT_CODE: &str = "trainwire.dev/stopped-exit-code";
+pub const STOPPED_POD: &str = "trainwire.dev/stopped-pod";
+/// The controller's own annotations: accepted without a warning.
+pub const CONTROLLER_OWNED: &[&str] = &[
+    STOPPED_REASON,
+    STOPPED_AT,
+    STOPPED_REPLICAS,
+    STOPPED_EXIT_CODE,
+    STOPPED_POD,
+];
 
 /// Every annotation a user may put on the workload.
 pub const KNOWN: &[&str] = &[
@@ -50,50 +73,16 @@ pub const KNOWN: &[&str] = &[
     SHM_SIZE,
     SIDECAR,
     ON_PEER_LOSS,
+    FAIL_FAST_EXIT_CODES,
+    MAX_FAILURES,
+    RESUME,
 ];
 
 pub const DEFAULT_RDZV_PORT: u16 = 29500;
 pub const DEFAULT_MAX_RESTARTS: u32 = 3;
 
-/// The world size: fixed, or an elastic range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Nnodes {
-    Fixed(u32),
-    Elastic { min: u32, max: u32 },
-}
-
-impl Nnodes {
-    pub fn max(self) -> u32 {
-        match self {
-            Nnodes::Fixed(n) => n,
-            Nnodes::Elastic { max, .. } => max,
-        }
-    }
-    pub fn covers(self, n: u32) -> bool {
-        match self {
-            Nnodes::Fixed(f) => f == n,
-            Nnodes::Elastic { min, max } => (min..=max).contains(&n),
-        }
-    }
-    pub fn parse(s: &str) -> Option<Nnodes> {
-        match s.split_once(':') {
-            None => positive(s).map(Nnodes::Fixed),
-            Some((a, b)) => {
-                let (min, max) = (positive(a)?, positive(b)?);
-                (min <= max).then_some(Nnodes::Elastic { min, max })
-            }
-        }
-    }
-}
-
-impl fmt::Display for Nnodes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Nnodes::Fixed(n) => write!(f, "{n}"),
-            Nnodes::Elastic { min, max } => write!(f, "{min}:{max}"),
-        }
-    }
-}
+/// The world size: fixed, or an elastic range (the contract's grammar).
+pub type Nnodes = NodeCount;
 
 /// torchrun's `--nproc-per-node`: a count or one of its keywords.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,13 +120,16 @@ pub struct Annotations {
     pub rdzv_port: u16,
     pub max_restarts: u32,
     pub checkpoint_pvc: Option<String>,
-    pub checkpoint_path: Option<String>,
-    pub checkpoint_max_age: Option<String>,
+    pub checkpoint_path: Option<MountPath>,
+    pub checkpoint_max_age: Option<PositiveDuration>,
     pub volumes: Vec<SharedVolume>,
     pub nccl: Vec<(String, String)>,
-    pub shm_size: Option<String>,
+    pub shm_size: Option<ShmSize>,
     pub sidecar: Option<bool>,
     pub on_peer_loss: Option<PeerLossAction>,
+    /// Read by the controller, checked here so a bad value is refused.
+    pub fail_fast_exit_codes: Option<trainwire_contract::ExitCodes>,
+    pub max_failures: Option<trainwire_contract::FailureLimit>,
     /// Unknown `trainwire.dev/*` names, with a suggestion.
     pub warnings: Vec<String>,
 }
@@ -174,18 +166,12 @@ fn bad(annotation: &str, value: &str, reason: &str, accepted: &str) -> Refusal {
     }
 }
 
-fn positive(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse::<u32>().ok().filter(|n| *n > 0)
-}
-
-fn non_negative(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse::<u32>().ok()
+/// Parse one annotation with its contract type; a refusal names the
+/// annotation, the value and the accepted forms.
+fn typed<T: Grammar>(key: &str, raw: &str) -> Result<T, Refusal> {
+    raw.trim()
+        .parse()
+        .map_err(|e: Invalid| bad(key, raw, &e.reason, e.accepted))
 }
 
 /// A DNS-1123 label (container names): lowercase alphanumerics and `-`, at
@@ -204,60 +190,6 @@ pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 
-/// An absolute path without `..` components (mount paths).
-pub fn is_mount_path(s: &str) -> bool {
-    s.starts_with('/') && s.len() > 1 && !s.split('/').any(|c| c == "..") && !s.contains(',')
-}
-
-/// A duration such as `30m`, `90s`, `2h`, `500ms` or `1h30m`: one or more
-/// integer-unit pairs, units `ms`, `s`, `m`, `h`; not zero.
-pub fn is_duration(s: &str) -> bool {
-    let mut rest = s;
-    let mut total_nonzero = false;
-    if rest.is_empty() {
-        return false;
-    }
-    while !rest.is_empty() {
-        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 || digits > 9 {
-            return false;
-        }
-        let (num, tail) = rest.split_at(digits);
-        let unit_len = if tail.starts_with("ms") {
-            2
-        } else if tail.starts_with('s') || tail.starts_with('m') || tail.starts_with('h') {
-            1
-        } else {
-            return false;
-        };
-        if num.bytes().any(|b| b != b'0') {
-            total_nonzero = true;
-        }
-        rest = &tail[unit_len..];
-    }
-    total_nonzero
-}
-
-/// A positive Kubernetes quantity such as `8Gi`, `512Mi`, `1G` or `1.5Gi`.
-pub fn is_positive_quantity(s: &str) -> bool {
-    const SUFFIXES: &[&str] = &[
-        "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E", "m",
-    ];
-    let num_len = s
-        .bytes()
-        .take_while(|b| b.is_ascii_digit() || *b == b'.')
-        .count();
-    let (num, suffix) = s.split_at(num_len);
-    if num.is_empty() || num.matches('.').count() > 1 || num == "." {
-        return false;
-    }
-    if !SUFFIXES.contains(&suffix) {
-        return false;
-    }
-    num.bytes().any(|b| (b'1'..=b'9').contains(&b))
-}
-
-const NNODES_FORMS: &str = "a positive integer such as \"4\", or an elastic range \"MIN:MAX\" such as \"2:8\" with 1 <= MIN <= MAX";
 const NPROC_FORMS: &str =
     "a positive integer such as \"8\", or one of torchrun's \"auto\", \"gpu\", \"cpu\"";
 const VOLUME_FORMS: &str = "comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\"";
@@ -288,7 +220,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
         };
         if KNOWN.contains(&key.as_str()) {
             own.insert(key.as_str(), value.as_str());
-        } else if key != STATUS {
+        } else if key != STATUS && !CONTROLLER_OWNED.contains(&key.as_str()) {
             out.warnings.push(unknown_warning(key));
         }
     }
@@ -307,68 +239,26 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 }
                 out.container = Some(v.to_string());
             }
-            NNODES => {
-                out.nnodes = Some(
-                    Nnodes::parse(v)
-                        .ok_or_else(|| bad(key, raw, "not a node count or range", NNODES_FORMS))?,
-                );
-            }
+            NNODES => out.nnodes = Some(typed(key, raw)?),
             NPROC_PER_NODE => {
                 out.nproc_per_node = Some(match v {
                     "auto" | "gpu" | "cpu" => Nproc::Keyword(v.to_string()),
                     _ => Nproc::Count(
-                        positive(v)
-                            .ok_or_else(|| bad(key, raw, "not a process count", NPROC_FORMS))?,
+                        v.parse::<PositiveCount>()
+                            .map_err(|_| bad(key, raw, "not a process count", NPROC_FORMS))?
+                            .get(),
                     ),
                 });
             }
             GPUS_PER_NODE => {
-                out.gpus_per_node = Some(positive(v).ok_or_else(|| {
-                    bad(
-                        key,
-                        raw,
-                        "not a GPU count",
-                        "a positive integer such as \"8\"",
-                    )
-                })?);
+                out.gpus_per_node = Some(typed::<PositiveCount>(key, raw)?.get());
             }
             RDZV_BACKEND => {
-                out.rdzv_backend = Some(match v {
-                    "c10d" => RdzvBackend::C10d,
-                    "static" => RdzvBackend::Static,
-                    "etcd-v2" => RdzvBackend::EtcdV2,
-                    _ => {
-                        return Err(bad(
-                            key,
-                            raw,
-                            "unknown rendezvous backend",
-                            "\"c10d\", \"static\" or \"etcd-v2\"",
-                        ));
-                    }
-                });
+                out.rdzv_backend = Some(typed(key, raw)?);
             }
-            RDZV_PORT => {
-                out.rdzv_port = positive(v)
-                    .filter(|p| *p <= 65535)
-                    .and_then(|p| u16::try_from(p).ok())
-                    .ok_or_else(|| {
-                        bad(
-                            key,
-                            raw,
-                            "not a port",
-                            "an integer from 1 to 65535, e.g. \"29500\"",
-                        )
-                    })?;
-            }
+            RDZV_PORT => out.rdzv_port = typed::<Port>(key, raw)?.get(),
             MAX_RESTARTS => {
-                out.max_restarts = non_negative(v).ok_or_else(|| {
-                    bad(
-                        key,
-                        raw,
-                        "not a restart count",
-                        "a non-negative integer such as \"3\"",
-                    )
-                })?;
+                out.max_restarts = typed::<trainwire_contract::Count>(key, raw)?.0;
             }
             CHECKPOINT_PVC => {
                 if !is_dns_subdomain(v) {
@@ -382,40 +272,14 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 out.checkpoint_pvc = Some(v.to_string());
             }
             CHECKPOINT_PATH => {
-                if !is_mount_path(v) {
-                    return Err(bad(
-                        key,
-                        raw,
-                        "not an absolute path",
-                        "an absolute directory path without \"..\", e.g. \"/checkpoints\"",
-                    ));
-                }
-                out.checkpoint_path = Some(v.trim_end_matches('/').to_string());
+                out.checkpoint_path = Some(typed(key, raw)?);
             }
             CHECKPOINT_MAX_AGE => {
-                if !is_duration(v) {
-                    return Err(bad(
-                        key,
-                        raw,
-                        "not a duration",
-                        "a duration such as \"30m\", \"90s\", \"2h\" or \"1h30m\" (units ms, s, m, h)",
-                    ));
-                }
-                out.checkpoint_max_age = Some(v.to_string());
+                out.checkpoint_max_age = Some(typed(key, raw)?);
             }
             VOLUMES => out.volumes = parse_volumes(raw)?,
             NCCL => out.nccl = parse_nccl(raw)?,
-            SHM_SIZE => {
-                if v != "off" && !is_positive_quantity(v) {
-                    return Err(bad(
-                        key,
-                        raw,
-                        "not a size",
-                        "a size such as \"8Gi\" or \"512Mi\", or \"off\" to leave /dev/shm alone",
-                    ));
-                }
-                out.shm_size = Some(v.to_string());
-            }
+            SHM_SIZE => out.shm_size = Some(typed(key, raw)?),
             SIDECAR => {
                 out.sidecar = Some(match v {
                     "true" => true,
@@ -423,22 +287,9 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                     _ => return Err(bad(key, raw, "not a boolean", "\"true\" or \"false\"")),
                 });
             }
-            ON_PEER_LOSS => {
-                out.on_peer_loss = Some(match v {
-                    "auto" => PeerLossAction::Auto,
-                    "restart-workers" => PeerLossAction::RestartWorkers,
-                    "restart-agent" => PeerLossAction::RestartAgent,
-                    "none" => PeerLossAction::None,
-                    _ => {
-                        return Err(bad(
-                            key,
-                            raw,
-                            "unknown action",
-                            "\"auto\", \"restart-workers\", \"restart-agent\" or \"none\"",
-                        ));
-                    }
-                });
-            }
+            ON_PEER_LOSS => out.on_peer_loss = Some(typed(key, raw)?),
+            FAIL_FAST_EXIT_CODES => out.fail_fast_exit_codes = Some(typed(key, raw)?),
+            MAX_FAILURES => out.max_failures = Some(typed(key, raw)?),
             _ => {}
         }
     }
@@ -489,15 +340,17 @@ fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
                 VOLUME_FORMS,
             ));
         }
-        if !is_mount_path(path) {
-            return Err(bad(
-                VOLUMES,
-                raw,
-                &format!("{path:?} is not an absolute path"),
-                VOLUME_FORMS,
-            ));
-        }
-        let path = path.trim_end_matches('/').to_string();
+        let path = match path.parse::<MountPath>() {
+            Ok(p) => p.to_string(),
+            Err(e) => {
+                return Err(bad(
+                    VOLUMES,
+                    raw,
+                    &format!("{path:?} is not a mount path: {}", e.reason),
+                    VOLUME_FORMS,
+                ));
+            }
+        };
         if out.iter().any(|v| v.path == path) {
             return Err(bad(
                 VOLUMES,
@@ -605,7 +458,7 @@ mod tests {
         assert_eq!(a.volumes[1].path, "/out");
         assert!(a.volumes[0].read_only);
         assert_eq!(a.nccl[1], ("NCCL_IB_HCA".into(), "=mlx5".into()));
-        assert_eq!(a.shm_size.as_deref(), Some("off"));
+        assert_eq!(a.shm_size, Some(ShmSize::Off));
     }
 
     #[test]
@@ -629,18 +482,46 @@ mod tests {
     }
 
     #[test]
-    fn durations_and_quantities() {
-        for ok in ["30m", "90s", "2h", "500ms", "1h30m"] {
-            assert!(is_duration(ok), "{ok}");
+    fn durations_and_sizes_use_the_contract_grammar() {
+        let one = |k: &str, v: &str| parse(Some(&map(json!({ k: v }))));
+        for ok in ["30m", "90s", "2h", "500ms", "1h30m", "1.5s", "1800s"] {
+            assert!(one(CHECKPOINT_MAX_AGE, ok).is_ok(), "{ok}");
         }
-        for bad in ["", "0s", "30", "m", "1d", "-1s", "1.5h"] {
-            assert!(!is_duration(bad), "{bad}");
+        for bad in ["", "0s", "30", "m", "1d", "-1s", "18446744073709551615s"] {
+            assert!(one(CHECKPOINT_MAX_AGE, bad).is_err(), "{bad}");
         }
-        for ok in ["8Gi", "512Mi", "1G", "1.5Gi", "1000000"] {
-            assert!(is_positive_quantity(ok), "{ok}");
+        for ok in [
+            "8Gi",
+            "512Mi",
+            "1G",
+            "1.5Gi",
+            "1000000000",
+            "+1Gi",
+            "1e9",
+            "off",
+        ] {
+            assert!(one(SHM_SIZE, ok).is_ok(), "{ok}");
         }
-        for bad in ["", "0", "Gi", "8GB", "-1Gi", "1..5Gi"] {
-            assert!(!is_positive_quantity(bad), "{bad}");
+        for bad in ["", "0", "Gi", "8GB", "-1Gi", "1..5Gi", "512m", "512Ki"] {
+            assert!(one(SHM_SIZE, bad).is_err(), "{bad}");
         }
+        let e = one(SHM_SIZE, "512m").expect_err("half a byte").to_string();
+        assert!(
+            e.contains("trainwire.dev/shm-size") && e.contains("fraction of a byte"),
+            "{e}"
+        );
+        let e = one(CHECKPOINT_PATH, "//").expect_err("root").to_string();
+        assert!(
+            e.contains("trainwire.dev/checkpoint-path") && e.contains("/checkpoints"),
+            "{e}"
+        );
+        let a = one(CHECKPOINT_PATH, "//ckpt//").expect("normalised");
+        assert_eq!(
+            a.checkpoint_path.map(|p| p.to_string()).as_deref(),
+            Some("/ckpt")
+        );
+        let e = one(CHECKPOINT_MAX_AGE, "1d").expect_err("days").to_string();
+        assert!(e.contains("24h"), "{e}");
+        assert!(one(VOLUMES, "data:/").is_err());
     }
 }

@@ -32,7 +32,6 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::policy::Profile;
-use annotations::Nnodes;
 use status::Status;
 use trainer::{Conflict, Desired};
 use workload::Workload;
@@ -83,6 +82,16 @@ pub enum Refusal {
     /// a StatefulSet without serviceName, no containers, ...).
     #[error("{0}")]
     Workload(String),
+}
+
+impl From<crate::policy::Conflict> for Refusal {
+    fn from(c: crate::policy::Conflict) -> Self {
+        Refusal::Policy {
+            profile: c.profile,
+            rule: c.rule,
+            detail: c.detail,
+        }
+    }
 }
 
 /// What one mutation accumulates: the profile, warnings, the status record.
@@ -209,6 +218,11 @@ fn run(
     }
 
     let previous = workload.template().and_then(status::read);
+    if previous.is_none()
+        && let Some(template) = workload.template_mut()
+    {
+        status::drop_unreadable(template);
+    }
     let mut complete = false;
     if let Some(prev) = &previous
         && let Some(template) = workload.template_mut()
@@ -281,6 +295,8 @@ fn inject(
         ));
     }
     trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
+    ctx.status.service = shape.service.clone();
+    ctx.status.rdzv_port = rendezvous::store_port(&world, ann, &spec.containers[trainer]);
     volumes::shared(ctx, &shape, ann, spec, trainer)?;
     volumes::shm(ctx, ann, spec, trainer)?;
     placement::apply(ctx, spec)?;
@@ -288,44 +304,6 @@ fn inject(
         sidecar_container::inject(ctx, &shape, ann, &world, checkpoint.as_ref(), spec, trainer)?;
     }
     Ok(())
-}
-
-/// The scale guard: may this StatefulSet's `replicas` become `new_replicas`
-/// through the `scale` subresource (`kubectl scale`), which re-injects nothing?
-///
-/// Ok when the StatefulSet was not injected, when scaling to 0 (stopping), or
-/// when its injected world size is an elastic range covering the new size.
-pub fn scale_allowed(statefulset: &Value, new_replicas: i32) -> Result<(), Refusal> {
-    let Some(raw) = statefulset
-        .pointer("/spec/template/metadata/annotations")
-        .and_then(|a| a.get(annotations::STATUS))
-        .and_then(Value::as_str)
-    else {
-        return Ok(());
-    };
-    let Ok(status) = serde_json::from_str::<Status>(raw) else {
-        return Ok(());
-    };
-    let Some(nnodes) = Nnodes::parse(&status.nnodes) else {
-        return Ok(());
-    };
-    let new = u32::try_from(new_replicas).unwrap_or(0);
-    if new == 0 || nnodes.covers(new) {
-        return Ok(());
-    }
-    let name = statefulset
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
-    let detail = match nnodes {
-        Nnodes::Fixed(n) => format!("its pods were injected with PET_NNODES={n}"),
-        Nnodes::Elastic { min, max } => {
-            format!("its elastic world is {min}:{max}, which does not cover {new}")
-        }
-    };
-    Err(Refusal::Workload(format!(
-        "StatefulSet {name}: scaling to {new} replicas with the scale subresource (kubectl scale) is refused because {detail} and it would go stale; change `replicas` with `kubectl apply` or `kubectl patch` (which re-injects PET_NNODES), or annotate an elastic range `trainwire.dev/nnodes: MIN:MAX` that covers {new}"
-    )))
 }
 
 #[cfg(test)]

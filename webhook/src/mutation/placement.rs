@@ -81,7 +81,7 @@ pub fn apply(ctx: &mut Ctx<'_>, spec: &mut PodSpec) -> Result<(), Refusal> {
     for t in &profile.tolerations {
         ensure_toleration(ctx, spec, t.clone());
     }
-    if let Some(setting) = &profile.node_failure_toleration_seconds {
+    if let Some(setting) = &profile.node_failure_tolerations() {
         for taint in NODE_FAILURE_TAINTS {
             node_failure_toleration(ctx, spec, taint, setting)?;
         }

@@ -350,3 +350,38 @@ fn rdzv_conf(ctx: &mut Ctx<'_>, c: &Container) -> Option<Desired> {
         )
     })
 }
+
+/// torchrun's c10d port when an endpoint names none.
+pub const C10D_DEFAULT_PORT: u16 = 29400;
+
+/// The port of the rendezvous store on pod 0 as the trainer will use it, for
+/// the status (the reconciler's Service exposes it): `None` when the store is
+/// outside the world (etcd), else the port of the trainer's effective
+/// `PET_RDZV_ENDPOINT` (the manifest's value wins over trainwire's), torchrun's
+/// default when it names none, or the annotation's port when the endpoint is
+/// a reference trainwire cannot read.
+pub fn store_port(world: &World, ann: &Annotations, trainer: &Container) -> Option<u16> {
+    let external = world.backend == RdzvBackend::EtcdV2
+        || trainer::literal(trainer, "PET_RDZV_BACKEND").is_some_and(|b| b.starts_with("etcd"));
+    if external {
+        return None;
+    }
+    let Some(endpoint) = trainer::literal(trainer, "PET_RDZV_ENDPOINT") else {
+        return Some(ann.rdzv_port);
+    };
+    let endpoint = endpoint.trim();
+    let port = match endpoint.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:").map(|(_, p)| p),
+        None => endpoint.rsplit_once(':').map(|(_, p)| p),
+    };
+    match port {
+        None => Some(C10D_DEFAULT_PORT),
+        Some(p) => Some(
+            p.trim()
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .unwrap_or(ann.rdzv_port),
+        ),
+    }
+}

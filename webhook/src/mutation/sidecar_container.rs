@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use trainwire_sidecar::env;
+use trainwire_contract::env;
 
 use super::annotations::{self, Annotations};
 use super::rendezvous::World;
@@ -195,7 +195,7 @@ pub fn inject(
     ));
     if let Some(cp) = checkpoint {
         vars.push(plain(env::CHECKPOINT_DIR, cp.path.clone()));
-        vars.push(plain(env::CHECKPOINT_MAX_AGE, cp.max_age.clone()));
+        vars.push(plain(env::CHECKPOINT_MAX_AGE, cp.max_age.to_string()));
     }
     vars.push(plain(env::ON_PEER_LOSS, peer_loss_name(action.value)));
     for (k, v) in &profile.sidecar.env {
@@ -268,6 +268,7 @@ pub fn inject(
         ctx.status
             .init_containers
             .insert(NAME.to_string(), fingerprint(&sidecar));
+        ctx.status.sidecar_port = Some(env::DEFAULT_HEALTH_PORT);
         inits.insert(0, sidecar);
     }
 

@@ -37,6 +37,19 @@ pub struct Status {
     pub nnodes: String,
     /// The trainer container.
     pub container: String,
+    /// The headless Service the pods' DNS names hang on (`spec.serviceName`
+    /// or the template's `subdomain`); the reconciler reads it. Empty in a
+    /// status written by trainwire 0.1.0.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub service: String,
+    /// The port of the c10d store on pod 0 as the trainer will use it (the
+    /// manifest's `PET_RDZV_ENDPOINT` when it set one); `None` with an
+    /// external store (etcd). The reconciler's Service exposes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rdzv_port: Option<u16>,
+    /// The sidecar's port; `None` without trainwire's sidecar.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sidecar_port: Option<u16>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Env values the user had that trainwire replaced (a policy overwrite, or
@@ -138,14 +151,10 @@ fn normalize_quantities(v: &mut Value, quantity_map: bool) {
 /// A quantity's value in base units, as a canonical string (`1Gi` and
 /// `1024Mi` give the same); `None` when it does not parse.
 pub fn quantity_value(q: &str) -> Option<String> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let num: f64 = num.parse().ok()?;
-    let factor = crate::policy::syntax::quantity_multiplier(suffix)?;
-    Some(format!("{}", num * factor))
+    q.trim()
+        .parse::<trainwire_contract::Quantity>()
+        .ok()
+        .map(trainwire_contract::Quantity::decimal)
 }
 
 /// The status recorded on a template, if any and readable.
@@ -257,7 +266,17 @@ pub fn strip(template: &mut PodTemplateSpec, status: &Status) -> Stripped {
     }
 }
 
-fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+/// Drop a status annotation that cannot be read (hand-edited, or from an
+/// engine that wrote another shape). Nothing is stripped by it, but it is
+/// never part of the input either: the first pass and every later one see
+/// the same workload, so injecting twice changes nothing.
+pub fn drop_unreadable(template: &mut PodTemplateSpec) {
+    if read(template).is_none() {
+        remove_annotation(template);
+    }
+}
+
+fn remove_annotation(template: &mut PodTemplateSpec) {
     if let Some(annotations) = template
         .metadata
         .as_mut()
@@ -270,6 +289,10 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
             m.annotations = None;
         }
     }
+}
+
+fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String> {
+    remove_annotation(template);
     let Some(spec) = template.spec.as_mut() else {
         return Vec::new();
     };

@@ -477,6 +477,24 @@ fn elastic_range_and_gpus_per_node() {
     assert!(scale_allowed(&m.object, 5).is_err());
 }
 
+/// The scale guard's verdict on a stored StatefulSet (see `crate::scale`).
+fn scale_allowed(object: &Value, new: i32) -> Result<(), Refusal> {
+    let sts: k8s_openapi::api::apps::v1::StatefulSet =
+        serde_json::from_value(object.clone()).expect("a StatefulSet");
+    let name = object["metadata"]["name"].as_str().unwrap_or_default();
+    match crate::scale::decide(
+        || crate::scale::Lookup::Found(std::sync::Arc::new(sts)),
+        "trainwire-test",
+        name,
+        new,
+        None,
+    ) {
+        crate::scale::Verdict::Allow => Ok(()),
+        crate::scale::Verdict::Refuse(r) => Err(r),
+        crate::scale::Verdict::AllowUnknown(_, w) => panic!("unknown: {w}"),
+    }
+}
+
 #[test]
 fn scale_guard() {
     let (obj, ns) = sts_fixture();
@@ -511,7 +529,7 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/nnodes", "4:2"),
-    "annotation trainwire.dev/nnodes: \"4:2\" is not valid: not a node count or range; accepted: a positive integer such as \"4\", or an elastic range \"MIN:MAX\" such as \"2:8\" with 1 <= MIN <= MAX"
+    "annotation trainwire.dev/nnodes: \"4:2\" is not valid: MIN is above MAX; accepted: a whole number N from 1 such as 4, or an elastic range MIN:MAX such as 2:8 with 1 <= MIN <= MAX"
 )]
 #[case(
     with_annotation("trainwire.dev/nproc-per-node", "0"),
@@ -519,19 +537,19 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/gpus-per-node", "two"),
-    "annotation trainwire.dev/gpus-per-node: \"two\" is not valid: not a GPU count; accepted: a positive integer such as \"8\""
+    "annotation trainwire.dev/gpus-per-node: \"two\" is not valid: not a whole number; accepted: a whole number from 1 to 4294967295, such as 8"
 )]
 #[case(
     with_annotation("trainwire.dev/rdzv-backend", "etcd"),
-    "annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: unknown rendezvous backend; accepted: \"c10d\", \"static\" or \"etcd-v2\""
+    "annotation trainwire.dev/rdzv-backend: \"etcd\" is not valid: not one of the accepted names; accepted: c10d, static, etcd-v2"
 )]
 #[case(
     with_annotation("trainwire.dev/rdzv-port", "70000"),
-    "annotation trainwire.dev/rdzv-port: \"70000\" is not valid: not a port; accepted: an integer from 1 to 65535, e.g. \"29500\""
+    "annotation trainwire.dev/rdzv-port: \"70000\" is not valid: above 65535; accepted: a TCP port from 1 to 65535, such as 29500"
 )]
 #[case(
     with_annotation("trainwire.dev/max-restarts", "-1"),
-    "annotation trainwire.dev/max-restarts: \"-1\" is not valid: not a restart count; accepted: a non-negative integer such as \"3\""
+    "annotation trainwire.dev/max-restarts: \"-1\" is not valid: not a whole number; accepted: a whole number from 0 to 4294967295, such as 3"
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-pvc", "Ckpt!"),
@@ -539,11 +557,11 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-path", "ckpt"),
-    "annotation trainwire.dev/checkpoint-path: \"ckpt\" is not valid: not an absolute path; accepted: an absolute directory path without \"..\", e.g. \"/checkpoints\""
+    "annotation trainwire.dev/checkpoint-path: \"ckpt\" is not valid: not an absolute path; accepted: an absolute directory path below / without '..' or ',', such as /checkpoints"
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-max-age", "30 minutes"),
-    "annotation trainwire.dev/checkpoint-max-age: \"30 minutes\" is not valid: not a duration; accepted: a duration such as \"30m\", \"90s\", \"2h\" or \"1h30m\" (units ms, s, m, h)"
+    "annotation trainwire.dev/checkpoint-max-age: \"30 minutes\" is not valid: \" minutes\" is not a unit; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"
 )]
 #[case(
     with_annotation("trainwire.dev/volumes", "data"),
@@ -563,7 +581,7 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/volumes", "data:data"),
-    "annotation trainwire.dev/volumes: \"data:data\" is not valid: \"data\" is not an absolute path; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
+    "annotation trainwire.dev/volumes: \"data:data\" is not valid: \"data\" is not a mount path: not an absolute path; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
 )]
 #[case(
     with_annotation("trainwire.dev/volumes", "a:/data,b:/data"),
@@ -583,7 +601,7 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/shm-size", "lots"),
-    "annotation trainwire.dev/shm-size: \"lots\" is not valid: not a size; accepted: a size such as \"8Gi\" or \"512Mi\", or \"off\" to leave /dev/shm alone"
+    "annotation trainwire.dev/shm-size: \"lots\" is not valid: it does not start with a number; accepted: a size of at least 1Mi such as 8Gi, 512Mi or 64Gi, or off to leave /dev/shm alone"
 )]
 #[case(
     with_annotation("trainwire.dev/sidecar", "no"),
@@ -591,7 +609,24 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/on-peer-loss", "restart"),
-    "annotation trainwire.dev/on-peer-loss: \"restart\" is not valid: unknown action; accepted: \"auto\", \"restart-workers\", \"restart-agent\" or \"none\""
+    "annotation trainwire.dev/on-peer-loss: \"restart\" is not valid: not one of the accepted names; accepted: auto, restart-workers, restart-agent, none"
+)]
+// Regressions (issue 11): one grammar with the policy and the sidecar.
+#[case(
+    with_annotation("trainwire.dev/shm-size", "512m"),
+    "annotation trainwire.dev/shm-size: \"512m\" is not valid: m, u and n are thousandths, millionths and billionths (a fraction of a byte); write Mi or M for mebibytes or megabytes; accepted: a size of at least 1Mi such as 8Gi, 512Mi or 64Gi, or off to leave /dev/shm alone"
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-path", "//"),
+    "annotation trainwire.dev/checkpoint-path: \"//\" is not valid: it is the root directory; accepted: an absolute directory path below / without '..' or ',', such as /checkpoints"
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-max-age", "18446744073709551615s"),
+    "annotation trainwire.dev/checkpoint-max-age: \"18446744073709551615s\" is not valid: it is longer than 8760h; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-max-age", "1d"),
+    "annotation trainwire.dev/checkpoint-max-age: \"1d\" is not valid: d is not a unit of Go durations; write 24h for a day; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"
 )]
 fn annotation_refusals(#[case] obj: Value, #[case] message: &str) {
     assert_eq!(refusal(&obj, &Profile::default()), message);
@@ -679,7 +714,7 @@ fn enforced<T>(value: T, enforce: Enforce) -> Setting<T> {
     "policy profile \"ml\" rule checkpoint: annotation trainwire.dev/checkpoint-pvc is \"ckpt\", but checkpoints must go to a claim matching \"llama-ft-ckpt\"")]
 #[case(profile(|p| p.checkpoint = Some(CheckpointRule { claim: "ckpt-*".into(), mount_path: None, enforce: Enforce::Refuse })), without("/metadata/annotations", "trainwire.dev/checkpoint-pvc"),
     "policy profile \"ml\" rule checkpoint: every training workload must keep its checkpoints on a shared claim: annotate trainwire.dev/checkpoint-pvc with a claim matching \"ckpt-*\"")]
-#[case(profile(|p| p.shm_size = enforced("16Gi".into(), Enforce::Refuse)), with_annotations(&[("trainwire.dev/shm-size", "off")]),
+#[case(profile(|p| p.shm_size = enforced("16Gi".parse().expect("size"), Enforce::Refuse)), with_annotations(&[("trainwire.dev/shm-size", "off")]),
     "policy profile \"ml\" rule shmSize: annotation trainwire.dev/shm-size is \"off\", but the policy enforces \"16Gi\"; remove it or set it to that value")]
 #[case(profile(|p| p.rdzv_backend = enforced(RdzvBackend::C10d, Enforce::Refuse)), with_annotations(&[("trainwire.dev/rdzv-backend", "static")]),
     "policy profile \"ml\" rule rdzvBackend: annotation trainwire.dev/rdzv-backend is \"static\", but the policy enforces \"c10d\"; remove it or set it to that value")]
@@ -718,11 +753,11 @@ fn policy_overwrites_defaults_and_placement() {
             toleration_seconds: None,
         });
         p.node_failure_toleration_seconds = Some(enforced(30, Enforce::Overwrite));
-        p.shm_size = enforced("16Gi".into(), Enforce::Default);
+        p.shm_size = enforced("16Gi".parse().expect("size"), Enforce::Default);
         p.sidecar.image = enforced("registry.example/sidecar:2".into(), Enforce::Refuse);
         p.checkpoint = Some(CheckpointRule {
             claim: "{name}-ckpt".into(),
-            mount_path: Some("/ckpt".into()),
+            mount_path: Some("/ckpt".parse().expect("path")),
             enforce: Enforce::Overwrite,
         });
     });
@@ -1144,4 +1179,79 @@ fn a_statefulset_created_at_zero_replicas_never_gets_a_world_of_zero() {
         trainer_value(&m4.object, "PET_NNODES").as_deref(),
         Some("4")
     );
+}
+
+// ---- issue 11 regressions: one grammar, compared by value ----
+
+fn with_checkpoint(pairs: &[(&str, &str)]) -> Value {
+    let mut all = vec![("trainwire.dev/checkpoint-pvc", "ckpt")];
+    all.extend_from_slice(pairs);
+    with_annotations(&all)
+}
+
+#[rstest]
+#[case::duration_in_another_spelling(
+    profile(|p| p.checkpoint_max_age = enforced("30m".parse().expect("duration"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "1800s")])
+)]
+#[case::go_duration_in_the_policy(
+    profile(|p| p.checkpoint_max_age = enforced("1h30m".parse().expect("duration"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "90m")])
+)]
+#[case::size_in_another_unit(
+    profile(|p| p.shm_size = enforced("64Gi".parse().expect("size"), Enforce::Refuse)),
+    with_annotations(&[("trainwire.dev/shm-size", "65536Mi")])
+)]
+#[case::path_with_a_trailing_slash(
+    profile(|p| p.checkpoint_path = enforced("/ckpt".parse().expect("path"), Enforce::Refuse)),
+    with_checkpoint(&[("trainwire.dev/checkpoint-path", "//ckpt/")])
+)]
+fn enforced_settings_compare_by_value(#[case] p: Profile, #[case] obj: Value) {
+    let m = mutated(&obj, None, &p);
+    assert!(
+        m.warnings.iter().all(|w| !w.contains("overwritten")),
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn the_sidecar_gets_the_max_age_in_the_contract_grammar() {
+    let obj = with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "5400s")]);
+    let m = mutated(&obj, None, &Profile::default());
+    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0]["env"];
+    let age = sidecar
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TRAINWIRE_CHECKPOINT_MAX_AGE")
+        .and_then(|e| e["value"].as_str());
+    assert_eq!(age, Some("1h30m"));
+}
+
+fn with_status(raw: &str) -> Value {
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"] = json!(raw);
+    obj
+}
+
+#[test]
+fn an_unreadable_status_is_handled_the_same_on_every_pass() {
+    for raw in ["", "not json", "{\"hash\": 3}", "[]", "null"] {
+        let first = mutated(&with_status(raw), None, &Profile::default());
+        let second = mutated(&first.object, None, &Profile::default());
+        assert!(second.patch.0.is_empty(), "{raw:?}: {:?}", second.patch);
+        assert_eq!(second.object, first.object, "{raw:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// `mutate` is idempotent whatever the status annotation holds.
+    #[test]
+    fn mutate_is_idempotent_on_any_status_annotation(raw in "\\PC{0,40}") {
+        let first = mutated(&with_status(&raw), None, &Profile::default());
+        let second = mutated(&first.object, None, &Profile::default());
+        prop_assert!(second.patch.0.is_empty(), "{:?}: {:?}", raw, second.patch);
+    }
 }

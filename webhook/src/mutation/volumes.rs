@@ -12,7 +12,7 @@ use super::annotations::{self, Annotations};
 use super::status::fingerprint;
 use super::workload::Shape;
 use super::{Ctx, Refusal};
-use crate::policy::{self, Enforce, Setting};
+use crate::policy::{self, Enforce, PositiveDuration, Setting, ShmSize};
 
 pub const CHECKPOINT_VOLUME: &str = "trainwire-checkpoint";
 pub const SHM_VOLUME: &str = "trainwire-shm";
@@ -23,7 +23,7 @@ pub const SHM_PATH: &str = "/dev/shm";
 pub struct Checkpoint {
     pub volume: String,
     pub path: String,
-    pub max_age: String,
+    pub max_age: PositiveDuration,
 }
 
 fn glob_match(pattern: &str, value: &str) -> bool {
@@ -287,13 +287,13 @@ pub fn checkpoint(
     if let Some(w) = path.warning {
         ctx.warn(w);
     }
-    let path = path.value.trim_end_matches('/').to_string();
+    let path = path.value.to_string();
     let source = format!("annotation {}", annotations::CHECKPOINT_MAX_AGE);
     let max_age = policy::resolve(
         profile,
         "checkpointMaxAge",
         &profile.checkpoint_max_age,
-        ann.checkpoint_max_age.clone().map(|a| (a, source.as_str())),
+        ann.checkpoint_max_age.map(|a| (a, source.as_str())),
     )?;
     if let Some(w) = max_age.warning {
         ctx.warn(w);
@@ -384,15 +384,16 @@ pub fn shm(
         profile,
         "shmSize",
         &profile.shm_size,
-        ann.shm_size.clone().map(|s| (s, source.as_str())),
+        ann.shm_size.map(|s| (s, source.as_str())),
     )?;
     if let Some(w) = size.warning {
         ctx.warn(w);
     }
-    let size = size.value;
-    if size == "off" {
-        return Ok(());
-    }
+    let wanted = size.value;
+    let size = match wanted {
+        ShmSize::Off => return Ok(()),
+        ShmSize::Size(bytes) => bytes.to_string(),
+    };
     let Some(m) = mount_at(spec, trainer, SHM_PATH) else {
         let name = volume_name(spec, SHM_VOLUME);
         let v = shm_volume(&name, &size);
@@ -427,16 +428,38 @@ pub fn shm(
             _ => "not a memory emptyDir".to_string(),
         });
     let user = user.unwrap_or_else(|| "not a memory emptyDir".to_string());
-    if user == size {
+    // Compared by value: the manifest's `65536Mi` is `64Gi`.
+    let user_size = user.parse::<ShmSize>().ok();
+    if user_size == Some(wanted) {
         return Ok(());
     }
     let what = format!("the volume {name:?} mounted at {SHM_PATH}");
-    let resolved = policy::resolve(
-        profile,
-        "shmSize",
-        &profile.shm_size,
-        Some((user.clone(), what.as_str())),
-    )?;
+    let resolved = match user_size {
+        Some(u) => {
+            let r = policy::resolve(
+                profile,
+                "shmSize",
+                &profile.shm_size,
+                Some((u, what.as_str())),
+            )?;
+            policy::Resolved {
+                value: r.value.to_string(),
+                warning: r.warning,
+            }
+        }
+        None => {
+            let as_text = Setting {
+                value: profile.shm_size.value.to_string(),
+                enforce: profile.shm_size.enforce,
+            };
+            policy::resolve(
+                profile,
+                "shmSize",
+                &as_text,
+                Some((user.clone(), what.as_str())),
+            )?
+        }
+    };
     if let Some(w) = resolved.warning {
         ctx.warn(w);
     }

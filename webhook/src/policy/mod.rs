@@ -63,72 +63,80 @@ impl<T> Setting<T> {
     }
 }
 
-/// Rendezvous backend.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum RdzvBackend {
-    #[default]
-    #[serde(rename = "c10d")]
-    C10d,
-    #[serde(rename = "static")]
-    Static,
-    #[serde(rename = "etcd-v2")]
-    EtcdV2,
+pub use trainwire_contract::{
+    ExitCodes, FailureLimit, MountPath, NodeFailureAction, PeerLossAction, PositiveDuration,
+    RdzvBackend, ShmSize,
+};
+
+/// Dead-node reclaim (`nodeFailure`): off unless a profile sets it.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeFailurePolicy {
+    /// How long a node's `Ready` condition must have been `Unknown` or
+    /// `False` before its trainwire pods are reclaimed. Also the
+    /// `tolerationSeconds` of the unreachable / not-ready tolerations, so the
+    /// control plane's eviction and the reclaim agree.
+    pub reclaim_after: PositiveDuration,
+    /// `force-delete` (the default) or `out-of-service` (a node-level action:
+    /// needed for ReadWriteOnce volumes).
+    #[serde(default)]
+    pub action: NodeFailureAction,
+    /// Most pods reclaimed per minute, across the cluster.
+    #[serde(default = "default_max_pods_per_minute")]
+    pub max_pods_per_minute: u32,
 }
 
-/// The sidecar's action on peer loss.
-#[derive(Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PeerLossAction {
-    #[default]
-    Auto,
-    RestartWorkers,
-    RestartAgent,
-    None,
+/// Default of `nodeFailure.maxPodsPerMinute`.
+pub const DEFAULT_MAX_PODS_PER_MINUTE: u32 = 10;
+
+fn default_max_pods_per_minute() -> u32 {
+    DEFAULT_MAX_PODS_PER_MINUTE
 }
 
-impl RdzvBackend {
-    /// The name used in annotations, the policy file and `PET_RDZV_BACKEND`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RdzvBackend::C10d => "c10d",
-            RdzvBackend::Static => "static",
-            RdzvBackend::EtcdV2 => "etcd-v2",
+impl NodeFailurePolicy {
+    /// The grace in whole seconds, as a `tolerationSeconds` (rounded up).
+    pub fn toleration_seconds(&self) -> i64 {
+        let d = self.reclaim_after.get();
+        let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+        i64::try_from(secs).unwrap_or(i64::MAX)
+    }
+}
+
+/// Crash-loop stop defaults (`crashLoop`); the workload's
+/// `trainwire.dev/fail-fast-exit-codes` and `trainwire.dev/max-failures`
+/// annotations override them. Both off by default.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CrashLoopPolicy {
+    /// Trainer exit codes that stop the world at once.
+    #[serde(default)]
+    pub fail_fast_exit_codes: ExitCodes,
+    /// Trainer failures (not explained by a peer or node loss) within a
+    /// window that stop the world; `0` never.
+    #[serde(default = "default_max_failures")]
+    pub max_failures: FailureLimit,
+}
+
+fn default_max_failures() -> FailureLimit {
+    FailureLimit {
+        failures: 0,
+        window: PositiveDuration::new(FailureLimit::DEFAULT_WINDOW)
+            .expect("the built-in failure window is positive"),
+    }
+}
+
+impl CrashLoopPolicy {
+    fn is_default(&self) -> bool {
+        *self == CrashLoopPolicy::default()
+    }
+}
+
+impl Default for CrashLoopPolicy {
+    fn default() -> Self {
+        CrashLoopPolicy {
+            fail_fast_exit_codes: ExitCodes::default(),
+            max_failures: default_max_failures(),
         }
-    }
-}
-
-impl PeerLossAction {
-    /// The name used in annotations, the policy file and `TRAINWIRE_ON_PEER_LOSS`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PeerLossAction::Auto => "auto",
-            PeerLossAction::RestartWorkers => "restart-workers",
-            PeerLossAction::RestartAgent => "restart-agent",
-            PeerLossAction::None => "none",
-        }
-    }
-}
-
-// Debug prints the user-facing name, quoted like a string: refusals and
-// warnings built by [`resolve`] show `"etcd-v2"`, not `EtcdV2`.
-impl std::fmt::Debug for RdzvBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-impl std::fmt::Debug for PeerLossAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", self.as_str())
-    }
-}
-impl std::fmt::Display for RdzvBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-impl std::fmt::Display for PeerLossAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -141,7 +149,7 @@ pub struct CheckpointRule {
     pub claim: String,
     /// Mount path; the workload's `checkpoint-path` must equal it when enforced.
     #[serde(default)]
-    pub mount_path: Option<String>,
+    pub mount_path: Option<MountPath>,
     /// `refuse` (the default for a required volume): a workload without a
     /// matching `checkpoint-pvc` is refused. `overwrite`: the claim is set
     /// (only possible when `claim` is a plain name after substitution).
@@ -222,22 +230,29 @@ pub struct Profile {
     /// `node.kubernetes.io/not-ready` NoExecute taints.
     #[serde(default)]
     pub node_failure_toleration_seconds: Option<Setting<i64>>,
+    /// Dead-node reclaim by the webhook's controller (off when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_failure: Option<NodeFailurePolicy>,
+    /// Crash-loop stop defaults. Not read by the injection: left out of
+    /// the injected status hash while it is the default.
+    #[serde(default, skip_serializing_if = "CrashLoopPolicy::is_default")]
+    pub crash_loop: CrashLoopPolicy,
     /// A shared checkpoint volume every run must mount.
     #[serde(default)]
     pub checkpoint: Option<CheckpointRule>,
     /// Default checkpoint mount path (`/checkpoints`).
     #[serde(default = "default_checkpoint_path")]
-    pub checkpoint_path: Setting<String>,
+    pub checkpoint_path: Setting<MountPath>,
     /// Default sidecar staleness threshold (`30m`).
     #[serde(default = "default_checkpoint_max_age")]
-    pub checkpoint_max_age: Setting<String>,
+    pub checkpoint_max_age: Setting<PositiveDuration>,
     /// Claim names or globs allowed in `trainwire.dev/volumes` (and
     /// `checkpoint-pvc`); `None` allows any.
     #[serde(default)]
     pub allowed_claims: Option<Vec<String>>,
     /// `/dev/shm` size (`8Gi`), or `off`.
     #[serde(default = "default_shm_size")]
-    pub shm_size: Setting<String>,
+    pub shm_size: Setting<ShmSize>,
     /// Most nodes a workload may ask for (the upper bound of an elastic range).
     #[serde(default)]
     pub max_nodes: Option<u32>,
@@ -328,14 +343,33 @@ impl Profile {
     }
 }
 
-fn default_checkpoint_path() -> Setting<String> {
-    Setting::default_value("/checkpoints".to_string())
+/// Built-in defaults (DESIGN.md's annotation table).
+pub mod defaults {
+    /// `checkpointPath`.
+    pub const CHECKPOINT_PATH: &str = "/checkpoints";
+    /// `checkpointMaxAge`.
+    pub const CHECKPOINT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+    /// `shmSize`, in bytes (8Gi).
+    pub const SHM_BYTES: u64 = 8 << 30;
 }
-fn default_checkpoint_max_age() -> Setting<String> {
-    Setting::default_value("30m".to_string())
+
+fn default_checkpoint_path() -> Setting<MountPath> {
+    Setting::default_value(
+        defaults::CHECKPOINT_PATH
+            .parse()
+            .expect("the built-in checkpoint path is a mount path"),
+    )
 }
-fn default_shm_size() -> Setting<String> {
-    Setting::default_value("8Gi".to_string())
+fn default_checkpoint_max_age() -> Setting<PositiveDuration> {
+    Setting::default_value(
+        PositiveDuration::new(defaults::CHECKPOINT_MAX_AGE)
+            .expect("the built-in checkpoint max age is positive"),
+    )
+}
+fn default_shm_size() -> Setting<ShmSize> {
+    Setting::default_value(
+        trainwire_contract::ByteSize::new(defaults::SHM_BYTES).map_or(ShmSize::Off, ShmSize::Size),
+    )
 }
 fn default_rdzv_backend() -> Setting<RdzvBackend> {
     Setting::default_value(RdzvBackend::C10d)
@@ -351,6 +385,8 @@ impl Default for Profile {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             node_failure_toleration_seconds: None,
+            node_failure: None,
+            crash_loop: CrashLoopPolicy::default(),
             checkpoint: None,
             checkpoint_path: default_checkpoint_path(),
             checkpoint_max_age: default_checkpoint_max_age(),
@@ -363,6 +399,20 @@ impl Default for Profile {
             sidecar: SidecarPolicy::default(),
             prepared: Prepared::default(),
         }
+    }
+}
+
+impl Profile {
+    /// The `tolerationSeconds` of the unreachable / not-ready tolerations:
+    /// `nodeFailureTolerationSeconds` when set (validation makes it equal to
+    /// the reclaim grace when both are set), else the `nodeFailure` grace as
+    /// a default the user may override, else none (Kubernetes' 300 s).
+    pub fn node_failure_tolerations(&self) -> Option<Setting<i64>> {
+        self.node_failure_toleration_seconds.clone().or_else(|| {
+            self.node_failure
+                .as_ref()
+                .map(|n| Setting::default_value(n.toleration_seconds()))
+        })
     }
 }
 
@@ -561,6 +611,16 @@ pub struct PolicyArgs {
     pub sidecar_image: Option<String>,
 }
 
+/// A user value that an enforced policy setting refuses. The engine turns it
+/// into its own refusal (`mutation::Refusal::Policy`).
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("policy profile {profile:?} rule {rule}: {detail}")]
+pub struct Conflict {
+    pub profile: String,
+    pub rule: String,
+    pub detail: String,
+}
+
 /// A conflict between what the user set and what the policy says, resolved.
 #[derive(Debug, PartialEq)]
 pub struct Resolved<T> {
@@ -573,6 +633,9 @@ pub struct Resolved<T> {
 /// it came from, e.g. `annotation trainwire.dev/shm-size` or `env NCCL_DEBUG of
 /// container "trainer"`) against the policy's.
 ///
+/// Values compare by what they mean (`1800s` is `30m`, `65536Mi` is `64Gi`):
+/// the contract types' equality.
+///
 /// - no user value: the policy value;
 /// - `Default`: the user's value wins;
 /// - `Refuse`: a different user value is refused, naming the profile and rule;
@@ -582,7 +645,7 @@ pub fn resolve<T>(
     rule: &str,
     setting: &Setting<T>,
     user: Option<(T, &str)>,
-) -> Result<Resolved<T>, crate::mutation::Refusal>
+) -> Result<Resolved<T>, Conflict>
 where
     T: Clone + PartialEq + std::fmt::Debug,
 {
@@ -600,7 +663,7 @@ where
                 value,
                 warning: None,
             }),
-            Enforce::Refuse => Err(crate::mutation::Refusal::Policy {
+            Enforce::Refuse => Err(Conflict {
                 profile: profile.name.clone(),
                 rule: rule.to_string(),
                 detail: format!(
@@ -661,7 +724,7 @@ mod tests {
     #[test]
     fn without_a_fallback_profile_the_embedded_defaults_apply() {
         let p = policy("  - name: gpu\n    namespaces: [ml]\n    shmSize: {value: 64Gi}\n");
-        assert_eq!(p.profile_for("ml").shm_size.value, "64Gi");
+        assert_eq!(p.profile_for("ml").shm_size.value.to_string(), "64Gi");
         assert_eq!(*p.profile_for("other"), Profile::default());
     }
 

@@ -1,97 +1,9 @@
-//! The grammars of policy values: Kubernetes quantities, durations, label
-//! keys and values, namespace and claim patterns, endpoints. Each check
+//! The grammars of policy-only values: label keys and values, namespace and
+//! claim patterns, endpoints. (Durations, sizes, quantities and mount paths
+//! are `trainwire-contract` types, shared with the annotations and the
+//! sidecar.) Each check
 //! answers the accepted forms in its error, so a message built from it tells
 //! the user what to write instead.
-
-use std::time::Duration;
-
-/// Bytes of a Kubernetes quantity such as `8Gi`, `512Mi`, `1.5G`, `1e9`.
-///
-/// Accepted: a non-negative decimal number with an optional binary suffix
-/// (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`, `Ei`), decimal suffix (`m`, `k`, `M`, `G`,
-/// `T`, `P`, `E`) or exponent (`e3`, `E6`).
-pub fn quantity(text: &str) -> Result<f64, String> {
-    const FORMS: &str = "a Kubernetes quantity such as 8Gi, 512Mi, 1G or 1e9";
-    let bad = || format!("{text:?} is not {FORMS}");
-    let number_end = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(number_end);
-    let number = number.strip_prefix('+').unwrap_or(number);
-    if number.is_empty()
-        || number == "."
-        || number.matches('.').count() > 1
-        || !number.chars().all(|c| c.is_ascii_digit() || c == '.')
-    {
-        return Err(bad());
-    }
-    let value: f64 = number.parse().map_err(|_| bad())?;
-    // Nano and micro make no sense for the sizes a policy holds.
-    if matches!(suffix, "n" | "u") {
-        return Err(bad());
-    }
-    let multiplier = quantity_multiplier(suffix).ok_or_else(bad)?;
-    Ok(value * multiplier)
-}
-
-/// The factor a Kubernetes quantity suffix stands for: binary (`Ki` … `Ei`),
-/// decimal (`n`, `u`, `m`, `k` … `E`) or an exponent (`e3`, `E-2`); `None`
-/// for anything else.
-pub fn quantity_multiplier(suffix: &str) -> Option<f64> {
-    Some(match suffix {
-        "" => 1.0,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        "n" => 1e-9,
-        "u" => 1e-6,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        exp if exp.starts_with(['e', 'E']) => {
-            let digits = &exp[1..];
-            let unsigned = digits.strip_prefix(['+', '-']).unwrap_or(digits);
-            if unsigned.is_empty() || !unsigned.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            10f64.powi(digits.parse::<i32>().ok()?)
-        }
-        _ => return None,
-    })
-}
-
-/// A duration such as `30m`, `90s`, `2h`, `500ms`: one whole number and one
-/// unit (`ms`, `s`, `m`, `h`), greater than zero.
-pub fn duration(text: &str) -> Result<Duration, String> {
-    const FORMS: &str = "a duration: a whole number and a unit ms, s, m or h, such as 90s, 30m, 2h";
-    let bad = || format!("{text:?} is not {FORMS}");
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(digits_end);
-    if digits.is_empty() {
-        return Err(bad());
-    }
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(bad()),
-    };
-    if duration.is_zero() {
-        return Err(format!("{text:?} is zero; give {FORMS}"));
-    }
-    Ok(duration)
-}
 
 /// A DNS-1123 label: lowercase letters, digits and `-`, starting and ending
 /// with a letter or digit, at most 63 characters (namespace names, profile
@@ -300,66 +212,9 @@ pub fn host_port(text: &str) -> Result<(), String> {
     }
 }
 
-/// An absolute container path, not `/` and without `..`.
-pub fn mount_path(text: &str) -> Result<(), String> {
-    if !text.starts_with('/') || text == "/" || text.split('/').any(|part| part == "..") {
-        Err(format!(
-            "{text:?} is not an absolute mount path (starts with '/', is not '/' itself, has no '..')"
-        ))
-    } else {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rstest::rstest;
-
-    #[rstest]
-    #[case("8Gi", 8.0 * 1024.0 * 1024.0 * 1024.0)]
-    #[case("512Mi", 512.0 * 1024.0 * 1024.0)]
-    #[case("1G", 1e9)]
-    #[case("1.5G", 1.5e9)]
-    #[case("1e9", 1e9)]
-    #[case("64", 64.0)]
-    #[case("+1Ki", 1024.0)]
-    fn quantities(#[case] text: &str, #[case] bytes: f64) {
-        assert_eq!(quantity(text), Ok(bytes));
-    }
-
-    #[rstest]
-    #[case("")]
-    #[case("8GB")]
-    #[case("-1Gi")]
-    #[case("Gi")]
-    #[case("1..2")]
-    #[case("8 Gi")]
-    #[case("1e")]
-    fn bad_quantities(#[case] text: &str) {
-        assert!(quantity(text).is_err(), "{text}");
-    }
-
-    #[rstest]
-    #[case("90s", Duration::from_secs(90))]
-    #[case("30m", Duration::from_secs(1800))]
-    #[case("2h", Duration::from_secs(7200))]
-    #[case("500ms", Duration::from_millis(500))]
-    fn durations(#[case] text: &str, #[case] d: Duration) {
-        assert_eq!(duration(text), Ok(d));
-    }
-
-    #[rstest]
-    #[case("")]
-    #[case("30")]
-    #[case("0s")]
-    #[case("1h30m")]
-    #[case("1.5h")]
-    #[case("-1m")]
-    #[case("10d")]
-    fn bad_durations(#[case] text: &str) {
-        assert!(duration(text).is_err(), "{text}");
-    }
 
     #[test]
     fn labels() {
@@ -400,13 +255,5 @@ mod tests {
         assert!(host_port("etcd:http").is_err());
         assert!(host_port("http://etcd:2379").is_err());
         assert!(host_port("[zz]:2379").is_err());
-    }
-
-    #[test]
-    fn mount_paths() {
-        assert!(mount_path("/checkpoints").is_ok());
-        assert!(mount_path("checkpoints").is_err());
-        assert!(mount_path("/").is_err());
-        assert!(mount_path("/a/../b").is_err());
     }
 }

@@ -6,22 +6,32 @@ use std::collections::HashMap;
 
 use super::parse::{Diagnostic, FieldPath, Locations};
 use super::{Enforce, Policy, Profile, RdzvBackend, syntax};
+use trainwire_contract::config::{Config, ConfigError};
+use trainwire_contract::{Quantity, env};
 
 /// Sidecar env the policy may set: tunables only. The per-pod identity
 /// variables are computed by the webhook, and checkpoint dir/max age and the
 /// peer-loss action have their own policy fields.
+///
+/// `TRAINWIRE_HEALTH_PORT` is not among them: the engine owns the port (the
+/// sidecar's probes, container port and peers' heartbeats all use it), so
+/// `policy check` refuses it instead of the engine ignoring it.
 pub const SIDECAR_TUNABLE_ENV: &[&str] = &[
-    trainwire_sidecar::env::HEALTH_PORT,
-    trainwire_sidecar::env::CHECKPOINT_POLL,
-    trainwire_sidecar::env::DETECTION,
-    trainwire_sidecar::env::HEARTBEAT_INTERVAL,
-    trainwire_sidecar::env::HEARTBEAT_MISSES,
-    trainwire_sidecar::env::NOT_READY_GRACE,
-    trainwire_sidecar::env::ACTION_COOLDOWN,
-    trainwire_sidecar::env::MAX_ACTIONS,
-    trainwire_sidecar::env::ACTION_WINDOW,
-    trainwire_sidecar::env::AGENT_MATCH,
-    trainwire_sidecar::env::LOG_FORMAT,
+    env::CHECKPOINT_POLL,
+    env::DETECTION,
+    env::HEARTBEAT_INTERVAL,
+    env::HEARTBEAT_MISSES,
+    env::HEARTBEAT_TIMEOUT,
+    env::NOT_READY_GRACE,
+    env::ACTION_COOLDOWN,
+    env::MAX_ACTIONS,
+    env::ACTION_WINDOW,
+    env::CHECKPOINT_SETTLE,
+    env::CHECKPOINT_POLL_INTERVAL,
+    env::AGENT_MATCH,
+    env::LOG_FORMAT,
+    env::CONFIRM_AFTER,
+    env::REPLACEMENT_WAIT,
 ];
 
 struct Checker<'a> {
@@ -217,6 +227,26 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
         );
     }
 
+    if let (Some(n), Some(s)) = (&p.node_failure, &p.node_failure_toleration_seconds)
+        && n.toleration_seconds() != s.value
+    {
+        c.error(
+            at.key("nodeFailureTolerationSeconds").key("value"),
+            format!(
+                "{} s disagrees with nodeFailure.reclaimAfter ({}): pods would be evicted and reclaimed at different times; remove nodeFailureTolerationSeconds (reclaimAfter sets the tolerations) or make them equal",
+                s.value, n.reclaim_after
+            ),
+        );
+    }
+    if let Some(n) = &p.node_failure
+        && n.max_pods_per_minute == 0
+    {
+        c.error(
+            at.key("nodeFailure").key("maxPodsPerMinute"),
+            "0 would never reclaim a pod; give 1 or more, or remove nodeFailure to turn reclaim off",
+        );
+    }
+
     if let Some(rule) = &p.checkpoint {
         let path = at.key("checkpoint");
         match syntax::claim_pattern(&rule.claim) {
@@ -250,39 +280,13 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
                 }
             }
         }
-        if let Some(mp) = &rule.mount_path {
-            c.check(syntax::mount_path(mp), path.key("mountPath"));
-        }
     }
-    c.check(
-        syntax::mount_path(&p.checkpoint_path.value),
-        at.key("checkpointPath").key("value"),
-    );
-    c.check(
-        syntax::duration(&p.checkpoint_max_age.value).map(|_| ()),
-        at.key("checkpointMaxAge").key("value"),
-    );
+    // checkpointPath, checkpointMaxAge, checkpoint.mountPath and shmSize are
+    // contract types: their grammar is checked as the file is read.
 
     if let Some(allowed) = &p.allowed_claims {
         for (j, a) in allowed.iter().enumerate() {
             c.check(syntax::claim_pattern(a), at.key("allowedClaims").index(j));
-        }
-    }
-
-    let shm = &p.shm_size.value;
-    if shm != "off" {
-        match syntax::quantity(shm) {
-            Err(m) => c.error(
-                at.key("shmSize").key("value"),
-                format!("{m}, or off to disable the memory-backed /dev/shm"),
-            ),
-            Ok(bytes) if bytes < 1024.0 * 1024.0 => c.error(
-                at.key("shmSize").key("value"),
-                format!(
-                    "{shm:?} is less than 1Mi, too small for NCCL or DataLoader workers; give a size such as 8Gi, or off to disable"
-                ),
-            ),
-            Ok(_) => {}
         }
     }
 
@@ -316,10 +320,12 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
     if let Some(res) = &p.sidecar.resources {
         for (part, map) in [("limits", &res.limits), ("requests", &res.requests)] {
             for (name, q) in map.iter().flatten() {
-                c.check(
-                    syntax::quantity(&q.0).map(|_| ()),
-                    sc.key("resources").key(part).key(name),
-                );
+                let check = match q.0.parse::<Quantity>() {
+                    Ok(v) if v.nanos() < 0 => Err(format!("{:?} is negative", q.0)),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
+                c.check(check, sc.key("resources").key(part).key(name));
             }
         }
     }
@@ -336,10 +342,11 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
             );
         }
     }
+    let mut one_bad = false;
     for (key, value) in &p.sidecar.env {
         let path = sc.key("env").key(key);
         if !SIDECAR_TUNABLE_ENV.contains(&key.as_str()) {
-            let hint = if trainwire_sidecar::env::ALL.contains(&key.as_str()) {
+            let hint = if env::ALL.contains(&key.as_str()) {
                 " (the webhook sets it, or it has its own policy field)".to_string()
             } else {
                 String::new()
@@ -353,45 +360,72 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
             );
             continue;
         }
-        if let Err(m) = sidecar_env_value(key, value) {
-            c.error(path, m);
+        if let Err(e) = sidecar_config(p, [(key.as_str(), value.as_str())]) {
+            c.error(path, sidecar_refusal(&e));
+            one_bad = true;
         }
+    }
+    if one_bad {
+        return;
+    }
+    // Together (one variable may need another: DETECTION=heartbeat and the
+    // peers' hosts): what the sidecar of a workload of this profile reads.
+    let all = p
+        .sidecar
+        .env
+        .iter()
+        .filter(|(k, _)| SIDECAR_TUNABLE_ENV.contains(&k.as_str()));
+    if let Err(e) = sidecar_config(p, all.map(|(k, v)| (k.as_str(), v.as_str()))) {
+        let path = if p.sidecar.env.contains_key(e.var()) {
+            sc.key("env").key(e.var())
+        } else {
+            sc.key("env")
+        };
+        c.error(path, sidecar_refusal(&e));
     }
 }
 
-fn sidecar_env_value(key: &str, value: &str) -> Result<(), String> {
-    use trainwire_sidecar::env as e;
-    let one_of = |accepted: &[&str]| {
-        if accepted.contains(&value) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{value:?} is not valid; accepted: {}",
-                accepted.join(", ")
-            ))
-        }
-    };
-    let count = |min: u64| match value.parse::<u64>() {
-        Ok(n) if n >= min => Ok(()),
-        _ => Err(format!("{value:?} is not a whole number of {min} or more")),
-    };
-    match key {
-        k if k == e::HEALTH_PORT => match value.parse::<u16>() {
-            Ok(p) if p > 0 => Ok(()),
-            _ => Err(format!("{value:?} is not a port number from 1 to 65535")),
-        },
-        k if k == e::CHECKPOINT_POLL => one_of(&["true", "false"]),
-        k if k == e::DETECTION => one_of(&["auto", "kubernetes", "heartbeat", "both"]),
-        k if k == e::LOG_FORMAT => one_of(&["text", "json"]),
-        k if k == e::HEARTBEAT_MISSES || k == e::MAX_ACTIONS => count(1),
-        k if k == e::HEARTBEAT_INTERVAL
-            || k == e::NOT_READY_GRACE
-            || k == e::ACTION_COOLDOWN
-            || k == e::ACTION_WINDOW =>
-        {
-            syntax::duration(value).map(|_| ())
-        }
-        _ if value.is_empty() => Err("the value is empty".to_string()),
-        _ => Ok(()),
+fn sidecar_refusal(e: &ConfigError) -> String {
+    format!("{e}; the sidecar would not start with it")
+}
+
+/// Run the sidecar's own configuration parser on what the engine injects
+/// for a workload of this profile (two nodes, rank 0) plus `extra`, so a
+/// policy that passes `policy check` starts the sidecar.
+fn sidecar_config<'a>(
+    p: &Profile,
+    extra: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Result<Config, ConfigError> {
+    let mut vars = std::collections::BTreeMap::from([
+        (env::POD_NAME.to_string(), "train-0".to_string()),
+        (env::POD_NAMESPACE.to_string(), "ns".to_string()),
+        (env::NODE_RANK.to_string(), "0".to_string()),
+        (env::NNODES.to_string(), "2".to_string()),
+        (env::SELECTOR.to_string(), "app=train".to_string()),
+        (
+            env::PEER_HOSTS.to_string(),
+            "train-{i}.train.ns.svc".to_string(),
+        ),
+        (env::RDZV_HOST_RANK.to_string(), "0".to_string()),
+        (
+            env::HEALTH_PORT.to_string(),
+            env::DEFAULT_HEALTH_PORT.to_string(),
+        ),
+        (
+            env::CHECKPOINT_DIR.to_string(),
+            p.checkpoint_path.value.to_string(),
+        ),
+        (
+            env::CHECKPOINT_MAX_AGE.to_string(),
+            p.checkpoint_max_age.value.to_string(),
+        ),
+        (
+            env::ON_PEER_LOSS.to_string(),
+            p.sidecar.on_peer_loss.value.to_string(),
+        ),
+    ]);
+    for (k, v) in extra {
+        vars.insert(k.to_string(), v.to_string());
     }
+    Config::from_source(&vars)
 }

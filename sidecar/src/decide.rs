@@ -1,0 +1,448 @@
+//! What to do about a lost peer, as a pure function.
+//!
+//! A missed beat only makes a peer *suspect*: it is reported (log, metric,
+//! `/status`), never acted on. An action that kills needs a *confirmed* loss:
+//! Kubernetes says the pod is gone, failed, replaced or its node is not
+//! ready; or a different pod answers at the peer's name (its replacement
+//! exists); or the outage outlasts `TRAINWIRE_CONFIRM_AFTER`, long enough
+//! that training would not have ridden it out either. [`decide`] maps one
+//! episode's situation to one [`Action`]; the responder carries it out.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{NodeCount, OnPeerLoss};
+use crate::peers::LossReason;
+
+/// What confirmed a loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "by", content = "detail")]
+pub enum Confirmation {
+    /// The Kubernetes watch: deleted, failed, new UID, node not ready, ...
+    Kubernetes(LossReason),
+    /// A different pod (new UID or start time) answered at the peer's name.
+    ReplacementAnswered,
+    /// No answer for longer than `TRAINWIRE_CONFIRM_AFTER`.
+    Outage,
+}
+
+impl Confirmation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Confirmation::Kubernetes(_) => "kubernetes",
+            Confirmation::ReplacementAnswered => "replacement-answered",
+            Confirmation::Outage => "outage",
+        }
+    }
+
+    /// The confirmation a Kubernetes loss reason gives, if any. A pod that is
+    /// merely not Ready (its readiness probe failed, the trainer is slow) is
+    /// suspect, not confirmed.
+    pub fn from_kubernetes(reason: LossReason) -> Option<Confirmation> {
+        match reason {
+            LossReason::NotReady | LossReason::MissedHeartbeats => None,
+            LossReason::IdentityChanged
+            | LossReason::Deleted
+            | LossReason::Failed
+            | LossReason::ContainerRestarted
+            | LossReason::NodeUnreachable
+            | LossReason::Disrupted
+            | LossReason::StuckTerminating => Some(Confirmation::Kubernetes(reason)),
+        }
+    }
+}
+
+/// Everything [`decide`] looks at for one loss episode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Situation {
+    pub mode: OnPeerLoss,
+    pub lost_rank: u32,
+    pub rdzv_host_rank: Option<u32>,
+    pub nnodes: NodeCount,
+    /// Nodes of the world still up, this one included.
+    pub survivors: u32,
+    pub confirmation: Option<Confirmation>,
+    /// A new pod answers at the lost peer's name (or, for a restarted
+    /// container, the same pod is back): the rendezvous host is there.
+    pub replacement_ready: bool,
+    /// The workers were stopped in this episode.
+    pub workers_stopped: bool,
+    /// The agent was killed in this episode.
+    pub agent_killed: bool,
+    /// Time since the confirmation (zero when unconfirmed).
+    pub since_confirmed: Duration,
+    pub replacement_wait: Duration,
+    pub no_replacement_reported: bool,
+}
+
+/// One step of the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Nothing to do now; `Decision::waiting_for` says for what.
+    Wait,
+    /// SIGTERM the workers: frees the GPUs; the agent re-rendezvous.
+    StopWorkers,
+    /// SIGKILL the agent and its workers: the container exits once and the
+    /// restarted torchrun joins the (new) store.
+    KillAgent,
+    /// Say (log, Warning Event) that no replacement came within the wait.
+    ReportNoReplacement,
+    /// The episode needs nothing more from this sidecar.
+    Done,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Wait => "wait",
+            Action::StopWorkers => "restart-workers",
+            Action::KillAgent => "restart-agent",
+            Action::ReportNoReplacement => "report-no-replacement",
+            Action::Done => "done",
+        }
+    }
+}
+
+/// The decision and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub action: Action,
+    /// What the episode waits for (shown in `/status`), if anything.
+    pub waiting_for: Option<String>,
+    pub why: String,
+}
+
+fn decision(action: Action, waiting_for: Option<String>, why: impl Into<String>) -> Decision {
+    Decision {
+        action,
+        waiting_for,
+        why: why.into(),
+    }
+}
+
+/// The next step for one loss episode.
+pub fn decide(s: &Situation) -> Decision {
+    let rank = s.lost_rank;
+    if s.mode == OnPeerLoss::None {
+        return decision(Action::Done, None, "on-peer-loss is none: reporting only");
+    }
+    if s.confirmation.is_none() {
+        return decision(
+            Action::Wait,
+            Some(format!(
+                "confirmation that rank {rank} is lost (Kubernetes, a different pod answering at its name, or a longer outage)"
+            )),
+            format!("rank {rank} is suspect, not confirmed lost: nothing is touched"),
+        );
+    }
+    let is_host = Some(rank) == s.rdzv_host_rank;
+    match s.mode {
+        OnPeerLoss::None => decision(Action::Done, None, "on-peer-loss is none"),
+        OnPeerLoss::RestartWorkers if !s.workers_stopped && !s.agent_killed => {
+            decision(Action::StopWorkers, None, "on-peer-loss is restart-workers")
+        }
+        OnPeerLoss::RestartAgent if !s.agent_killed => {
+            decision(Action::KillAgent, None, "on-peer-loss is restart-agent")
+        }
+        OnPeerLoss::RestartWorkers | OnPeerLoss::RestartAgent => {
+            decision(Action::Done, None, "already acted on this loss")
+        }
+        OnPeerLoss::Auto if is_host => {
+            if s.agent_killed {
+                return decision(Action::Done, None, "the agent was restarted");
+            }
+            if s.replacement_ready {
+                return decision(
+                    Action::KillAgent,
+                    None,
+                    format!(
+                        "the rendezvous host (rank {rank}) is replaced and answers at its name: restart the agent once so torchrun joins the new store"
+                    ),
+                );
+            }
+            let waiting = Some(format!(
+                "the replacement of the rendezvous host (rank {rank}) to answer at its name"
+            ));
+            if !s.workers_stopped {
+                return decision(
+                    Action::StopWorkers,
+                    waiting,
+                    format!(
+                        "the rendezvous host (rank {rank}) is lost: stop the workers (free the GPUs); the agent is restarted when the replacement is there"
+                    ),
+                );
+            }
+            if s.since_confirmed >= s.replacement_wait && !s.no_replacement_reported {
+                return decision(
+                    Action::ReportNoReplacement,
+                    waiting,
+                    format!(
+                        "no replacement of the rendezvous host (rank {rank}) within {}s; the GPUs stay free",
+                        s.replacement_wait.as_secs()
+                    ),
+                );
+            }
+            decision(Action::Wait, waiting, "the workers are stopped")
+        }
+        OnPeerLoss::Auto => match s.nnodes {
+            NodeCount::Elastic { min, .. } if s.survivors >= min => {
+                if s.workers_stopped || s.agent_killed {
+                    decision(
+                        Action::Done,
+                        None,
+                        "the workers were restarted; torchrun re-rendezvous without the lost node",
+                    )
+                } else {
+                    decision(
+                        Action::StopWorkers,
+                        None,
+                        format!(
+                            "elastic world: {} survivors ≥ {min}: restart the workers so the world shrinks and goes on",
+                            s.survivors
+                        ),
+                    )
+                }
+            }
+            NodeCount::Elastic { min, .. } => decision(
+                Action::Done,
+                None,
+                format!(
+                    "elastic world: {} survivors < {min}: torchrun recovers by itself once a replacement joins",
+                    s.survivors
+                ),
+            ),
+            NodeCount::Fixed(_) => decision(
+                Action::Done,
+                None,
+                match s.rdzv_host_rank {
+                    Some(host) => format!(
+                        "rank {rank} is not the rendezvous host (rank {host}): torchrun recovers by itself once a replacement joins"
+                    ),
+                    None => format!(
+                        "rank {rank} lost; the rendezvous store is outside the world: torchrun recovers by itself once a replacement joins"
+                    ),
+                },
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODES: [OnPeerLoss; 4] = [
+        OnPeerLoss::Auto,
+        OnPeerLoss::RestartWorkers,
+        OnPeerLoss::RestartAgent,
+        OnPeerLoss::None,
+    ];
+    const TOPOLOGIES: [NodeCount; 3] = [
+        NodeCount::Fixed(2),
+        NodeCount::Fixed(4),
+        NodeCount::Elastic { min: 2, max: 3 },
+    ];
+    const CONFIRMATIONS: [Option<Confirmation>; 5] = [
+        None,
+        Some(Confirmation::Outage),
+        Some(Confirmation::ReplacementAnswered),
+        Some(Confirmation::Kubernetes(LossReason::Deleted)),
+        Some(Confirmation::Kubernetes(LossReason::NodeUnreachable)),
+    ];
+
+    fn base(mode: OnPeerLoss, nnodes: NodeCount, lost_rank: u32) -> Situation {
+        Situation {
+            mode,
+            lost_rank,
+            rdzv_host_rank: Some(0),
+            nnodes,
+            survivors: nnodes.max() - 1,
+            confirmation: None,
+            replacement_ready: false,
+            workers_stopped: false,
+            agent_killed: false,
+            since_confirmed: Duration::ZERO,
+            replacement_wait: Duration::from_secs(600),
+            no_replacement_reported: false,
+        }
+    }
+
+    fn kills(a: Action) -> bool {
+        matches!(a, Action::StopWorkers | Action::KillAgent)
+    }
+
+    /// Every (mode, topology, lost rank, host placement, survivors,
+    /// confirmation, replacement, progress) combination.
+    fn all() -> Vec<Situation> {
+        let mut out = Vec::new();
+        for mode in MODES {
+            for nnodes in TOPOLOGIES {
+                for lost_rank in 0..nnodes.max().min(3) {
+                    for host in [Some(0), None] {
+                        for survivors in [1, 2] {
+                            for confirmation in CONFIRMATIONS {
+                                for replacement_ready in [false, true] {
+                                    for (workers_stopped, agent_killed) in
+                                        [(false, false), (true, false), (true, true)]
+                                    {
+                                        for since in [0, 601] {
+                                            let mut s = base(mode, nnodes, lost_rank);
+                                            s.rdzv_host_rank = host;
+                                            s.survivors = survivors;
+                                            s.confirmation = confirmation;
+                                            s.replacement_ready = replacement_ready;
+                                            s.workers_stopped = workers_stopped;
+                                            s.agent_killed = agent_killed;
+                                            s.since_confirmed = Duration::from_secs(since);
+                                            out.push(s);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn no_action_without_confirmation() {
+        for s in all().into_iter().filter(|s| s.confirmation.is_none()) {
+            let d = decide(&s);
+            assert!(!kills(d.action), "{s:?} → {d:?}");
+            assert!(
+                matches!(d.action, Action::Wait | Action::Done),
+                "{s:?} → {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn none_never_acts_and_nothing_is_done_twice() {
+        for s in all() {
+            let d = decide(&s);
+            if s.mode == OnPeerLoss::None {
+                assert_eq!(d.action, Action::Done, "{s:?}");
+            }
+            if s.agent_killed {
+                assert!(!kills(d.action), "acted after the agent was killed: {s:?}");
+            }
+            if s.workers_stopped {
+                assert_ne!(d.action, Action::StopWorkers, "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_agent_is_killed_in_auto_only_when_the_host_replacement_is_there() {
+        for s in all().into_iter().filter(|s| s.mode == OnPeerLoss::Auto) {
+            let d = decide(&s);
+            if d.action == Action::KillAgent {
+                assert_eq!(Some(s.lost_rank), s.rdzv_host_rank, "{s:?}");
+                assert!(s.replacement_ready && s.confirmation.is_some(), "{s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_non_host_in_a_fixed_world_is_hands_off() {
+        for s in all().into_iter().filter(|s| {
+            s.mode == OnPeerLoss::Auto
+                && matches!(s.nnodes, NodeCount::Fixed(_))
+                && Some(s.lost_rank) != s.rdzv_host_rank
+        }) {
+            let d = decide(&s);
+            assert!(!kills(d.action), "{s:?} → {d:?}");
+        }
+    }
+
+    #[test]
+    fn table() {
+        let confirmed = |mut s: Situation| {
+            s.confirmation = Some(Confirmation::Outage);
+            s
+        };
+        // Rendezvous host lost, confirmed, no replacement yet: free the GPUs.
+        let s = confirmed(base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0));
+        let d = decide(&s);
+        assert_eq!(d.action, Action::StopWorkers);
+        assert!(d.waiting_for.is_some_and(|w| w.contains("replacement")));
+        // ... then wait for the replacement ...
+        let s = Situation {
+            workers_stopped: true,
+            since_confirmed: Duration::from_secs(5),
+            ..s
+        };
+        assert_eq!(decide(&s).action, Action::Wait);
+        // ... report once when none came ...
+        let late = Situation {
+            since_confirmed: Duration::from_secs(600),
+            ..s.clone()
+        };
+        assert_eq!(decide(&late).action, Action::ReportNoReplacement);
+        let reported = Situation {
+            no_replacement_reported: true,
+            ..late
+        };
+        assert_eq!(decide(&reported).action, Action::Wait);
+        // ... and restart the agent once it is there, even late.
+        let there = Situation {
+            replacement_ready: true,
+            ..reported
+        };
+        assert_eq!(decide(&there).action, Action::KillAgent);
+        // A replacement that answers confirms and is there at once: one step.
+        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        s.confirmation = Some(Confirmation::ReplacementAnswered);
+        s.replacement_ready = true;
+        assert_eq!(decide(&s).action, Action::KillAgent);
+        // Elastic 2:3 loses rank 2, two survivors: shrink.
+        let s = confirmed(base(
+            OnPeerLoss::Auto,
+            NodeCount::Elastic { min: 2, max: 3 },
+            2,
+        ));
+        assert_eq!(s.survivors, 2);
+        assert_eq!(decide(&s).action, Action::StopWorkers);
+        // One survivor is below the minimum: hands off.
+        let below = Situation { survivors: 1, ..s };
+        assert_eq!(decide(&below).action, Action::Done);
+        // An external store (etcd-v2): losing rank 0 is like any other rank.
+        let mut s = confirmed(base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0));
+        s.rdzv_host_rank = None;
+        assert_eq!(decide(&s).action, Action::Done);
+        // Forced modes act on confirmation only.
+        let s = base(OnPeerLoss::RestartAgent, NodeCount::Fixed(2), 1);
+        assert_eq!(decide(&s).action, Action::Wait);
+        assert_eq!(decide(&confirmed(s)).action, Action::KillAgent);
+        let s = confirmed(base(OnPeerLoss::RestartWorkers, NodeCount::Fixed(2), 1));
+        assert_eq!(decide(&s).action, Action::StopWorkers);
+    }
+
+    #[test]
+    fn kubernetes_reasons_that_confirm() {
+        assert_eq!(Confirmation::from_kubernetes(LossReason::NotReady), None);
+        assert_eq!(
+            Confirmation::from_kubernetes(LossReason::MissedHeartbeats),
+            None
+        );
+        for r in [
+            LossReason::Deleted,
+            LossReason::Failed,
+            LossReason::IdentityChanged,
+            LossReason::ContainerRestarted,
+            LossReason::NodeUnreachable,
+            LossReason::Disrupted,
+            LossReason::StuckTerminating,
+        ] {
+            assert_eq!(
+                Confirmation::from_kubernetes(r),
+                Some(Confirmation::Kubernetes(r))
+            );
+        }
+    }
+}

@@ -1,0 +1,432 @@
+//! The failure controller against a mock API server (the `tower-test`
+//! pattern of tests/tests/reconciler.rs), with a fake clock: every request
+//! it makes is checked and answered, and a test fails on one more.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use trainwire_webhook::failures::{self, Context};
+use trainwire_webhook::metrics::Metrics;
+use trainwire_webhook::policy::{Policy, SharedPolicy};
+
+const BOUND: Duration = Duration::from_secs(30);
+const NS: &str = "ml";
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+struct Call {
+    method: Method,
+    path: String,
+    query: String,
+    body: Value,
+    respond: tower_test::mock::SendResponse<Response<Body>>,
+}
+
+impl Call {
+    fn reply(self, status: StatusCode, body: &Value) {
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap_or_default()));
+        match response {
+            Ok(r) => self.respond.send_response(r),
+            Err(e) => self.respond.send_error(e),
+        }
+    }
+}
+
+struct ApiServer(Handle);
+
+impl ApiServer {
+    async fn next(&mut self) -> Result<Call> {
+        let (request, respond) = tokio::time::timeout(BOUND, self.0.next_request())
+            .await
+            .context("no further request")?
+            .context("the client is gone")?;
+        let (parts, body) = request.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)?
+        };
+        Ok(Call {
+            method: parts.method,
+            path: parts.uri.path().to_string(),
+            query: parts.uri.query().unwrap_or_default().to_string(),
+            body,
+            respond,
+        })
+    }
+
+    async fn expect(&mut self, method: Method, path: &str) -> Result<Call> {
+        let call = self.next().await?;
+        ensure!(
+            call.method == method && call.path == path,
+            "expected {method} {path}, got {} {}?{}",
+            call.method,
+            call.path,
+            call.query
+        );
+        Ok(call)
+    }
+
+    /// An Event with this reason, answered as created.
+    async fn event(&mut self, reason: &str, regarding_kind: &str) -> Result<Value> {
+        let call = self
+            .expect(
+                Method::POST,
+                &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+            )
+            .await?;
+        ensure!(
+            call.body["reason"] == reason,
+            "event {}: expected {reason}",
+            call.body
+        );
+        ensure!(
+            call.body["regarding"]["kind"] == regarding_kind,
+            "regarding {}",
+            call.body["regarding"]
+        );
+        let body = call.body.clone();
+        call.reply(StatusCode::CREATED, &body);
+        Ok(body)
+    }
+}
+
+struct World {
+    ctx: Arc<Context>,
+    api: ApiServer,
+    clock: Arc<Mutex<Timestamp>>,
+    nodes: Writer<Node>,
+    statefulsets: Writer<StatefulSet>,
+    metrics: Arc<Metrics>,
+}
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+fn world(policy_yaml: &str) -> Result<World> {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let text =
+        format!("apiVersion: trainwire.dev/v1alpha1\nkind: Policy\nprofiles:\n{policy_yaml}");
+    let policy = Policy::from_yaml(&text, "test.yaml").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (node_store, nodes) = reflector::store::<Node>();
+    let (sts_store, statefulsets) = reflector::store::<StatefulSet>();
+    let (job_store, _jobs) = reflector::store::<Job>();
+    let clock = Arc::new(Mutex::new(at(0)));
+    let c = clock.clone();
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Arc::new(Context::new(
+        client,
+        SharedPolicy::new(policy),
+        node_store,
+        sts_store,
+        job_store,
+        metrics.clone(),
+        Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
+    ));
+    Ok(World {
+        ctx,
+        api: ApiServer(handle),
+        clock,
+        nodes,
+        statefulsets,
+        metrics,
+    })
+}
+
+impl World {
+    fn set_time(&self, s: i64) {
+        *self.clock.lock().unwrap_or_else(|p| p.into_inner()) = at(s);
+    }
+    fn node(&mut self, ready: &str, since: i64) -> Result<()> {
+        let since = at(since).to_string();
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "uid": "node-uid"},
+            "status": {"conditions": [{"type": "Ready", "status": ready,
+                "reason": if ready == "True" { "KubeletReady" } else { "NodeStatusUnknown" },
+                "lastHeartbeatTime": since, "lastTransitionTime": since}]}
+        }))?;
+        self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
+        Ok(())
+    }
+    fn statefulset(&mut self, annotations: Value) -> Result<()> {
+        let sts: StatefulSet = serde_json::from_value(json!({
+            "metadata": {"name": "llama", "namespace": NS, "uid": "sts-uid", "annotations": annotations},
+            "spec": {"replicas": 4, "serviceName": "llama", "selector": {"matchLabels": {"app": "llama"}},
+                     "template": {"metadata": {"annotations": {"trainwire.dev/status": "{}"}}, "spec": {"containers": []}}}
+        }))?;
+        self.statefulsets
+            .apply_watcher_event(&watcher::Event::Apply(sts));
+        Ok(())
+    }
+    async fn reconcile(&self, pod: &Pod) -> Result<kube::runtime::controller::Action> {
+        let task = tokio::spawn(failures::reconcile_pod(
+            Arc::new(pod.clone()),
+            self.ctx.clone(),
+        ));
+        tokio::time::timeout(BOUND, task)
+            .await
+            .context("reconcile hung")??
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+}
+
+/// A StatefulSet pod as the apiserver stores it (the template's status
+/// annotation copied, the controller ownerReference, bound to gpu-1).
+fn pod(name: &str, uid: &str, trainer: Value) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "uid": uid,
+            "labels": {"app": "llama", "apps.kubernetes.io/pod-index": "1"},
+            "annotations": {"trainwire.dev/status": "{}"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "llama",
+                                  "uid": "sts-uid", "controller": true, "blockOwnerDeletion": true}]},
+        "spec": {"nodeName": "gpu-1", "containers": [{"name": "trainer", "image": "t",
+            "env": [{"name": "PET_RDZV_BACKEND", "value": "c10d"}]}]},
+        "status": {"phase": "Running", "containerStatuses": [trainer]}
+    }))?)
+}
+
+fn running() -> Value {
+    json!({"name": "trainer", "image": "t", "imageID": "", "ready": true, "restartCount": 0,
+           "state": {"running": {"startedAt": "2026-11-23T10:00:00Z"}}})
+}
+
+const RECLAIM: &str = "  - name: ml\n    namespaces: [ml]\n    nodeFailure: {reclaimAfter: 30s, maxPodsPerMinute: 5}\n";
+
+/// Node goes Unknown → before the grace nothing (a requeue at the grace) →
+/// at the grace the pod is force-deleted, with Events → again: nothing.
+#[tokio::test]
+async fn a_pod_on_a_dead_node_is_force_deleted_once_after_the_grace() -> Result<()> {
+    let mut w = world(RECLAIM)?;
+    let p = pod("llama-1", "pod-uid-1", running())?;
+    w.node("Unknown", 0)?;
+    w.set_time(10);
+    let action = w.reconcile(&p).await?;
+    ensure!(
+        format!("{action:?}").contains("20s"),
+        "requeue at the grace: {action:?}"
+    );
+
+    w.set_time(30);
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
+    let started = Instant::now();
+    w.api.event("PeerLost", "StatefulSet").await?;
+    let delete = w
+        .api
+        .expect(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/llama-1"),
+        )
+        .await?;
+    let reaction = started.elapsed();
+    ensure!(
+        delete.body["gracePeriodSeconds"] == 0,
+        "grace 0: {}",
+        delete.body
+    );
+    ensure!(
+        delete.body["preconditions"]["uid"] == "pod-uid-1",
+        "uid precondition: {}",
+        delete.body
+    );
+    delete.reply(
+        StatusCode::OK,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    );
+    let note = w.api.event("PodReclaimed", "StatefulSet").await?;
+    ensure!(
+        note["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("loss generation 1")),
+        "{note}"
+    );
+    w.api.event("PodReclaimed", "Pod").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    eprintln!("controller reaction (reconcile at the grace to DELETE sent): {reaction:?}");
+    ensure!(
+        w.metrics
+            .encode()
+            .contains("trainwire_webhook_failure_actions_total{action=\"force_delete\"} 1")
+    );
+
+    // Seen again (the watch has not brought the deletion yet): nothing.
+    w.set_time(40);
+    w.reconcile(&p).await?;
+    // The replacement (same name, new UID) on a healthy node: the story goes on.
+    w.node("True", 45)?;
+    let replacement = pod("llama-1", "pod-uid-2", running())?;
+    let task = tokio::spawn(failures::reconcile_pod(
+        Arc::new(replacement),
+        w.ctx.clone(),
+    ));
+    w.api.event("PodReplaced", "StatefulSet").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    drop(w.ctx);
+    match tokio::time::timeout(BOUND, w.api.0.next_request()).await {
+        Ok(None) => Ok(()),
+        Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
+        Err(_) => bail!("client never released"),
+    }
+}
+
+/// A node back before the grace: nothing, ever; reclaim off: nothing.
+#[tokio::test]
+async fn a_node_back_before_the_grace_or_reclaim_off_is_left_alone() -> Result<()> {
+    let mut w = world(RECLAIM)?;
+    let p = pod("llama-1", "pod-uid-1", running())?;
+    w.node("Unknown", 0)?;
+    w.set_time(20);
+    w.reconcile(&p).await?;
+    w.node("True", 25)?;
+    w.set_time(60);
+    let action = w.reconcile(&p).await?;
+    ensure!(
+        format!("{action:?}").contains("None")
+            || !format!("{action:?}").contains("requeue_after: Some"),
+        "{action:?}"
+    );
+
+    let mut off = world("  - name: ml\n    namespaces: [ml]\n")?;
+    off.node("Unknown", 0)?;
+    off.set_time(3600);
+    off.reconcile(&p).await?;
+    drop((w.ctx, off.ctx));
+    for mut api in [w.api, off.api] {
+        match tokio::time::timeout(BOUND, api.0.next_request()).await {
+            Ok(None) => {}
+            Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
+            Err(_) => bail!("client never released"),
+        }
+    }
+    Ok(())
+}
+
+fn exited(code: i32, restarts: i32, finished: i64) -> Value {
+    json!({"name": "trainer", "image": "t", "imageID": "", "ready": false, "restartCount": restarts,
+           "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+           "lastState": {"terminated": {"exitCode": code, "reason": "Error",
+               "startedAt": at(finished - 5).to_string(), "finishedAt": at(finished).to_string()}}})
+}
+
+/// Crash-loop counters across container restarts, a pod replacement and a
+/// peer loss: 3/1h stops at the third failure no loss explains, with the
+/// evidence on the StatefulSet and `spec.replicas: 0`.
+#[tokio::test]
+async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses() -> Result<()> {
+    let mut w = world(RECLAIM)?;
+    w.node("True", 0)?;
+    w.statefulset(json!({"trainwire.dev/max-failures": "3/1h"}))?;
+    w.set_time(100);
+    // Failure 1: pod 1, restart 1.
+    w.reconcile(&pod("llama-1", "u1", exited(2, 1, 90))?)
+        .await?;
+    // The same exit seen again: not counted twice.
+    w.reconcile(&pod("llama-1", "u1", exited(2, 1, 90))?)
+        .await?;
+    // A peer (pod 0) is lost at 200: the 137 at 205 is the sidecar's doing.
+    let mut lost = pod("llama-0", "u0", running())?;
+    lost.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        at(200),
+    ));
+    w.set_time(200);
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(lost), w.ctx.clone()));
+    w.api.event("PeerLost", "StatefulSet").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    w.set_time(210);
+    w.reconcile(&pod("llama-1", "u1", exited(137, 2, 205))?)
+        .await?;
+    // Failure 2: a replaced pod 1 (new UID, restarts from 0).
+    w.set_time(600);
+    w.reconcile(&pod("llama-1", "u1b", exited(2, 1, 590))?)
+        .await?;
+    // Failure 3: stop.
+    w.set_time(700);
+    let task = tokio::spawn(failures::reconcile_pod(
+        Arc::new(pod("llama-1", "u1b", exited(2, 2, 690))?),
+        w.ctx.clone(),
+    ));
+    let patch = w
+        .api
+        .expect(
+            Method::PATCH,
+            &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
+        )
+        .await?;
+    ensure!(patch.body["spec"]["replicas"] == 0, "{}", patch.body);
+    let a = &patch.body["metadata"]["annotations"];
+    ensure!(a["trainwire.dev/stopped-replicas"] == "4", "{a}");
+    ensure!(a["trainwire.dev/stopped-reason"] == "MaxFailures", "{a}");
+    ensure!(a["trainwire.dev/stopped-exit-code"] == "2", "{a}");
+    ensure!(a["trainwire.dev/stopped-pod"] == "llama-1", "{a}");
+    let body = patch.body.clone();
+    patch.reply(StatusCode::OK, &body);
+    let stopped = w.api.event("WorldStopped", "StatefulSet").await?;
+    ensure!(
+        stopped["note"].as_str().is_some_and(
+            |n| n.contains("kubectl annotate statefulset llama trainwire.dev/resume=now")
+        ),
+        "{stopped}"
+    );
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+#[test]
+fn resuming_restores_the_replicas_and_clears_the_evidence() {
+    let a: BTreeMap<String, String> = [
+        ("trainwire.dev/resume", "now"),
+        ("trainwire.dev/stopped-reason", "FailFastExitCode"),
+        ("trainwire.dev/stopped-replicas", "4"),
+        ("trainwire.dev/stopped-pod", "llama-1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let p = failures::resume_patch("StatefulSet", &a);
+    assert_eq!(
+        p,
+        Some(
+            json!({"metadata": {"annotations": {"trainwire.dev/resume": null,
+            "trainwire.dev/stopped-reason": null, "trainwire.dev/stopped-replicas": null,
+            "trainwire.dev/stopped-pod": null}}, "spec": {"replicas": 4}})
+        )
+    );
+    assert_eq!(
+        failures::resume_patch("Job", &a).map(|p| p["spec"].clone()),
+        Some(json!({"suspend": false}))
+    );
+    assert_eq!(
+        failures::resume_patch("StatefulSet", &BTreeMap::new()),
+        None
+    );
+}

@@ -1,0 +1,819 @@
+//! The failure controller: dead-node reclaim and crash-loop stop, applied.
+//!
+//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! controllers' Lease ([`crate::lease`]). A kube-rs [`Controller`] over Pods
+//! (re-triggered by Node changes through a Node reflector) judges every pod
+//! of an injected workload (its template carries `trainwire.dev/status`, so
+//! its pods do; the owner comes from the pod's controller ownerReference):
+//!
+//! - its node, with [`crate::nodefailure::decide`]: force-delete the pod or
+//!   taint the node out-of-service once the node's `Ready` condition has
+//!   been `Unknown`/`False` for the profile's `nodeFailure.reclaimAfter`,
+//!   under the `maxPodsPerMinute` cap, once per pod (or node);
+//! - its trainer's exits, with [`crate::crashloop::History::observe`]: a
+//!   stop scales a StatefulSet to 0 (a merge patch of `spec.replicas`, which
+//!   goes through admission and re-injects a paused world) or suspends a
+//!   Job, and records the evidence in `trainwire.dev/stopped-*` annotations.
+//!
+//! Controllers over StatefulSets and Jobs resume a stopped world when the
+//! user annotates it `trainwire.dev/resume` (any value).
+//!
+//! Every action is an Event on the workload and on the pod, a log line and a
+//! count in `trainwire_webhook_failure_actions_total`. The Events tell the
+//! story in order: `PeerLost` → `PodReclaimed`/`NodeOutOfService` →
+//! `PodReplaced`, or `WorldStopped` → `WorldResumed`. Each names the
+//! controller's loss generation of that workload (how many pod or node
+//! losses it has seen).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::crashloop::{self, History, Limits, StopReason, Verdict};
+use crate::metrics::{FailureAction, FailureLabels, Metrics};
+use crate::mutation::annotations as ann;
+use crate::nodefailure::{self, NodeHealth, RateLimit, Reclaim};
+use crate::policy::{ExitCodes, FailureLimit, SharedPolicy};
+
+/// Every Kubernetes API call the failure controller makes.
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("", "pods", "delete"),
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "nodes", "patch"),
+    ("apps", "statefulsets", "patch"),
+    ("batch", "jobs", "patch"),
+];
+
+/// Back-off after a failed reconcile.
+const ERROR_RECHECK: Duration = Duration::from_secs(10);
+/// The field manager of the controller's writes.
+const FIELD_MANAGER: &str = "trainwire-failures";
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("{action}: {source}")]
+    Api {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A workload a pod belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Owner {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl Owner {
+    fn reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(
+                if self.kind == "Job" {
+                    "batch/v1"
+                } else {
+                    "apps/v1"
+                }
+                .to_string(),
+            ),
+            kind: Some(self.kind.to_string()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            ..ObjectReference::default()
+        }
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+/// The StatefulSet or Job that controls a pod, from its ownerReferences.
+pub fn owner(pod: &Pod) -> Option<Owner> {
+    let o = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))?;
+    let kind = match o.kind.as_str() {
+        "StatefulSet" => "StatefulSet",
+        "Job" => "Job",
+        _ => return None,
+    };
+    Some(Owner {
+        kind,
+        namespace: pod.metadata.namespace.clone()?,
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+    })
+}
+
+/// Whether the pod was made from an injected template.
+pub fn injected(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ann::STATUS))
+}
+
+/// The trainer container: the one the engine gave the rendezvous env.
+fn trainer_name(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| {
+            s.containers
+                .iter()
+                .find(|c| c.env.iter().flatten().any(|e| e.name == "PET_RDZV_BACKEND"))
+        })
+        .map_or_else(|| "trainer".to_string(), |c| c.name.clone())
+}
+
+#[derive(Default)]
+struct State {
+    rate: RateLimit,
+    reclaimed: HashSet<String>,
+    tainted: HashSet<String>,
+    histories: HashMap<String, History>,
+    /// Pods seen lost, by (namespace, name): the lost pod's UID.
+    lost: HashMap<(String, String), String>,
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    recorder: Recorder,
+    policy: SharedPolicy,
+    nodes: Store<Node>,
+    statefulsets: Store<StatefulSet>,
+    jobs: Store<Job>,
+    metrics: Arc<Metrics>,
+    clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
+    state: Mutex<State>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        policy: SharedPolicy,
+        nodes: Store<Node>,
+        statefulsets: Store<StatefulSet>,
+        jobs: Store<Job>,
+        metrics: Arc<Metrics>,
+        clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: "trainwire-webhook".to_string(),
+            instance: std::env::var("HOSTNAME").ok(),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            policy,
+            nodes,
+            statefulsets,
+            jobs,
+            metrics,
+            clock,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        (self.clock)()
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, action: FailureAction) {
+        self.metrics
+            .failure_actions
+            .get_or_create(&FailureLabels { action })
+            .inc();
+    }
+
+    async fn event(
+        &self,
+        on: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, on).await {
+            warn!(error = %e, reason, "could not publish an Event");
+        }
+    }
+
+    /// The workload's annotations, from the cache.
+    fn workload_annotations(&self, owner: &Owner) -> Option<BTreeMap<String, String>> {
+        let r = |name: &str| name.to_string();
+        match owner.kind {
+            "StatefulSet" => self
+                .statefulsets
+                .get(&ObjectRef::new(&r(&owner.name)).within(&owner.namespace))
+                .map(|s| s.annotations().clone()),
+            _ => self
+                .jobs
+                .get(&ObjectRef::new(&r(&owner.name)).within(&owner.namespace))
+                .map(|j| j.annotations().clone()),
+        }
+    }
+}
+
+fn requeue_at(now: Timestamp, at: Timestamp) -> Action {
+    let wait = at
+        .duration_since(now)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+        .max(Duration::from_secs(1));
+    Action::requeue(wait)
+}
+
+/// Reconcile one pod: its node, then its trainer's exits.
+pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
+    if !injected(&pod) {
+        return Ok(Action::await_change());
+    }
+    let Some(owner) = owner(&pod) else {
+        return Ok(Action::await_change());
+    };
+    let now = ctx.now();
+    let namespace = owner.namespace.clone();
+    let profile = ctx.policy.current().profile_for(&namespace).into_owned();
+    let pod_name = pod.name_any();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let pod_ref = pod.object_ref(&());
+    let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let health = node_name
+        .as_ref()
+        .and_then(|n| ctx.nodes.get(&ObjectRef::new(n)))
+        .map(|n| NodeHealth::of(&n));
+
+    // A replacement of a pod seen lost.
+    let replaced = {
+        let mut st = ctx.state();
+        match st.lost.get(&(namespace.clone(), pod_name.clone())) {
+            Some(old) if *old != uid => {
+                st.lost.remove(&(namespace.clone(), pod_name.clone()));
+                true
+            }
+            _ => false,
+        }
+    };
+    if replaced {
+        let generation = ctx
+            .state()
+            .histories
+            .get(&owner.uid)
+            .map_or(0, |h| h.generation);
+        ctx.event(
+            &owner.reference(),
+            EventType::Normal,
+            "PodReplaced",
+            "Replace",
+            format!(
+                "pod {pod_name} replaced (new pod{}); loss generation {generation}",
+                node_name
+                    .as_deref()
+                    .map(|n| format!(" on node {n}"))
+                    .unwrap_or_default()
+            ),
+        )
+        .await;
+    }
+
+    let mut action = Action::await_change();
+    let mut own_loss = crashloop::pod_lost(&pod);
+    if let Some(health) = &health {
+        own_loss |= !health.ready;
+        let node = node_name.clone().unwrap_or_default();
+        match nodefailure::decide(
+            health,
+            nodefailure::pod_finished(&pod),
+            profile.node_failure.as_ref(),
+            now,
+        ) {
+            Reclaim::Nothing | Reclaim::AlreadyOutOfService => {}
+            Reclaim::WaitUntil(at) => action = requeue_at(now, at),
+            decision @ (Reclaim::ForceDelete | Reclaim::TaintNode) => {
+                let taint = decision == Reclaim::TaintNode;
+                let done = {
+                    let st = ctx.state();
+                    if taint {
+                        st.tainted.contains(&node)
+                    } else {
+                        st.reclaimed.contains(&uid)
+                    }
+                };
+                if !done {
+                    let per_minute = profile
+                        .node_failure
+                        .as_ref()
+                        .map_or(1, |n| n.max_pods_per_minute);
+                    let allowed = ctx.state().rate.take(now, per_minute);
+                    match allowed {
+                        Err(next) => {
+                            ctx.count(FailureAction::rate_limited);
+                            warn!(pod = %pod_name, %namespace, node, "reclaim held back by nodeFailure.maxPodsPerMinute");
+                            action = requeue_at(now, next);
+                        }
+                        Ok(()) => {
+                            let since = health.since.map(|t| t.to_string()).unwrap_or_default();
+                            let why = format!(
+                                "node {node} has been Ready={} since {since} (reclaimAfter {})",
+                                health.status,
+                                profile
+                                    .node_failure
+                                    .as_ref()
+                                    .map(|n| n.reclaim_after.to_string())
+                                    .unwrap_or_default()
+                            );
+                            let generation = {
+                                let mut st = ctx.state();
+                                if taint {
+                                    st.tainted.insert(node.clone());
+                                } else {
+                                    st.reclaimed.insert(uid.clone());
+                                }
+                                st.lost
+                                    .insert((namespace.clone(), pod_name.clone()), uid.clone());
+                                st.histories.entry(owner.uid.clone()).or_default().loss(now)
+                            };
+                            ctx.event(
+                                &owner.reference(),
+                                EventType::Warning,
+                                "PeerLost",
+                                "Detect",
+                                format!("pod {pod_name}: {why}; loss generation {generation}"),
+                            )
+                            .await;
+                            if taint {
+                                taint_node(&ctx, &node).await?;
+                                ctx.count(FailureAction::out_of_service);
+                                info!(%owner, pod = %pod_name, node, generation, "tainted the dead node out-of-service");
+                                let note = format!(
+                                    "tainted node {node} {}={}:{} so its pods are deleted and their volumes detached; loss generation {generation}",
+                                    nodefailure::OUT_OF_SERVICE_TAINT,
+                                    nodefailure::OUT_OF_SERVICE_VALUE,
+                                    nodefailure::OUT_OF_SERVICE_EFFECT
+                                );
+                                ctx.event(
+                                    &owner.reference(),
+                                    EventType::Warning,
+                                    "NodeOutOfService",
+                                    "Reclaim",
+                                    note.clone(),
+                                )
+                                .await;
+                                ctx.event(
+                                    &pod_ref,
+                                    EventType::Warning,
+                                    "NodeOutOfService",
+                                    "Reclaim",
+                                    note,
+                                )
+                                .await;
+                            } else {
+                                force_delete(&ctx, &namespace, &pod_name, &uid).await?;
+                                ctx.count(FailureAction::force_delete);
+                                info!(%owner, pod = %pod_name, node, generation, "force-deleted a pod on a dead node");
+                                let note = format!(
+                                    "force-deleted pod {pod_name} (grace 0) because {why}, so the {} creates its replacement; loss generation {generation}",
+                                    owner.kind
+                                );
+                                ctx.event(
+                                    &owner.reference(),
+                                    EventType::Warning,
+                                    "PodReclaimed",
+                                    "Reclaim",
+                                    note.clone(),
+                                )
+                                .await;
+                                ctx.event(
+                                    &pod_ref,
+                                    EventType::Warning,
+                                    "PodReclaimed",
+                                    "Reclaim",
+                                    note,
+                                )
+                                .await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    // A pod lost another way (evicted, preempted, deleted): a peer loss.
+    if crashloop::pod_lost(&pod) {
+        let first = {
+            let mut st = ctx.state();
+            let key = (namespace.clone(), pod_name.clone());
+            if st.lost.get(&key) == Some(&uid) {
+                None
+            } else {
+                st.lost.insert(key, uid.clone());
+                Some(st.histories.entry(owner.uid.clone()).or_default().loss(now))
+            }
+        };
+        if let Some(generation) = first {
+            ctx.event(
+                &owner.reference(),
+                EventType::Warning,
+                "PeerLost",
+                "Detect",
+                format!(
+                    "pod {pod_name} is being deleted or was disrupted; loss generation {generation}"
+                ),
+            )
+            .await;
+        }
+    }
+
+    crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
+    Ok(action)
+}
+
+async fn force_delete(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        // Gone already, or a new pod of that name (the UID precondition).
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(source) => Err(Error::Api {
+            action: format!("force-deleting pod {namespace}/{name}"),
+            source,
+        }),
+    }
+}
+
+async fn taint_node(ctx: &Context, node: &str) -> Result<()> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let taint =
+        serde_json::to_value(nodefailure::out_of_service_taint(ctx.now())).unwrap_or_default();
+    let has_taints = ctx
+        .nodes
+        .get(&ObjectRef::new(node))
+        .and_then(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .map(|t| !t.is_empty())
+        })
+        .unwrap_or(false);
+    let patch = if has_taints {
+        json!([{"op": "add", "path": "/spec/taints/-", "value": taint}])
+    } else {
+        json!([{"op": "add", "path": "/spec/taints", "value": [taint]}])
+    };
+    let patch: json_patch::Patch = serde_json::from_value(patch).unwrap_or_default();
+    api.patch(node, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Api {
+            action: format!("tainting node {node} out-of-service"),
+            source,
+        })
+}
+
+fn limits_of(
+    annotations: &BTreeMap<String, String>,
+    policy: &crate::policy::CrashLoopPolicy,
+) -> Limits {
+    let fail_fast: Option<ExitCodes> = annotations
+        .get(ann::FAIL_FAST_EXIT_CODES)
+        .and_then(|v| v.trim().parse().ok());
+    let max: Option<FailureLimit> = annotations
+        .get(ann::MAX_FAILURES)
+        .and_then(|v| v.trim().parse().ok());
+    Limits::resolve(policy, fail_fast, max)
+}
+
+async fn crash_loop(
+    ctx: &Context,
+    pod: &Pod,
+    owner: &Owner,
+    own_loss: bool,
+    policy: &crate::policy::CrashLoopPolicy,
+) -> Result<()> {
+    let Some(annotations) = ctx.workload_annotations(owner) else {
+        return Ok(());
+    };
+    if annotations.contains_key(ann::STOPPED_REASON) {
+        return Ok(());
+    }
+    let limits = limits_of(&annotations, policy);
+    let mut stop = None;
+    {
+        let mut st = ctx.state();
+        let history = st.histories.entry(owner.uid.clone()).or_default();
+        for t in crashloop::terminations(pod, &trainer_name(pod)) {
+            match history.observe(t, own_loss, &limits) {
+                Verdict::Stop {
+                    reason,
+                    termination,
+                } => {
+                    history.reset();
+                    stop = Some((reason, termination));
+                    break;
+                }
+                Verdict::Counted { count } => {
+                    info!(%owner, pod = %pod.name_any(), count, "trainer failure counted");
+                }
+                _ => {}
+            }
+        }
+    }
+    if let Some((reason, t)) = stop {
+        stop_workload(ctx, owner, &reason, &t, &annotations).await?;
+    }
+    Ok(())
+}
+
+/// Scale a StatefulSet to 0 or suspend a Job, recording why.
+async fn stop_workload(
+    ctx: &Context,
+    owner: &Owner,
+    reason: &StopReason,
+    t: &crashloop::Termination,
+    _annotations: &BTreeMap<String, String>,
+) -> Result<()> {
+    let now = ctx.now();
+    let message = match reason {
+        StopReason::FailFastExitCode => format!(
+            "stopped: the trainer in pod {} exited with code {}, a fail-fast exit code (trainwire.dev/fail-fast-exit-codes)",
+            t.pod, t.exit_code
+        ),
+        StopReason::MaxFailures { failures, window } => format!(
+            "stopped: {failures} trainer failures within {window} that no peer or node loss explains (trainwire.dev/max-failures); the last in pod {} with exit code {}",
+            t.pod, t.exit_code
+        ),
+    };
+    let mut stopped = json!({
+        ann::STOPPED_REASON: reason.to_string(),
+        ann::STOPPED_AT: now.to_string(),
+        ann::STOPPED_EXIT_CODE: t.exit_code.to_string(),
+        ann::STOPPED_POD: t.pod,
+    });
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let resume_hint;
+    match owner.kind {
+        "StatefulSet" => {
+            let replicas = ctx
+                .statefulsets
+                .get(&ObjectRef::new(&owner.name).within(&owner.namespace))
+                .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas))
+                .unwrap_or(1);
+            stopped[ann::STOPPED_REPLICAS] = json!(replicas.to_string());
+            let patch = json!({"metadata": {"annotations": stopped}, "spec": {"replicas": 0}});
+            Api::<StatefulSet>::namespaced(ctx.client.clone(), &owner.namespace)
+                .patch(&owner.name, &params, &Patch::Merge(&patch))
+                .await
+                .map_err(|source| Error::Api {
+                    action: format!("stopping {owner}"),
+                    source,
+                })?;
+            resume_hint = format!("scaled to 0 (was {replicas})");
+        }
+        _ => {
+            let patch = json!({"metadata": {"annotations": stopped}, "spec": {"suspend": true}});
+            Api::<Job>::namespaced(ctx.client.clone(), &owner.namespace)
+                .patch(&owner.name, &params, &Patch::Merge(&patch))
+                .await
+                .map_err(|source| Error::Api {
+                    action: format!("stopping {owner}"),
+                    source,
+                })?;
+            resume_hint = "suspended".to_string();
+        }
+    }
+    ctx.count(match reason {
+        StopReason::FailFastExitCode => FailureAction::stop_fail_fast,
+        StopReason::MaxFailures { .. } => FailureAction::stop_max_failures,
+    });
+    warn!(%owner, pod = %t.pod, exit_code = t.exit_code, reason = %reason, "stopped a crash-looping world");
+    ctx.event(
+        &owner.reference(),
+        EventType::Warning,
+        "WorldStopped",
+        "Stop",
+        format!("{message}; {resume_hint} to free its GPUs. Fix the script, then: kubectl annotate {} {} {}=now",
+            owner.kind.to_lowercase(), owner.name, ann::RESUME),
+    )
+    .await;
+    Ok(())
+}
+
+/// What resuming a stopped workload writes: the annotations removed, the
+/// replicas back (StatefulSet) or `suspend: false` (Job). `None` when there
+/// is nothing to resume.
+pub fn resume_patch(
+    kind: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Option<serde_json::Value> {
+    if !annotations.contains_key(ann::RESUME) {
+        return None;
+    }
+    let mut clear = serde_json::Map::new();
+    clear.insert(ann::RESUME.to_string(), serde_json::Value::Null);
+    for k in ann::CONTROLLER_OWNED {
+        if annotations.contains_key(*k) {
+            clear.insert((*k).to_string(), serde_json::Value::Null);
+        }
+    }
+    let stopped = annotations.contains_key(ann::STOPPED_REASON);
+    let spec = match kind {
+        "StatefulSet" if stopped => {
+            let replicas = annotations
+                .get(ann::STOPPED_REPLICAS)
+                .and_then(|r| r.parse::<i32>().ok())
+                .filter(|r| *r > 0)
+                .unwrap_or(1);
+            json!({"replicas": replicas})
+        }
+        "Job" if stopped => json!({"suspend": false}),
+        _ => json!({}),
+    };
+    Some(json!({"metadata": {"annotations": clear}, "spec": spec}))
+}
+
+async fn resume<K>(object: Arc<K>, ctx: Arc<Context>, kind: &'static str) -> Result<Action>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let Some(patch) = resume_patch(kind, object.annotations()) else {
+        return Ok(Action::await_change());
+    };
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    api.patch(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Api {
+            action: format!("resuming {kind} {namespace}/{name}"),
+            source,
+        })?;
+    if let Some(uid) = object.meta().uid.as_ref()
+        && let Some(h) = ctx.state().histories.get_mut(uid)
+    {
+        h.reset();
+    }
+    ctx.count(FailureAction::resume);
+    info!(kind, %namespace, %name, "resumed a stopped world");
+    ctx.event(
+        &object.object_ref(&()),
+        EventType::Normal,
+        "WorldResumed",
+        "Resume",
+        format!("resumed on {}: {}", ann::RESUME, patch["spec"]),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// Reconcile a StatefulSet: resume it when asked.
+pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    resume(sts, ctx, "StatefulSet").await
+}
+
+/// Reconcile a Job: resume it when asked.
+pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
+    resume(job, ctx, "Job").await
+}
+
+fn error_policy<K: Resource>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(
+        namespace = object.meta().namespace.as_deref().unwrap_or_default(),
+        name = object.meta().name.as_deref().unwrap_or_default(),
+        error = %error,
+        "failure controller: reconcile failed; retrying"
+    );
+    Action::requeue(ERROR_RECHECK)
+}
+
+fn slim<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Run the failure controller until aborted.
+pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>) {
+    let (node_store, node_writer) = reflector::store::<Node>();
+    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|n: &mut Node| {
+            slim(n);
+            if let Some(s) = n.status.as_mut() {
+                s.images = None;
+            }
+        })
+        .reflect(node_writer)
+        .applied_objects();
+    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
+    let sts_stream = watcher(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(slim)
+    .reflect(sts_writer)
+    .applied_objects();
+    let (job_store, job_writer) = reflector::store::<Job>();
+    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(slim)
+        .reflect(job_writer)
+        .applied_objects();
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        policy,
+        node_store,
+        sts_store.clone(),
+        job_store.clone(),
+        metrics,
+        Box::new(Timestamp::now),
+    ));
+    let pod_controller =
+        Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let pods_by_node = pod_controller.store();
+    let pods = pod_controller
+        .watches_stream(nodes, move |node: Node| {
+            let name = node.name_any();
+            pods_by_node
+                .state()
+                .into_iter()
+                .filter(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())
+                })
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        .run(reconcile_pod, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let statefulsets = Controller::for_stream(sts_stream, sts_store)
+        .run(reconcile_statefulset, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let jobs = Controller::for_stream(job_stream, job_store)
+        .run(reconcile_job, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()));
+    info!("failure controller started: dead-node reclaim and crash-loop stop");
+    futures::join!(pods, statefulsets, jobs);
+}
