@@ -24,7 +24,9 @@
 //! ```
 //!
 //! Every phase is a fixed number of requests. `TRAINWIRE_WEBHOOK_BIN`
-//! overrides the server binary (default `target/release/trainwire-webhook`).
+//! overrides the server binary (default `target/release/trainwire-webhook`);
+//! `TRAINWIRE_WEBHOOK_BIN_B` adds the rows of a second build (another
+//! allocator, another commit) to the same run.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -485,6 +487,8 @@ enum Kind {
     OneLabel,
     Trainwire,
     TrainwireInfo,
+    /// `TRAINWIRE_WEBHOOK_BIN_B`: another build, e.g. with another allocator.
+    TrainwireB,
 }
 
 impl Kind {
@@ -494,6 +498,7 @@ impl Kind {
             Kind::OneLabel => "one-label baseline (kube-rs example shape)",
             Kind::Trainwire => "trainwire, RUST_LOG=warn",
             Kind::TrainwireInfo => "trainwire, RUST_LOG=info",
+            Kind::TrainwireB => "trainwire (TRAINWIRE_WEBHOOK_BIN_B), RUST_LOG=warn",
         }
     }
 }
@@ -601,13 +606,21 @@ fn bench() -> anyhow::Result<()> {
         );
     }
 
-    let mut rows = Vec::new();
-    for kind in [
+    let bin_b = std::env::var_os("TRAINWIRE_WEBHOOK_BIN_B").map(PathBuf::from);
+    if let Some(b) = &bin_b {
+        println!("TRAINWIRE_WEBHOOK_BIN_B: {}", b.display());
+    }
+    let mut kinds = vec![
         Kind::Floor,
         Kind::OneLabel,
         Kind::Trainwire,
         Kind::TrainwireInfo,
-    ] {
+    ];
+    if bin_b.is_some() {
+        kinds.push(Kind::TrainwireB);
+    }
+    let mut rows = Vec::new();
+    for kind in kinds.iter().copied() {
         for http in [Http::Two, Http::One] {
             // A fresh server per row: its peak RSS is this row's.
             let server = match kind {
@@ -615,6 +628,10 @@ fn bench() -> anyhow::Result<()> {
                 Kind::OneLabel => start_bare(server_cpus, dir.path(), None)?,
                 Kind::Trainwire => start_webhook(&bin, server_cpus, dir.path(), "warn")?,
                 Kind::TrainwireInfo => start_webhook(&bin, server_cpus, dir.path(), "info")?,
+                Kind::TrainwireB => match &bin_b {
+                    Some(b) => start_webhook(b, server_cpus, dir.path(), "warn")?,
+                    None => continue,
+                },
             };
             let url = format!("https://{HOST}:{}/mutate", server.addr.port());
             let (closed, open, cpu) = runtime.block_on(async {
@@ -701,9 +718,14 @@ fn bench() -> anyhow::Result<()> {
         "| server | p50 ms | max ms | answer bytes | peak RSS before MiB | peak RSS after MiB | extra MiB |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for kind in [Kind::OneLabel, Kind::Trainwire] {
-        let server = match kind {
-            Kind::OneLabel => start_bare(server_cpus, dir.path(), None)?,
+    let mut hostile_kinds = vec![Kind::OneLabel, Kind::Trainwire];
+    if bin_b.is_some() {
+        hostile_kinds.push(Kind::TrainwireB);
+    }
+    for kind in hostile_kinds {
+        let server = match (kind, &bin_b) {
+            (Kind::OneLabel, _) => start_bare(server_cpus, dir.path(), None)?,
+            (Kind::TrainwireB, Some(b)) => start_webhook(b, server_cpus, dir.path(), "warn")?,
             _ => start_webhook(&bin, server_cpus, dir.path(), "warn")?,
         };
         let url = format!("https://{HOST}:{}/mutate", server.addr.port());
