@@ -17,6 +17,7 @@ pub mod duration;
 pub mod env;
 pub mod failure;
 pub mod path;
+pub mod peer_loss;
 pub mod quantity;
 pub mod values;
 
@@ -76,7 +77,9 @@ macro_rules! string_value {
                         write!(f, "{}", <$t as $crate::Grammar>::ACCEPTED)
                     }
                     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$t, E> {
-                        v.parse().map_err(|e: $crate::Invalid| E::custom(e))
+                        // Surrounding blanks are ignored, as the annotation
+                        // parser and the sidecar's env reader ignore them.
+                        v.trim().parse().map_err(|e: $crate::Invalid| E::custom(e))
                     }
                     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<$t, E> {
                         self.visit_str(&v.to_string())

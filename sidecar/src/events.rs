@@ -9,12 +9,17 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 #[derive(Clone)]
 pub struct EventSink {
     inner: Option<(Recorder, ObjectReference)>,
+    /// For the peer-loss record on the sidecar's own pod.
+    pods: Option<(kube::Api<k8s_openapi::api::core::v1::Pod>, String)>,
 }
 
 impl EventSink {
     /// No API server: Events are only logged.
     pub fn disabled() -> Self {
-        EventSink { inner: None }
+        EventSink {
+            inner: None,
+            pods: None,
+        }
     }
 
     /// Events about pod `name` (UID `uid`) in `namespace`.
@@ -32,8 +37,34 @@ impl EventSink {
             ..ObjectReference::default()
         };
         EventSink {
-            inner: Some((Recorder::new(client, reporter), reference)),
+            inner: Some((Recorder::new(client.clone(), reporter), reference)),
+            pods: Some((kube::Api::namespaced(client, namespace), name.to_string())),
         }
+    }
+
+    /// Records what this sidecar did about a lost peer on its own pod
+    /// ([`trainwire_contract::peer_loss`]), in the background, for the
+    /// webhook's failure controller: a trainer exit this action caused is
+    /// then never counted as a script failure. Best effort, like Events.
+    pub fn record_peer_loss(&self, record: &trainwire_contract::peer_loss::PeerLossRecord) {
+        let Some((pods, name)) = self.pods.clone() else {
+            return;
+        };
+        let Some(value) = record.to_annotation() else {
+            return;
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            trainwire_contract::peer_loss::ANNOTATION: value
+        }}});
+        tokio::spawn(async move {
+            let params = kube::api::PatchParams::default();
+            if let Err(e) = pods
+                .patch(&name, &params, &kube::api::Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(error = %e, "could not record the peer loss on this pod (RBAC: patch pods)");
+            }
+        });
     }
 
     /// Publishes in the background. `action` is kebab-case; it is sent in PascalCase.
@@ -87,6 +118,53 @@ fn truncate(mut s: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use http::{Request, Response};
+    use kube::client::Body;
+
+    /// The peer-loss record reaches the API as a merge patch of this pod's
+    /// annotation, in the contract's form.
+    #[tokio::test]
+    async fn the_peer_loss_record_is_a_merge_patch_of_the_own_pod() {
+        use trainwire_contract::peer_loss::{ANNOTATION, PeerLossRecord};
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "ml");
+        let sink = super::EventSink::new(client, "ml", "train-1", "uid-1");
+        let record = PeerLossRecord {
+            generation: 2,
+            lost_rank: 0,
+            confirmed_by: "pod-deleted".into(),
+            action: "restart-agent".into(),
+            result: "signalled".into(),
+            at: "2026-11-23T18:00:00Z".into(),
+        };
+        sink.record_peer_loss(&record);
+        let (request, respond) =
+            tokio::time::timeout(std::time::Duration::from_secs(10), handle.next_request())
+                .await
+                .ok()
+                .flatten()
+                .expect("a request");
+        assert_eq!(request.method(), http::Method::PATCH);
+        assert_eq!(request.uri().path(), "/api/v1/namespaces/ml/pods/train-1");
+        assert_eq!(
+            request
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/merge-patch+json")
+        );
+        let body = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let patch: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        let value = patch["metadata"]["annotations"][ANNOTATION]
+            .as_str()
+            .expect("the annotation");
+        assert_eq!(PeerLossRecord::from_annotation(value), Some(record));
+        drop(respond);
+    }
+
     #[test]
     fn pascal_case() {
         assert_eq!(super::pascal("restart-agent"), "RestartAgent");

@@ -22,7 +22,6 @@ pub mod kubewatch;
 pub mod peers;
 pub mod respond;
 pub mod server;
-pub mod shutdown;
 pub mod signal;
 pub mod status;
 

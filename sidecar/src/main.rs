@@ -1,6 +1,7 @@
 use anyhow::Context;
-use tracing_subscriber::EnvFilter;
-use trainwire_sidecar::config::LogFormat;
+
+/// The log filter when `RUST_LOG` is not set.
+const DEFAULT_FILTER: &str = "info,hyper=warn,kube=warn,tower=warn";
 
 fn main() -> std::process::ExitCode {
     // A configuration error is a message (with its causes), never a stack
@@ -17,15 +18,8 @@ fn main() -> std::process::ExitCode {
 fn run() -> anyhow::Result<()> {
     let config =
         trainwire_sidecar::config::from_env().context("trainwire-sidecar configuration")?;
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,hyper=warn,kube=warn,tower=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    match config.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    // stderr, no colour unless stderr is a terminal (shared with the webhook).
+    trainwire_runtime::logging::init(config.log_format, DEFAULT_FILTER);
     let _ = rustls::crypto::ring::default_provider().install_default();
     // One thread: the sidecar is mostly idle and must stay small.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -33,9 +27,9 @@ fn run() -> anyhow::Result<()> {
         .max_blocking_threads(4)
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(trainwire_sidecar::run(
-        config,
-        trainwire_sidecar::shutdown::signal(),
-    ))?;
+    runtime.block_on(trainwire_sidecar::run(config, async {
+        let signal = trainwire_runtime::shutdown::signal().await;
+        tracing::info!(signal, "shutting down");
+    }))?;
     Ok(())
 }

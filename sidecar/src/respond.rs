@@ -597,6 +597,15 @@ impl Responder {
                 s.actions_total += 1;
             }
         }
+        self.events
+            .record_peer_loss(&trainwire_contract::peer_loss::PeerLossRecord {
+                generation: ep.generation,
+                lost_rank: ep.rank,
+                confirmed_by: confirmation.unwrap_or_default().to_string(),
+                action: plan.as_str().to_string(),
+                result: outcome.as_str().to_string(),
+                at: rfc3339(SystemTime::now()),
+            });
         let warning = !matches!(outcome, Outcome::Reported);
         self.events.publish(
             warning,

@@ -7,6 +7,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use trainwire_sidecar::checkpoint::scan;
+use trainwire_test_support::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar};
+use trainwire_test_support::wait::wait_value;
+use trainwire_test_support::{free_port, http_get, status};
 
 const SETTLE: Duration = Duration::from_millis(300);
 
@@ -113,33 +116,13 @@ fn latest_pointer_wins_symlink_or_file() -> anyhow::Result<()> {
 // The sidecar process itself, both watchers, seen through /status.
 
 struct Sidecar {
-    child: std::process::Child,
+    _child: KillOnDrop,
     addr: String,
 }
 
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 fn start(dir: &Path, poll: &str, max_age: &str) -> anyhow::Result<Sidecar> {
-    let port = free_port()?;
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("TRAINWIRE_NNODES", "1")
-        .env("TRAINWIRE_NODE_RANK", "0")
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", "127.0.0.1")
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
+    let port = free_port();
+    let child = loopback_sidecar(env!("CARGO_BIN_EXE_trainwire-sidecar"), 0, 1, port)
         .env("TRAINWIRE_CHECKPOINT_DIR", dir)
         .env("TRAINWIRE_CHECKPOINT_POLL", poll)
         .env("TRAINWIRE_CHECKPOINT_POLL_INTERVAL", "200ms")
@@ -148,43 +131,29 @@ fn start(dir: &Path, poll: &str, max_age: &str) -> anyhow::Result<Sidecar> {
         .stdout(std::process::Stdio::null())
         .spawn()?;
     Ok(Sidecar {
-        child,
-        addr: format!("127.0.0.1:{port}"),
+        _child: KillOnDrop(child),
+        addr: loopback_addr(0, port),
     })
 }
 
-fn get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
+/// Polls `/status` (15 s at most) until `pred` holds on it.
 fn wait_status(
     addr: &str,
     what: &str,
     pred: impl Fn(&serde_json::Value) -> bool,
 ) -> anyhow::Result<serde_json::Value> {
-    let mut last = serde_json::Value::Null;
-    for _ in 0..150 {
-        if let Some(body) = get(addr, "/status")
-            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&body)
-        {
-            if pred(&v) {
-                return Ok(v);
-            }
-            last = v;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    anyhow::bail!("timed out waiting for {what}; last status: {last}")
+    wait_value(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || Some(status(addr)).filter(|v| !v.is_null()),
+        pred,
+    )
+    .map_err(|last| {
+        anyhow::anyhow!(
+            "timed out waiting for {what}; last status: {}",
+            last.unwrap_or_default()
+        )
+    })
 }
 
 fn checkpoint_path(v: &serde_json::Value) -> Option<String> {
@@ -248,7 +217,7 @@ fn a_stale_checkpoint_is_reported_in_status_and_metrics() -> anyhow::Result<()> 
             .as_f64()
             .is_some_and(|a| a >= 3600.0)
     );
-    let metrics = get(&sc.addr, "/metrics").unwrap_or_default();
+    let metrics = http_get(&sc.addr, "/metrics").unwrap_or_default();
     assert!(
         metrics.contains("trainwire_sidecar_checkpoint_stale 1"),
         "{metrics}"

@@ -6,54 +6,31 @@
 //! Bounded waits only; no timing assertions beyond generous windows.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use trainwire_test_support::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar};
+use trainwire_test_support::{
+    Prerequisite, alive, free_port, http_get, require, status, wait_until,
+};
 
-fn python() -> Option<&'static str> {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if ok {
-        Some("python3")
-    } else if std::env::var_os("CI").is_some() {
-        panic!("python3 is required for the process-tree tests in CI");
-    } else {
-        eprintln!("SKIP: python3 not found; the process-tree tests need it");
-        None
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29655)
+/// `python3` for the fake torchrun, or `None` (skipped outside CI, a failure
+/// under `CI=true`).
+#[track_caller]
+fn python(test: &str) -> Option<&'static str> {
+    require(test, Prerequisite::command("python3", &["--version"])).then_some("python3")
 }
 
 struct Sidecar {
-    child: Child,
+    child: KillOnDrop,
     addr: String,
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let pid = Pid::from_raw(self.child.id() as i32);
-        let _ = kill(pid, Signal::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Sidecar {
     fn pid(&self) -> Pid {
-        Pid::from_raw(self.child.id() as i32)
+        self.child.pid()
     }
 }
 
@@ -68,24 +45,11 @@ fn sidecar(
 ) -> Sidecar {
     let out = std::fs::File::create(log).expect("sidecar log");
     let err = out.try_clone().expect("sidecar log");
-    let child = Command::new(env!("CARGO_BIN_EXE_trainwire-sidecar"))
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
-        .env("TRAINWIRE_POD_NAME", format!("job-{rank}"))
+    let child = loopback_sidecar(env!("CARGO_BIN_EXE_trainwire-sidecar"), rank, nnodes, port)
         .env(
             "TRAINWIRE_POD_UID",
             format!("uid-{rank}-{port}-{agent_tag}"),
         )
-        .env("TRAINWIRE_NNODES", nnodes.to_string())
-        .env("TRAINWIRE_NODE_RANK", rank.to_string())
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_HEARTBEAT_INTERVAL", "200ms")
-        .env("TRAINWIRE_HEARTBEAT_MISSES", "5")
-        .env("TRAINWIRE_HEARTBEAT_TIMEOUT", "300ms")
         // A frozen peer is confirmed lost by an outage of 2 s (the default
         // is 30 s in a fixed world).
         .env("TRAINWIRE_CONFIRM_AFTER", "2s")
@@ -96,8 +60,8 @@ fn sidecar(
         .spawn()
         .expect("start trainwire-sidecar");
     Sidecar {
-        child,
-        addr: format!("127.0.0.1{rank}:{port}"),
+        child: KillOnDrop(child),
+        addr: loopback_addr(rank, port),
     }
 }
 
@@ -153,39 +117,6 @@ impl Drop for Agent {
     }
 }
 
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
-fn status(addr: &str) -> serde_json::Value {
-    http_get(addr, "/status")
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(serde_json::Value::Null)
-}
-
-/// Waits (bounded) until `pred` holds; panics with `what` otherwise.
-fn wait_until(what: &str, limit: Duration, mut pred: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if pred() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("timed out after {limit:?} waiting for: {what}");
-}
-
 fn all_peers_healthy(addr: &str, n: usize) -> bool {
     let s = status(addr);
     s["peers"]
@@ -193,21 +124,11 @@ fn all_peers_healthy(addr: &str, n: usize) -> bool {
         .is_some_and(|p| p.len() == n && p.iter().all(|x| x["state"] == "healthy"))
 }
 
-fn alive(pid: i32) -> bool {
-    // A zombie is as good as dead: read the state letter.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .map(|zombie| !zombie)
-        .unwrap_or(false)
-}
-
 #[test]
 fn restart_workers_terms_each_worker_once_and_spares_the_agent() {
-    let Some(py) = python() else { return };
+    let Some(py) = python("restart_workers_terms_each_worker_once_and_spares_the_agent") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let tag = format!("fake-torchrun-rw-{port}");
@@ -323,7 +244,9 @@ fn restart_workers_terms_each_worker_once_and_spares_the_agent() {
 
 #[test]
 fn auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost() {
-    let Some(py) = python() else { return };
+    let Some(py) = python("auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let tag = format!("fake-torchrun-auto-{port}");
@@ -410,7 +333,9 @@ fn auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost() {
 
 #[test]
 fn none_only_reports() {
-    let Some(py) = python() else { return };
+    let Some(py) = python("none_only_reports") else {
+        return;
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let port = free_port();
     let tag = format!("fake-torchrun-none-{port}");

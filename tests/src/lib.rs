@@ -2,23 +2,14 @@
 
 use std::path::PathBuf;
 
-/// The repository root (the workspace directory).
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("."))
-}
-
-/// The captured AdmissionReview requests, the repository's own copy of the
-/// shared fixtures (`tests/fixtures/admission/`), so a clone tests alone.
-pub fn admission_fixtures_dir() -> PathBuf {
-    repo_root().join("tests/fixtures/admission")
-}
+// The helpers every crate's tests share live in `trainwire-test-support`;
+// the old paths (`trainwire_tests::process`, `repo_root`, ...) stay valid.
+pub use trainwire_test_support::{
+    Prerequisite, admission_fixtures_dir, fixtures, net, process, repo_root, require, sidecar, wait,
+};
 
 pub mod kubelet;
 pub mod netns;
-pub mod process;
 pub mod torch;
 
 /// The `trainwire-sidecar` binary of this build (`target/<profile>/`).

@@ -61,15 +61,10 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
-/// Whether the test may run; prints a clear skip message when it may not.
+/// Whether the test may run: under `CI=true` a missing prerequisite fails
+/// the test, elsewhere it prints `SKIPPED: ...` (see `trainwire_test_support::require`).
 pub fn require_netns(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            false
-        }
-    }
+    crate::require(test, crate::Prerequisite::from_missing(unavailable()))
 }
 
 /// One node: a namespace with `eth0` on the bridge.

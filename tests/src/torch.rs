@@ -33,22 +33,16 @@ pub fn torch_version() -> Result<String, String> {
         .clone()
 }
 
-/// Whether the test may run. When PyTorch is missing, prints a clear skip
-/// message and returns `false`, except under CI (`CI=true`), where `.ci/run`
-/// installs PyTorch, so a missing one is a failure.
+/// Whether the test may run: under `CI=true` (where `.ci/run` installs
+/// PyTorch) a missing one fails the test, elsewhere it prints `SKIPPED: ...`
+/// (see `trainwire_test_support::require`).
 pub fn require_torch(test: &str) -> bool {
-    match torch_version() {
-        Ok(_) => true,
-        Err(why) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{test}: PyTorch is required under CI (.ci/run installs it): {why}");
-            }
-            eprintln!(
-                "SKIPPED {test}: PyTorch is not importable ({why}); pip install torch numpy to run it"
-            );
-            false
-        }
-    }
+    crate::require(
+        test,
+        crate::Prerequisite::from_result(torch_version().map_err(|why| {
+            format!("PyTorch is not importable ({why}); pip install torch numpy to run it")
+        })),
+    )
 }
 
 /// `examples/train.py` in this checkout.

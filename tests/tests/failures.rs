@@ -401,6 +401,72 @@ async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses(
     Ok(())
 }
 
+/// One story: a loss the controller never saw itself (heartbeats only), but
+/// that the sidecar recorded on its pod when it killed the local agent, is
+/// counted as a loss generation and told on the workload, so the exit 137
+/// the sidecar caused is not a script failure, even with a limit of 1.
+#[tokio::test]
+async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
+    use trainwire_contract::peer_loss::{ANNOTATION, PeerLossRecord};
+    let mut w = world(RECLAIM)?;
+    w.node("True", 0)?;
+    w.statefulset(json!({"trainwire.dev/max-failures": "1/1h"}))?;
+    w.set_time(300);
+    let mut p = pod("llama-1", "u1", exited(137, 1, 296))?;
+    let record = PeerLossRecord {
+        generation: 1,
+        lost_rank: 0,
+        confirmed_by: "replacement-answers".into(),
+        action: "restart-agent".into(),
+        result: "signalled".into(),
+        at: at(295).to_string(),
+    };
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            ANNOTATION.to_string(),
+            record.to_annotation().context("json")?,
+        );
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
+    let event = w.api.event("PeerLost", "StatefulSet").await?;
+    let note = event["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains("the sidecar of pod llama-1 lost rank 0 (its generation 1, confirmed by replacement-answers): restart-agent signalled"),
+        "{note}"
+    );
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Seen again: no second Event, and still no stop (no request at all).
+    w.reconcile(&p).await?;
+    // A real script failure later is counted (limit 1: stop).
+    w.set_time(900);
+    let task = tokio::spawn(failures::reconcile_pod(
+        Arc::new(pod("llama-1", "u1", exited(2, 2, 890))?),
+        w.ctx.clone(),
+    ));
+    let patch = w
+        .api
+        .expect(
+            Method::PATCH,
+            &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
+        )
+        .await?;
+    ensure!(
+        patch.body["metadata"]["annotations"]["trainwire.dev/stopped-exit-code"] == "2",
+        "{}",
+        patch.body
+    );
+    let body = patch.body.clone();
+    patch.reply(StatusCode::OK, &body);
+    w.api.event("WorldStopped", "StatefulSet").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
 #[test]
 fn resuming_restores_the_replicas_and_clears_the_evidence() {
     let a: BTreeMap<String, String> = [
@@ -429,4 +495,65 @@ fn resuming_restores_the_replicas_and_clears_the_evidence() {
         failures::resume_patch("StatefulSet", &BTreeMap::new()),
         None
     );
+}
+
+/// A Job pod on a dead node is marked `Failed` with a `DisruptionTarget`
+/// condition before the force-delete: a Job with a `podFailurePolicy`
+/// (`podReplacementPolicy: Failed`) replaces only a Failed pod, and the
+/// injected Ignore rule keeps the loss off `backoffLimit`.
+#[tokio::test]
+async fn a_job_pod_on_a_dead_node_is_marked_disrupted_then_force_deleted() -> Result<()> {
+    let mut w = world(RECLAIM)?;
+    let mut p = pod("train-1-abcde", "job-pod-uid", running())?;
+    p.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+        "apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "job-uid",
+        "controller": true, "blockOwnerDeletion": true}))?]);
+    w.node("Unknown", 0)?;
+    w.set_time(31);
+    let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
+    w.api.event("PeerLost", "Job").await?;
+    let status = w
+        .api
+        .expect(
+            Method::PATCH,
+            &format!("/api/v1/namespaces/{NS}/pods/train-1-abcde/status"),
+        )
+        .await?;
+    ensure!(
+        status.query.contains("fieldManager=trainwire-failures"),
+        "{}",
+        status.query
+    );
+    ensure!(
+        status.body["status"]["phase"] == "Failed",
+        "{}",
+        status.body
+    );
+    let condition = &status.body["status"]["conditions"][0];
+    ensure!(
+        condition["type"] == "DisruptionTarget"
+            && condition["status"] == "True"
+            && condition["reason"] == "DeletionByTrainwire",
+        "{condition}"
+    );
+    let body = status.body.clone();
+    status.reply(StatusCode::OK, &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train-1-abcde", "namespace": NS}, "status": body["status"]}));
+    let delete = w
+        .api
+        .expect(
+            Method::DELETE,
+            &format!("/api/v1/namespaces/{NS}/pods/train-1-abcde"),
+        )
+        .await?;
+    ensure!(delete.body["gracePeriodSeconds"] == 0, "{}", delete.body);
+    delete.reply(
+        StatusCode::OK,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+    );
+    w.api.event("PodReclaimed", "Job").await?;
+    w.api.event("PodReclaimed", "Pod").await?;
+    tokio::time::timeout(BOUND, task)
+        .await??
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
 }

@@ -135,10 +135,7 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
 }
 
 fn fixture_object(name: &str) -> Result<Value> {
-    let path = trainwire_tests::admission_fixtures_dir().join(name);
-    let review: Value =
-        serde_json::from_slice(&std::fs::read(&path).with_context(|| path.display().to_string())?)?;
-    Ok(review["request"]["object"].clone())
+    Ok(trainwire_tests::fixtures::request_object(name).0)
 }
 
 /// The fixture object injected by the real engine, as the apiserver

@@ -22,13 +22,15 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use rstest::rstest;
 use serde_json::{Value, json};
+use trainwire_tests::net::{free_port, http_get, status};
+use trainwire_tests::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar_env};
+use trainwire_tests::wait::wait_until_or as wait_until;
 use trainwire_webhook::mutation::{Outcome, mutate};
 use trainwire_webhook::policy::Profile;
 
@@ -81,18 +83,13 @@ fn python_for_any_user() -> Option<String> {
         .map(str::to_string)
 }
 
-/// `true` when the test may run; under `CI=true` a missing prerequisite fails.
+/// `true` when the test may run; under `CI=true` a missing prerequisite
+/// fails the test (`trainwire_test_support::require`).
 fn prerequisites(test: &str) -> bool {
-    match unavailable() {
-        None => true,
-        Some(why) if std::env::var_os("CI").is_some() => {
-            panic!("{test} cannot run in CI: {why}")
-        }
-        Some(why) => {
-            eprintln!("SKIPPED {test}: {why}");
-            false
-        }
-    }
+    trainwire_tests::require(
+        test,
+        trainwire_tests::Prerequisite::from_missing(unavailable()),
+    )
 }
 
 /// What a container runtime applies at exec.
@@ -177,87 +174,15 @@ fn injected_identity(container: &Value, pod: &Value) -> Identity {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 fn sidecar_env(cmd: &mut Command, rank: u32, port: u16, tag: &str) {
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("RUST_LOG", "info")
+    loopback_sidecar_env(cmd, rank, 2, port)
         .env("TRAINWIRE_LOG_FORMAT", "text")
         .env("TRAINWIRE_POD_NAME", format!("train-{rank}"))
-        .env("TRAINWIRE_POD_UID", format!("uid-{rank}-{port}"))
-        .env("TRAINWIRE_NNODES", "2")
-        .env("TRAINWIRE_NODE_RANK", rank.to_string())
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
-        .env("TRAINWIRE_DETECTION", "heartbeat")
-        .env("TRAINWIRE_HEARTBEAT_INTERVAL", "200ms")
-        .env("TRAINWIRE_HEARTBEAT_MISSES", "5")
-        .env("TRAINWIRE_HEARTBEAT_TIMEOUT", "300ms")
         // `auto` would stop the workers and wait for a replacement host;
         // `restart-agent` signals the whole tree once the loss is confirmed.
         .env("TRAINWIRE_ON_PEER_LOSS", "restart-agent")
         .env("TRAINWIRE_CONFIRM_AFTER", "2s")
         .env("TRAINWIRE_AGENT_MATCH", tag);
-}
-
-/// Kills a child (and, for `unshare --kill-child`, its whole namespace).
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let pid = Pid::from_raw(self.0.id() as i32);
-        let _ = kill(pid, Signal::SIGCONT);
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
-}
-
-fn status(addr: &str) -> Value {
-    http_get(addr, "/status")
-        .and_then(|b| serde_json::from_str(&b).ok())
-        .unwrap_or(Value::Null)
-}
-
-/// Waits (bounded) until `pred` holds; panics with `what` and `context`.
-fn wait_until(
-    what: &str,
-    limit: Duration,
-    context: impl Fn() -> String,
-    mut pred: impl FnMut() -> bool,
-) {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if pred() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!(
-        "timed out after {limit:?} waiting for: {what}\n{}",
-        context()
-    );
 }
 
 /// Host PIDs of the live trainer processes (Python, their command line
@@ -302,7 +227,7 @@ fn run_case(test: &str, trainer_uid: u32, sidecar: Identity, expect: Expect) {
     let log0 = std::fs::File::create(dir.path().join("rank0.log")).expect("log");
     let mut cmd = Command::new(&bin);
     sidecar_env(&mut cmd, 0, port, &format!("{tag}-nothing"));
-    let rank0 = Guard(
+    let rank0 = KillOnDrop(
         cmd.stdout(log0.try_clone().expect("log"))
             .stderr(log0)
             .spawn()
@@ -354,9 +279,9 @@ fn run_case(test: &str, trainer_uid: u32, sidecar: Identity, expect: Expect) {
     cmd.env("TW_PYTHON", python_for_any_user().expect("checked"))
         .env("TW_AGENT_LOG", &agent_log)
         .env("TW_TAG", &tag);
-    let _pod = Guard(cmd.stdin(Stdio::null()).spawn().expect("start the pod"));
+    let _pod = KillOnDrop(cmd.stdin(Stdio::null()).spawn().expect("start the pod"));
 
-    let addr1 = format!("127.0.0.11:{port}");
+    let addr1 = loopback_addr(1, port);
     let needle = dir.path().display().to_string();
     let logs = || {
         format!(
@@ -407,7 +332,7 @@ fn run_case(test: &str, trainer_uid: u32, sidecar: Identity, expect: Expect) {
         .unwrap_or_default()
         .to_string();
 
-    kill(Pid::from_raw(rank0.0.id() as i32), Signal::SIGSTOP).expect("freeze rank 0");
+    kill(rank0.pid(), Signal::SIGSTOP).expect("freeze rank 0");
     wait_until(
         "rank 1 acts on the lost rendezvous host",
         Duration::from_secs(30),

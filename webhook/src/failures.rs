@@ -55,6 +55,7 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "list"),
     ("", "pods", "watch"),
     ("", "pods", "delete"),
+    ("", "pods/status", "patch"),
     ("", "nodes", "list"),
     ("", "nodes", "watch"),
     ("", "nodes", "patch"),
@@ -163,6 +164,8 @@ struct State {
     histories: HashMap<String, History>,
     /// Pods seen lost, by (namespace, name): the lost pod's UID.
     lost: HashMap<(String, String), String>,
+    /// Sidecar peer-loss records already counted: (pod UID, generation).
+    sidecar_losses: HashSet<(String, u64)>,
 }
 
 /// Shared by every reconcile.
@@ -410,6 +413,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                                 )
                                 .await;
                             } else {
+                                if owner.kind == "Job" {
+                                    mark_disrupted(&ctx, &namespace, &pod_name, &why).await?;
+                                }
                                 force_delete(&ctx, &namespace, &pod_name, &uid).await?;
                                 ctx.count(FailureAction::force_delete);
                                 info!(%owner, pod = %pod_name, node, generation, "force-deleted a pod on a dead node");
@@ -467,8 +473,100 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
         }
     }
 
+    sidecar_loss(&ctx, &pod, &owner, now).await;
     crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
     Ok(action)
+}
+
+/// The sidecar's own record of a peer loss it acted on
+/// ([`trainwire_contract::peer_loss`]): counted once as a loss of the
+/// workload, so the trainer exit its action caused is never a script
+/// failure, and told in the workload's Events with the sidecar's generation.
+async fn sidecar_loss(ctx: &Context, pod: &Pod, owner: &Owner, now: Timestamp) {
+    use trainwire_contract::peer_loss::{ANNOTATION, PeerLossRecord};
+    let Some(record) = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION))
+        .and_then(|v| PeerLossRecord::from_annotation(v))
+    else {
+        return;
+    };
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    // The sidecar's clock, but never in the future of ours.
+    let at = record
+        .at
+        .parse::<Timestamp>()
+        .ok()
+        .filter(|t| *t <= now)
+        .unwrap_or(now);
+    let generation = {
+        let mut st = ctx.state();
+        if !st.sidecar_losses.insert((uid, record.generation)) {
+            return;
+        }
+        st.histories.entry(owner.uid.clone()).or_default().loss(at)
+    };
+    ctx.event(
+        &owner.reference(),
+        EventType::Warning,
+        "PeerLost",
+        "Detect",
+        format!(
+            "the sidecar of pod {} lost rank {} (its generation {}, confirmed by {}): {} {}; loss generation {generation}",
+            pod.name_any(),
+            record.lost_rank,
+            record.generation,
+            if record.confirmed_by.is_empty() { "nothing yet" } else { &record.confirmed_by },
+            record.action,
+            record.result,
+        ),
+    )
+    .await;
+}
+
+/// The pod condition reason trainwire writes on a pod it reclaims.
+pub const DISRUPTION_REASON: &str = "DeletionByTrainwire";
+
+/// What the reclaim writes to a Job pod's status before the force-delete:
+/// phase `Failed` and a `DisruptionTarget` condition, as the control plane's
+/// pod GC does for a pod on an out-of-service node. A Job with a
+/// `podFailurePolicy` (hence `podReplacementPolicy: Failed`) replaces a pod
+/// only once it is `Failed`, which a pod on a dead node never becomes by
+/// itself; the injected `{action: Ignore, onPodConditions: [{type:
+/// DisruptionTarget}]}` rule then keeps the loss off `backoffLimit`.
+pub fn disrupted_status(why: &str, now: Timestamp) -> serde_json::Value {
+    json!({"status": {
+        "phase": "Failed",
+        "conditions": [{
+            "type": crate::mutation::workload::DISRUPTION_TARGET,
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": format!("trainwire reclaims the pod: {why}"),
+            "lastTransitionTime": now.to_string(),
+        }],
+    }})
+}
+
+async fn mark_disrupted(ctx: &Context, namespace: &str, name: &str, why: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    let patch = disrupted_status(why, ctx.now());
+    match api
+        .patch_status(name, &params, &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(source) => Err(Error::Api {
+            action: format!("marking pod {namespace}/{name} Failed (DisruptionTarget)"),
+            source,
+        }),
+    }
 }
 
 async fn force_delete(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()> {

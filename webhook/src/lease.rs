@@ -92,34 +92,33 @@ where
         .build()
         .await
         .map_err(lease_err)?;
-    let (mut leader, manager_task) = manager.watch().await;
+    // `changed()` rather than `watch()`: `watch()` only logs a failed
+    // renewal and keeps its last answer (still the holder), so a replica cut
+    // off from the API server would go on acting after its Lease expired and
+    // another replica took it. Here any Lease error stops the controllers
+    // first; the caller then starts over with a fresh manager, which is the
+    // holder again only if the Lease is still this replica's.
     let mut running: Option<tokio::task::JoinHandle<()>> = None;
+    let stop = |running: &mut Option<tokio::task::JoinHandle<()>>, why: &str| {
+        if let Some(task) = running.take() {
+            warn!(identity = %config.identity, lease = LEASE_NAME, why, "stopping the controllers");
+            task.abort();
+        }
+    };
     loop {
-        let is_leader = *leader.borrow_and_update();
-        match (is_leader, running.is_some()) {
-            (true, false) => {
-                info!(identity = %config.identity, lease = LEASE_NAME, "holding the controllers' Lease: starting the controllers");
-                running = Some(tokio::spawn(work()));
-            }
-            (false, true) => {
-                warn!(identity = %config.identity, lease = LEASE_NAME, "lost the controllers' Lease: stopping the controllers");
-                if let Some(task) = running.take() {
-                    task.abort();
+        match manager.changed().await {
+            Ok(true) => {
+                if running.is_none() {
+                    info!(identity = %config.identity, lease = LEASE_NAME, "holding the controllers' Lease: starting the controllers");
+                    running = Some(tokio::spawn(work()));
                 }
             }
-            _ => {}
+            Ok(false) => stop(&mut running, "lost the controllers' Lease"),
+            Err(source) => {
+                stop(&mut running, "could not keep the controllers' Lease");
+                return Err(lease_err(source));
+            }
         }
-        if leader.changed().await.is_err() {
-            break;
-        }
-    }
-    if let Some(task) = running.take() {
-        task.abort();
-    }
-    match manager_task.await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(source)) => Err(lease_err(source)),
-        Err(_) => Ok(()),
     }
 }
 

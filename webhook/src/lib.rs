@@ -21,6 +21,7 @@ pub mod policy;
 pub mod reconciler;
 pub mod scale;
 pub mod serve;
-pub mod shutdown;
+/// The SIGTERM/SIGINT future both programs share.
+pub use trainwire_runtime::shutdown;
 pub mod telemetry;
 pub mod tls;

@@ -67,11 +67,11 @@ pub struct ServeArgs {
     /// Reloaded when it changes.
     #[arg(long, env = "TRAINWIRE_TLS_KEY", value_name = "FILE")]
     pub tls_key: PathBuf,
-    /// Log format; the level comes from RUST_LOG (default info).
+    /// Log format, `text` or `json`; the level comes from RUST_LOG (default info).
     #[arg(
         long,
         env = "TRAINWIRE_LOG_FORMAT",
-        value_enum,
+        value_name = "text|json",
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,

@@ -23,6 +23,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use trainwire_runtime::watch::{DirWatch, Timing};
+
 use crate::metrics::{Metrics, ReloadResult};
 
 /// Why a certificate/key pair could not be used.
@@ -318,43 +320,17 @@ pub async fn watch(store: Arc<CertStore>) {
 
 /// [`watch`] with a chosen poll interval.
 pub async fn watch_with_poll(store: Arc<CertStore>, poll: Duration) {
-    use notify::Watcher;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
-    let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
-            // A full channel already means "reload soon".
-            let _ = tx.try_send(());
-        }
-    });
-    let _watcher = match watcher {
-        Ok(mut w) => {
-            for dir in store.watched_dirs() {
-                if let Err(e) = w.watch(&dir, notify::RecursiveMode::NonRecursive) {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the certificate directory; polling every {}s instead", poll.as_secs());
-                }
-            }
-            Some(w)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot start a file watcher; polling the certificate every {}s instead", poll.as_secs());
-            None
-        }
-    };
-    let mut ticker = tokio::time::interval(poll);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    let mut changes = DirWatch::new(
+        "certificate",
+        &store.watched_dirs(),
+        Timing {
+            debounce: DEBOUNCE,
+            poll,
+            poll_without_watch: poll,
+        },
+    );
     loop {
-        tokio::select! {
-            event = rx.recv() => {
-                if event.is_none() {
-                    // The watcher is gone: keep polling.
-                    ticker.tick().await;
-                }
-                tokio::time::sleep(DEBOUNCE).await;
-                while rx.try_recv().is_ok() {}
-            }
-            _ = ticker.tick() => {}
-        }
+        changes.changed().await;
         if matches!(reload_blocking(&store).await, Reload::Failed(_)) {
             // The files may have been caught half-swapped (certificate new,
             // key old): read them once more after the swap settles. Files

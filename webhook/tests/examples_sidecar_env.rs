@@ -4,7 +4,6 @@
 //! starts with): what the webhook writes, the sidecar reads.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use serde_json::Value;
 use trainwire_contract::config::Config;
@@ -12,7 +11,7 @@ use trainwire_webhook::mutation::{self, Outcome};
 use trainwire_webhook::policy::{self, Profile};
 
 fn examples() -> Vec<(String, Vec<Value>)> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let dir = trainwire_test_support::repo_root().join("examples");
     let mut out = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(&dir)
         .expect("examples/")
@@ -36,7 +35,7 @@ fn examples() -> Vec<(String, Vec<Value>)> {
 }
 
 fn profiles() -> Vec<Profile> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policy.yaml");
+    let path = trainwire_test_support::repo_root().join("examples/policy.yaml");
     let p = policy::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
     let mut all = vec![Profile::default()];
     all.extend(p.profiles);

@@ -7,6 +7,7 @@
 //! Each test runs in its own process under nextest, so the process's peak
 //! RSS (`VmHWM`) is the test's.
 
+#[allow(unused_imports)] // not every shared helper is used here
 mod common;
 
 use std::sync::Arc;

@@ -10,12 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use trainwire_test_support::repo_root as repo;
 use trainwire_webhook::inject::{Options, render};
 use trainwire_webhook::policy::PolicyArgs;
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_trainwire-webhook")
@@ -314,11 +311,12 @@ fn krm_refusal_is_an_error_result_and_a_failure() {
 /// has no `--enable-exec`; the standalone `kustomize` can, the same way.)
 #[test]
 fn kpt_exec_function() {
-    let Ok(version) = Command::new("kpt").arg("version").output() else {
-        eprintln!("SKIP: kpt is not installed");
+    if !trainwire_test_support::require(
+        "kpt_exec_function",
+        trainwire_test_support::Prerequisite::command("kpt", &["version"]),
+    ) {
         return;
-    };
-    assert!(version.status.success());
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
         repo().join("examples/statefulset-retrofit.yaml"),

@@ -3,8 +3,6 @@
 //! default kept, a default overridden by the workload, an enforced value
 //! refused (exact message) and overwritten (exact warning).
 
-use std::path::PathBuf;
-
 use rstest::rstest;
 use serde_json::{Value, json};
 use trainwire_webhook::mutation::{self, Outcome};
@@ -13,18 +11,7 @@ use trainwire_webhook::policy::Policy;
 /// The StatefulSet `llama-ft` (namespace `trainwire-test`, 2 replicas, one
 /// GPU, annotated `checkpoint-pvc: ckpt`) as the apiserver sent it.
 fn statefulset() -> (Value, String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/admission/statefulset-create.json");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let review: Value = serde_json::from_str(&text).expect("JSON");
-    let request = &review["request"];
-    (
-        request["object"].clone(),
-        request["namespace"]
-            .as_str()
-            .expect("namespace")
-            .to_string(),
-    )
+    trainwire_test_support::fixtures::request_object("statefulset-create.json")
 }
 
 /// A one-profile policy for the fixture's namespace.

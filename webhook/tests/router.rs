@@ -687,6 +687,80 @@ async fn probes_and_metrics() {
     }
 }
 
+// Exact answers: each capture's expected AdmissionResponse is checked in
+// (`tests/fixtures/admission/expected/<capture>.json`), the patch decoded from
+// base64 to JSON so that a review shows what changed.
+// `TRAINWIRE_BLESS=1 cargo nextest run -p trainwire-webhook --test router goldens`
+// rewrites them.
+
+/// The answer as checked in: the HTTP status and the review's `response`
+/// without its `uid` (the request's), with the patch decoded.
+fn golden_answer(reply: &Reply) -> Value {
+    let mut response = reply.json()["response"].clone();
+    if let Some(map) = response.as_object_mut() {
+        map.remove("uid");
+        if let Some(patch) = map.get("patch").and_then(Value::as_str) {
+            let bytes = common::base64_decode(patch);
+            let decoded: Value = serde_json::from_slice(&bytes).expect("the patch is JSON");
+            map.insert("patch".to_string(), decoded);
+        }
+    }
+    json!({ "httpStatus": reply.status.as_u16(), "response": response })
+}
+
+#[tokio::test]
+async fn every_captured_review_gets_exactly_its_checked_in_answer() {
+    let expected_dir = trainwire_test_support::admission_fixtures_dir().join("expected");
+    let bless = std::env::var_os("TRAINWIRE_BLESS").is_some();
+    if bless {
+        std::fs::create_dir_all(&expected_dir).expect("create expected/");
+    }
+    // The same state as the other tests: the default policy, and a
+    // StatefulSet source that knows no StatefulSet.
+    let state = state();
+    let names = common::fixture_names();
+    let mut differences = Vec::new();
+    for name in &names {
+        let reply = post(&state, common::fixture_bytes(name)).await;
+        let got = golden_answer(&reply);
+        let path = expected_dir.join(name);
+        let text = serde_json::to_string_pretty(&got).expect("serialize") + "\n";
+        if bless {
+            std::fs::write(&path, &text).expect("write the expected answer");
+            continue;
+        }
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let want: Value = serde_json::from_slice(&bytes)
+                    .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+                if want != got {
+                    differences.push(format!("{name}: the answer changed; now:\n{text}"));
+                }
+            }
+            Err(e) => differences.push(format!("{name}: no {} ({e})", path.display())),
+        }
+    }
+    // An expected answer without its capture is stale.
+    for entry in std::fs::read_dir(&expected_dir)
+        .expect("read expected/")
+        .flatten()
+    {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if !names.contains(&file) {
+            if bless {
+                std::fs::remove_file(entry.path()).expect("remove a stale answer");
+            } else {
+                differences.push(format!("expected/{file} has no capture"));
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "{}\n\nIf the change is intended, rerun with TRAINWIRE_BLESS=1 and review the diff.",
+        differences.join("\n")
+    );
+}
+
 /// The StatefulSet created paused (`statefulset-create-zero-replicas.json`),
 /// as the webhook stored it, behind the captured `kubectl scale`: refused
 /// from 0 without `trainwire.dev/nnodes` (its pods hold no world size);

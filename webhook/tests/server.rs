@@ -88,26 +88,34 @@ struct Server {
     log: Arc<Mutex<Vec<String>>>,
 }
 
+/// `trainwire-webhook serve` on loopback ports the OS picks, without a
+/// cluster (no reconciler, no kubeconfig), logging at `info`.
+fn serve_command(cert: &Path, key: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"));
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--probe-listen",
+        "127.0.0.1:0",
+        "--reconcile=false",
+    ])
+    .arg("--tls-cert")
+    .arg(cert)
+    .arg("--tls-key")
+    .arg(key)
+    .env("RUST_LOG", "info")
+    .env("KUBECONFIG", "/nonexistent/kubeconfig")
+    .env_remove("KUBERNETES_SERVICE_HOST")
+    .env_remove("KUBERNETES_SERVICE_PORT");
+    cmd
+}
+
 impl Server {
     fn start(cert: &Path, key: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--probe-listen",
-                "127.0.0.1:0",
-            ])
-            .arg("--tls-cert")
-            .arg(cert)
-            .arg("--tls-key")
-            .arg(key)
-            .args(["--log-format", "json", "--reconcile=false"])
+        let mut child = serve_command(cert, key)
+            .args(["--log-format", "json"])
             .args(extra)
-            .env("RUST_LOG", "info")
-            .env("KUBECONFIG", "/nonexistent/kubeconfig")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .env_remove("KUBERNETES_SERVICE_PORT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -822,23 +830,9 @@ fn a_broken_policy_at_start_is_a_clear_error() {
     let volume = SecretVolume::new(dir.path(), &certs.tls_cert_pem, &certs.tls_key_pem);
     let policy = dir.path().join("policy.yaml");
     std::fs::write(&policy, "profiles: [").expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--probe-listen",
-            "127.0.0.1:0",
-            "--reconcile=false",
-        ])
-        .arg("--tls-cert")
-        .arg(volume.cert())
-        .arg("--tls-key")
-        .arg(volume.key())
+    let out = serve_command(&volume.cert(), &volume.key())
         .arg("--policy")
         .arg(&policy)
-        .env("KUBECONFIG", "/nonexistent/kubeconfig")
-        .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .expect("run");
     assert!(!out.status.success());
@@ -847,4 +841,37 @@ fn a_broken_policy_at_start_is_a_clear_error() {
         stderr.contains("cannot load the platform policy") && stderr.contains("policy.yaml"),
         "{stderr}"
     );
+}
+
+/// The text log, read through a pipe as a log collector reads it, carries no
+/// ANSI colour codes (colour only on a terminal), and goes to stderr.
+#[test]
+fn text_log_through_a_pipe_has_no_colour_codes() {
+    use trainwire_test_support::output::{has_ansi, read_lines_until};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No certificate yet: the server starts, logs and waits for it.
+    let mut child = serve_command(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
+        .args(["--log-format", "text"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start trainwire-webhook");
+    let stderr = child.stderr.take().expect("stderr");
+    let stdout = child.stdout.take().expect("stdout");
+    let lines = read_lines_until(stderr, Duration::from_secs(30), |lines| {
+        lines
+            .iter()
+            .any(|l| l.contains("serving admission reviews"))
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = lines.concat();
+    assert!(
+        log.contains("serving admission reviews") && log.contains("INFO"),
+        "the log reaches stderr:\n{log}"
+    );
+    assert!(!has_ansi(&log), "colour codes in a piped log:\n{log:?}");
+    let out = read_lines_until(stdout, Duration::from_secs(5), |_| false);
+    assert!(out.is_empty(), "nothing is logged on stdout: {out:?}");
 }

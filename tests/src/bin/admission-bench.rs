@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use trainwire_tests::net::{free_port, wait_listening};
 
 const HOST: &str = "trainwire-webhook.trainwire-system.svc";
 /// Concurrent connections, one request in flight on each.
@@ -251,12 +252,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 fn pin_self(cpus: &str) -> anyhow::Result<()> {
     let status = Command::new("taskset")
         .args(["-a", "-p", "-c", cpus, &std::process::id().to_string()])
@@ -270,8 +265,8 @@ fn pin_self(cpus: &str) -> anyhow::Result<()> {
 }
 
 fn start_webhook(bin: &Path, cpus: &str, dir: &Path, log: &str) -> anyhow::Result<Server> {
-    let port = free_port()?;
-    let probe = free_port()?;
+    let port = free_port();
+    let probe = free_port();
     let child = Command::new("taskset")
         .args(["-c", cpus])
         .arg(bin)
@@ -294,7 +289,9 @@ fn start_webhook(bin: &Path, cpus: &str, dir: &Path, log: &str) -> anyhow::Resul
         .stderr(Stdio::null())
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
-    wait_listening(port)?;
+    if !wait_listening(port, Duration::from_secs(5)) {
+        bail!("server on port {port} did not start");
+    }
     Ok(Server {
         child,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -302,7 +299,7 @@ fn start_webhook(bin: &Path, cpus: &str, dir: &Path, log: &str) -> anyhow::Resul
 }
 
 fn start_bare(cpus: &str, dir: &Path, response: Option<&Path>) -> anyhow::Result<Server> {
-    let port = free_port()?;
+    let port = free_port();
     let mut command = Command::new("taskset");
     command
         .args(["-c", cpus])
@@ -319,21 +316,13 @@ fn start_bare(cpus: &str, dir: &Path, response: Option<&Path>) -> anyhow::Result
         command.arg(response);
     }
     let child = command.stdout(Stdio::null()).spawn()?;
-    wait_listening(port)?;
+    if !wait_listening(port, Duration::from_secs(5)) {
+        bail!("server on port {port} did not start");
+    }
     Ok(Server {
         child,
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
     })
-}
-
-fn wait_listening(port: u16) -> anyhow::Result<()> {
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    bail!("server on port {port} did not start")
 }
 
 fn client(ca_pem: &str, addr: SocketAddr, http: Http) -> anyhow::Result<reqwest::Client> {

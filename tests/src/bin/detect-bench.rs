@@ -20,12 +20,17 @@
 //!    against a `sleep` process as the floor.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
+use trainwire_tests::net::{free_port, http_get};
+use trainwire_tests::sidecar::{KillOnDrop, loopback_sidecar};
+use trainwire_tests::wait::wait_for;
+
+/// How often the bench polls: fine enough for the latencies it measures.
+const POLL: Duration = Duration::from_millis(10);
 
 fn now_unix() -> f64 {
     SystemTime::now()
@@ -47,20 +52,6 @@ fn sidecar_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGCONT);
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-impl Proc {
-    fn pid(&self) -> Pid {
-        Pid::from_raw(self.0.id() as i32)
-    }
-}
-
 #[allow(clippy::too_many_arguments)]
 fn start_sidecar(
     bin: &Path,
@@ -70,21 +61,14 @@ fn start_sidecar(
     misses: u32,
     tag: &str,
     log: &Path,
-) -> Result<Proc> {
+) -> Result<KillOnDrop> {
     let out = std::fs::File::create(log)?;
-    let child = Command::new(bin)
-        .env_clear()
+    let child = loopback_sidecar(bin, rank, 2, port)
         .env("RUST_LOG", "warn")
         .env("TRAINWIRE_POD_NAME", format!("bench-{rank}"))
-        .env("TRAINWIRE_POD_UID", format!("uid-{rank}"))
-        .env("TRAINWIRE_NNODES", "2")
-        .env("TRAINWIRE_NODE_RANK", rank.to_string())
-        .env("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}")
-        .env("TRAINWIRE_BIND_ADDRESS", format!("127.0.0.1{rank}"))
-        .env("TRAINWIRE_HEALTH_PORT", port.to_string())
-        .env("TRAINWIRE_DETECTION", "heartbeat")
         .env("TRAINWIRE_HEARTBEAT_INTERVAL", interval)
         .env("TRAINWIRE_HEARTBEAT_MISSES", misses.to_string())
+        .env_remove("TRAINWIRE_HEARTBEAT_TIMEOUT")
         .env("TRAINWIRE_ON_PEER_LOSS", "restart-workers")
         .env("TRAINWIRE_ACTION_COOLDOWN", "0s")
         .env("TRAINWIRE_MAX_ACTIONS", "100000")
@@ -92,22 +76,7 @@ fn start_sidecar(
         .stdout(out.try_clone()?)
         .stderr(out)
         .spawn()?;
-    Ok(Proc(child))
-}
-
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr: std::net::SocketAddr = addr.parse().ok()?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    Ok(KillOnDrop(child))
 }
 
 fn peer_healthy(addr: &str) -> bool {
@@ -122,24 +91,6 @@ fn log_lines(path: &Path) -> Vec<Vec<String>> {
         .lines()
         .map(|l| l.split_whitespace().map(str::to_owned).collect())
         .collect()
-}
-
-fn wait(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29677)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -180,7 +131,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
     let tag = format!("detect-bench-agent-{port}");
     let agent_log = dir.path().join("agent.log");
     let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
-    let _agent = Proc(
+    let _agent = KillOnDrop(
         Command::new("python3")
             .arg(&script)
             .args([
@@ -218,7 +169,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
     let mut rng = Lcg(0x5eed ^ interval_ms);
     let mut out = Vec::new();
     for trial in 0..trials {
-        if !wait(Duration::from_secs(30), || peer_healthy(&addr)) {
+        if !wait_for(Duration::from_secs(30), POLL, || peer_healthy(&addr)) {
             bail!("trial {trial}: the peer never became healthy");
         }
         let terms_before = log_lines(&agent_log)
@@ -230,7 +181,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
             .filter(|l| l[1] == "spawn")
             .count();
         if spawns == 0
-            && !wait(Duration::from_secs(10), || {
+            && !wait_for(Duration::from_secs(10), POLL, || {
                 log_lines(&agent_log).iter().any(|l| l[1] == "spawn")
             })
         {
@@ -245,7 +196,7 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
         let t0 = now_unix();
         kill(peer.pid(), Signal::SIGSTOP)?;
         let mut at = None;
-        let ok = wait(Duration::from_secs(60), || {
+        let ok = wait_for(Duration::from_secs(60), POLL, || {
             let lines = log_lines(&agent_log);
             let terms: Vec<&Vec<String>> =
                 lines.iter().filter(|l| l[1] == "worker-sigterm").collect();
@@ -285,7 +236,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
     let tag = format!("detect-bench-kube-{}", std::process::id());
     let agent_log = dir.path().join("agent.log");
     let script = trainwire_tests::repo_root().join("sidecar/tests/fake_torchrun.py");
-    let _agent = Proc(
+    let _agent = KillOnDrop(
         Command::new("python3")
             .arg(&script)
             .args([
@@ -336,7 +287,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
             });
         }
         // Wait for a worker that is older than the coming loss.
-        if !wait(Duration::from_secs(20), || {
+        if !wait_for(Duration::from_secs(20), POLL, || {
             let lines = log_lines(&agent_log);
             let spawns = lines.iter().filter(|l| l[1] == "spawn").count();
             let exits = lines.iter().filter(|l| l[1] == "exit").count();
@@ -369,7 +320,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
         out.push(dt);
         // Let the agent notice and restart its worker.
         let exits_needed = trial + 1;
-        wait(Duration::from_secs(20), || {
+        wait_for(Duration::from_secs(20), POLL, || {
             log_lines(&agent_log)
                 .iter()
                 .filter(|l| l[1] == "exit")
@@ -416,8 +367,8 @@ fn idle(bin: &Path, secs: u64) -> Result<()> {
         "detect-bench-idle-none",
         &dir.path().join("b.log"),
     )?;
-    let floor = Proc(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
-    if !wait(Duration::from_secs(20), || {
+    let floor = KillOnDrop(Command::new("sleep").arg((secs + 30).to_string()).spawn()?);
+    if !wait_for(Duration::from_secs(20), POLL, || {
         peer_healthy(&format!("127.0.0.11:{port}"))
     }) {
         bail!("idle sidecars never saw each other");

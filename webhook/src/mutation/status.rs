@@ -80,7 +80,9 @@ pub struct Status {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub replaced_node_selector: BTreeMap<String, String>,
     /// Scalar fields trainwire set because they were absent
-    /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`).
+    /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`,
+    /// a Job's `podFailurePolicy`), or replaced: `podReplacementPolicy` (was
+    /// absent) or `podReplacementPolicy=<previous value>`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
 }

@@ -1,8 +1,6 @@
 //! Engine tests: the real AdmissionReview fixtures, re-injection, the scale
 //! guard, every refusal message, policy enforcement and property tests.
 
-use std::path::PathBuf;
-
 use proptest::prelude::*;
 use rstest::rstest;
 use serde_json::{Value, json};
@@ -11,22 +9,9 @@ use super::patch::apply_checked;
 use super::*;
 use crate::policy::{CheckpointRule, Enforce, Profile, RdzvBackend, Setting};
 
-/// The repository's copy of the captured AdmissionReview requests.
-fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/admission")
-}
-
 /// `(request.object, request.namespace)` of a captured AdmissionReview.
 fn fixture(name: &str) -> (Value, String) {
-    let path = fixtures_dir().join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()));
-    let review: Value = serde_json::from_str(&text).expect("fixture is JSON");
-    let ns = review["request"]["namespace"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    (review["request"]["object"].clone(), ns)
+    trainwire_test_support::fixtures::request_object(name)
 }
 
 /// The apiserver may truncate an admission warning past 256 characters.
@@ -1254,4 +1239,117 @@ proptest! {
         let second = mutated(&first.object, None, &Profile::default());
         prop_assert!(second.patch.0.is_empty(), "{:?}: {:?}", raw, second.patch);
     }
+}
+
+/// A profile with dead-node reclaim on.
+fn reclaiming() -> Profile {
+    profile(|p| {
+        p.node_failure = Some(crate::policy::NodeFailurePolicy {
+            reclaim_after: "30s".parse().expect("duration"),
+            action: Default::default(),
+            max_pods_per_minute: 10,
+        });
+    })
+}
+
+fn job_with(f: impl FnOnce(&mut Value)) -> Value {
+    let (mut obj, _) = fixture("job-indexed-create.json");
+    f(&mut obj);
+    obj
+}
+
+/// Node loss is not a script failure: which Jobs get the `DisruptionTarget`
+/// rule (docs/failures.md), what the status records, and what is warned.
+#[rstest]
+// The real capture (restartPolicy Never, podReplacementPolicy defaulted to
+// TerminatingOrFailed by the apiserver) under a reclaiming profile.
+#[case::never_reclaim(reclaiming(), job_with(|_| {}), true, Some("Failed"),
+    Some("podReplacementPolicy=TerminatingOrFailed"), None)]
+// Offline: no podReplacementPolicy at all.
+#[case::never_reclaim_offline(reclaiming(), job_with(|o| { o["spec"].as_object_mut().map(|s| s.remove("podReplacementPolicy")); }),
+    true, Some("Failed"), Some("podReplacementPolicy"), None)]
+// Without reclaim, Failed would leave a Job on a dead node without a replacement.
+#[case::never_no_reclaim(Profile::default(), job_with(|_| {}), false, Some("TerminatingOrFailed"), None, None)]
+// restartPolicy OnFailure: the API refuses a podFailurePolicy.
+#[case::on_failure(reclaiming(), fixture("job-create-no-completion-mode.json").0, false, Some("TerminatingOrFailed"), None, None)]
+// The manifest's own policy is kept; without a DisruptionTarget rule, a warning.
+#[case::own_policy(reclaiming(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
+    false, Some("Failed"), None,
+    Some("Job bert-pretrain: spec.podFailurePolicy (kept) has no DisruptionTarget rule, so a pod lost with its node counts against backoffLimit: put {action: Ignore, onPodConditions: [{type: DisruptionTarget}]} first in its rules"))]
+#[case::own_policy_with_rule(reclaiming(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
+    false, Some("Failed"), None, None)]
+#[case::own_policy_no_reclaim(Profile::default(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
+    false, Some("Failed"), None,
+    Some("Job bert-pretrain: with a podFailurePolicy (podReplacementPolicy Failed) a pod whose node dies never reaches Failed, so the Job gets no replacement for it; the platform policy's nodeFailure reclaim is what frees such a pod, and it is off for this namespace"))]
+fn jobs_get_the_disruption_rule_only_with_reclaim(
+    #[case] profile: Profile,
+    #[case] obj: Value,
+    #[case] injected: bool,
+    #[case] replacement: Option<&str>,
+    #[case] field: Option<&str>,
+    #[case] warning: Option<&str>,
+) {
+    let own = obj["spec"].get("podFailurePolicy").cloned();
+    let m = check_round_trip(&obj, Some("trainwire-test"), &profile);
+    let spec = &m.object["spec"];
+    assert_eq!(spec["podReplacementPolicy"].as_str(), replacement, "{spec}");
+    if injected {
+        assert_eq!(
+            spec["podFailurePolicy"],
+            json!({"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]})
+        );
+    } else {
+        assert_eq!(spec.get("podFailurePolicy").cloned(), own);
+    }
+    let status = status::read(&serde_json::from_value(spec["template"].clone()).expect("template"))
+        .expect("status");
+    assert_eq!(
+        status.fields.iter().any(|f| f == "podFailurePolicy"),
+        injected,
+        "{:?}",
+        status.fields
+    );
+    if let Some(field) = field {
+        assert!(
+            status.fields.iter().any(|f| f == field),
+            "{:?}",
+            status.fields
+        );
+    }
+    let warned: Vec<&String> = m
+        .warnings
+        .iter()
+        .filter(|w| w.contains("podFailurePolicy"))
+        .collect();
+    assert_eq!(
+        warned.first().map(|w| w.as_str()),
+        warning,
+        "{:?}",
+        m.warnings
+    );
+}
+
+#[test]
+fn the_disruption_rule_patch_on_the_real_capture_is_exact() {
+    let (obj, ns) = fixture("job-indexed-create.json");
+    let m = mutated(&obj, Some(&ns), &reclaiming());
+    let ops: Vec<Value> = serde_json::to_value(&m.patch)
+        .expect("patch")
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|op| {
+            op["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/spec/pod"))
+        })
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            json!({"op": "add", "path": "/spec/podFailurePolicy", "value": {"rules": [{"action": "Ignore", "onPodConditions": [{"status": "True", "type": "DisruptionTarget"}]}]}}),
+            json!({"op": "replace", "path": "/spec/podReplacementPolicy", "value": "Failed"}),
+        ]
+    );
 }

@@ -4,14 +4,15 @@
 
 use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::batch::v1::{
+    Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSetSpec;
-use k8s_openapi::api::batch::v1::JobSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -230,7 +231,16 @@ impl Workload {
                 match f.as_str() {
                     "completionMode" => spec.completion_mode = None,
                     "completions" => spec.completions = None,
-                    _ => {}
+                    FIELD_POD_FAILURE_POLICY => spec.pod_failure_policy = None,
+                    FIELD_POD_REPLACEMENT_POLICY => spec.pod_replacement_policy = None,
+                    other => {
+                        if let Some(previous) = other
+                            .strip_prefix(FIELD_POD_REPLACEMENT_POLICY)
+                            .and_then(|rest| rest.strip_prefix('='))
+                        {
+                            spec.pod_replacement_policy = Some(previous.to_string());
+                        }
+                    }
                 }
             }
         }
@@ -326,6 +336,7 @@ impl Workload {
                         name.clone()
                     }
                 };
+                disruption_policy(ctx, &name, spec);
                 Ok(Shape {
                     kind,
                     selector: format!("batch.kubernetes.io/job-name={name}"),
@@ -413,6 +424,94 @@ pub fn diff(before: &Workload, after: &Workload, before_spec: Option<Value>) -> 
         _ => {}
     }
     json_patch::Patch(ops)
+}
+
+/// The status `fields` entry for an injected `spec.podFailurePolicy`.
+pub const FIELD_POD_FAILURE_POLICY: &str = "podFailurePolicy";
+/// The status `fields` entry for `spec.podReplacementPolicy` set to `Failed`
+/// where it was absent; `podReplacementPolicy=<value>` when it had another
+/// value (the apiserver defaults it to `TerminatingOrFailed` before
+/// admission), so that stripping restores exactly what was there.
+pub const FIELD_POD_REPLACEMENT_POLICY: &str = "podReplacementPolicy";
+
+/// The pod condition the control plane sets on a pod it evicts, preempts or
+/// deletes for a taint (and trainwire's controller on a pod it reclaims from
+/// a dead node).
+pub const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// The Job rule that keeps a lost node, an eviction or a preemption off the
+/// Job's `backoffLimit`: `{action: Ignore, onPodConditions: [{type:
+/// DisruptionTarget, status: "True"}]}` (`status` written out: it is the
+/// apiserver's default, and the stored object must equal what was injected).
+pub fn disruption_rule() -> PodFailurePolicyRule {
+    PodFailurePolicyRule {
+        action: "Ignore".to_string(),
+        on_exit_codes: None,
+        on_pod_conditions: Some(vec![PodFailurePolicyOnPodConditionsPattern {
+            type_: DISRUPTION_TARGET.to_string(),
+            status: "True".to_string(),
+        }]),
+    }
+}
+
+/// Node loss is not a script failure (docs/failures.md). On CREATE of a Job
+/// (its template is immutable after) whose profile turns `nodeFailure`
+/// reclaim on and whose pods have `restartPolicy: Never` (the API refuses a
+/// `podFailurePolicy` otherwise): inject [`disruption_rule`] and
+/// `podReplacementPolicy: Failed`, the only value the API allows with a
+/// `podFailurePolicy`. Under `Failed` a pod on a dead node gets no
+/// replacement until it reaches `Failed`, which only the reclaim makes
+/// happen: without `nodeFailure` nothing is injected. A manifest's own
+/// `podFailurePolicy` is kept; without a `DisruptionTarget` rule it is
+/// warned about.
+fn disruption_policy(ctx: &mut Ctx<'_>, name: &str, spec: &mut JobSpec) {
+    let reclaim = ctx.profile.node_failure.is_some();
+    if let Some(own) = &spec.pod_failure_policy {
+        let has_rule = own.rules.iter().any(|r| {
+            r.on_pod_conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == DISRUPTION_TARGET)
+        });
+        if !reclaim {
+            ctx.warn(format!(
+                "Job {name}: with a podFailurePolicy (podReplacementPolicy Failed) a pod whose node dies never reaches Failed, so the Job gets no replacement for it; the platform policy's nodeFailure reclaim is what frees such a pod, and it is off for this namespace"
+            ));
+        } else if !has_rule {
+            ctx.warn(format!(
+                "Job {name}: spec.podFailurePolicy (kept) has no DisruptionTarget rule, so a pod lost with its node counts against backoffLimit: put {{action: Ignore, onPodConditions: [{{type: DisruptionTarget}}]}} first in its rules"
+            ));
+        }
+        return;
+    }
+    let never = spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|p| p.restart_policy.as_deref())
+        == Some("Never");
+    if !reclaim || !never {
+        return;
+    }
+    spec.pod_failure_policy = Some(PodFailurePolicy {
+        rules: vec![disruption_rule()],
+    });
+    ctx.status.fields.push(FIELD_POD_FAILURE_POLICY.to_string());
+    match spec.pod_replacement_policy.as_deref() {
+        Some("Failed") => {}
+        None => {
+            spec.pod_replacement_policy = Some("Failed".to_string());
+            ctx.status
+                .fields
+                .push(FIELD_POD_REPLACEMENT_POLICY.to_string());
+        }
+        Some(other) => {
+            ctx.status
+                .fields
+                .push(format!("{FIELD_POD_REPLACEMENT_POLICY}={other}"));
+            spec.pod_replacement_policy = Some("Failed".to_string());
+        }
+    }
 }
 
 /// A `LabelSelector` as a selector string (`k=v,k2 in (a,b),!k3`).

@@ -2,18 +2,16 @@
 //!
 //! A ConfigMap volume does not rewrite the file in place: the kubelet writes
 //! a new timestamped directory and atomically renames a `..data` symlink onto
-//! it; `policy.yaml` is a symlink through `..data`. A watch on the file
-//! itself follows the old inode and misses the swap, so the watch is on the
-//! file's directory, and any event there makes the file be read again. A
-//! reload happens only when the bytes differ from the last ones seen, so
-//! unrelated events in the directory cost one read.
+//! it; `policy.yaml` is a symlink through `..data`. So the file's directory
+//! is watched ([`DirWatch`], shared with the certificate reload), and any
+//! event there makes the file be read again. A reload happens only when the
+//! bytes differ from the last ones seen, so unrelated events in the
+//! directory cost one read.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use notify::RecursiveMode;
-use notify_debouncer_full::{DebounceEventResult, new_debouncer};
-use tokio::sync::mpsc;
+use trainwire_runtime::watch::{DirWatch, Timing};
 
 use super::{Policy, PolicyArgs, SharedPolicy, with_args};
 
@@ -53,49 +51,20 @@ pub async fn watch(
     };
     let dir = watched_dir(&path);
     let mut seen = read(&path).await;
-
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
-    let debouncer = new_debouncer(DEBOUNCE, None, move |result: DebounceEventResult| {
-        if let Err(errors) = &result {
-            for e in errors {
-                tracing::warn!(error = %e, "policy watch error");
-            }
-        }
-        let _ = tx.send(());
-    })
-    .and_then(|mut d| d.watch(&dir, RecursiveMode::NonRecursive).map(|()| d));
-    let poll = match &debouncer {
-        Ok(_) => {
-            tracing::info!(file = %path.display(), dir = %dir.display(), "watching the policy for changes");
-            POLL
-        }
-        Err(e) => {
-            tracing::warn!(
-                dir = %dir.display(),
-                error = %e,
-                "cannot watch the policy directory; re-reading the policy every {}s instead",
-                POLL_WITHOUT_WATCH.as_secs()
-            );
-            POLL_WITHOUT_WATCH
-        }
-    };
-    let mut watching = debouncer.is_ok();
-    let mut ticker = tokio::time::interval(poll);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
+    let mut changes = DirWatch::new(
+        "policy",
+        std::slice::from_ref(&dir),
+        Timing {
+            debounce: DEBOUNCE,
+            poll: POLL,
+            poll_without_watch: POLL_WITHOUT_WATCH,
+        },
+    );
+    if changes.is_watching() {
+        tracing::info!(file = %path.display(), dir = %dir.display(), "watching the policy for changes");
+    }
     loop {
-        tokio::select! {
-            got = rx.recv(), if watching => {
-                if got.is_none() {
-                    // The watcher is gone; keep polling.
-                    watching = false;
-                    continue;
-                }
-                // Coalesce a burst of batches into one read.
-                while rx.try_recv().is_ok() {}
-            }
-            _ = ticker.tick() => {}
-        }
+        changes.changed().await;
         let now = read(&path).await;
         if now == seen {
             continue;
@@ -130,9 +99,6 @@ pub async fn watch(
             }
         }
     }
-    // The debouncer must live as long as the loop; it is dropped with the future.
-    #[allow(unreachable_code)]
-    drop(debouncer);
 }
 
 fn watched_dir(path: &Path) -> PathBuf {

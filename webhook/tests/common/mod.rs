@@ -1,38 +1,9 @@
 //! Helpers shared by the webhook's integration tests.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
-
 /// The repository's copy of the captured AdmissionReview requests
-/// (`tests/fixtures/admission/`).
-pub fn fixtures_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/admission")
-}
-
-pub fn fixture_bytes(name: &str) -> Vec<u8> {
-    let path = fixtures_dir().join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-pub fn fixture(name: &str) -> serde_json::Value {
-    serde_json::from_slice(&fixture_bytes(name)).expect("fixture is JSON")
-}
-
-/// Every fixture file name, sorted.
-pub fn fixture_names() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(fixtures_dir())
-        .expect("fixtures dir")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".json"))
-        .collect();
-    names.sort();
-    assert!(
-        names.len() >= 17,
-        "expected the captured fixtures, found {names:?}"
-    );
-    names
-}
+/// (`tests/fixtures/admission/`), loaded by the shared test support.
+pub use trainwire_test_support::fixtures::{fixture, fixture_bytes, fixture_names};
 
 /// The container named `trainer`, else the first, of a workload's pod template.
 pub fn trainer(object: &serde_json::Value) -> &serde_json::Value {

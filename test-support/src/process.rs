@@ -390,14 +390,7 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// A free TCP port on loopback (bound and released; good enough for tests
-/// that start the listener right after).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29_500)
-}
+pub use crate::net::free_port;
 
 /// Whether `path` is an existing executable file.
 pub fn executable(path: &Path) -> bool {
