@@ -13,16 +13,19 @@
 //!
 //! Dry-run requests are answered the same: nothing here has side effects.
 
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use kube::core::{DynamicObject, Status};
+use kube::core::admission::{AdmissionResponse, Operation};
+use kube::core::{GroupVersionKind, GroupVersionResource, Status};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::metrics::{self, AdmissionLabels, Kind, KindLabels, Metrics, Outcome};
-use crate::mutation::{self, Refusal};
+use crate::mutation::{self, Refusal, workload::Workload};
 use crate::policy::SharedPolicy;
 use crate::scale::{self, StatefulSetSource};
 
@@ -48,6 +51,49 @@ pub enum Answer {
     BadRequest(String),
 }
 
+/// The review as it is read: one pass over the body. The objects are kept
+/// as borrowed JSON text and read straight into the typed workload only
+/// when the request is one the engine handles.
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(rename = "apiVersion", borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    request: Option<Request<&'a RawValue>>,
+}
+
+/// The fields of an `AdmissionRequest` the webhook reads; the objects are
+/// `O` (borrowed JSON text when serving).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+pub struct Request<O> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default = "none")]
+    pub object: Option<O>,
+    #[serde(default = "none")]
+    pub old_object: Option<O>,
+}
+
+fn none<O>() -> Option<O> {
+    None
+}
+
+/// A request as served.
+type Served<'a> = Request<&'a RawValue>;
+
 /// What one admission decided, for the log line and the metrics.
 struct Decision {
     response: AdmissionResponse,
@@ -60,71 +106,61 @@ impl Admitter {
     /// Answer one request body.
     pub async fn admit(&self, body: &[u8]) -> Answer {
         let started = Instant::now();
-        let mut doc: Value = match serde_json::from_slice(body) {
+        let envelope = match serde_json::from_slice::<Envelope<'_>>(body) {
+            Ok(e) if e.kind == "AdmissionReview" && e.api_version == API_VERSION => e,
+            // Not a well-formed review: find out why, on the slow path.
+            _ => return self.explain_unreadable(body, started),
+        };
+        let Some(request) = envelope.request else {
+            return self.answer_invalid(
+                None,
+                "the AdmissionReview has no request".to_string(),
+                started,
+            );
+        };
+        let kind = kind_of(&request);
+        let decision = self.decide(&request, kind).await;
+        self.finish(&request, kind, decision, started)
+    }
+
+    /// Why a body is not a readable review: a 400 for a body that is not an
+    /// `admission.k8s.io/v1` AdmissionReview, an `invalid` review (with the
+    /// uid when it could be read) for an unreadable request.
+    fn explain_unreadable(&self, body: &[u8], started: Instant) -> Answer {
+        let doc: Value = match serde_json::from_slice(body) {
             Ok(doc) => doc,
             Err(e) => return self.bad_request(format!("the body is not JSON: {e}")),
         };
         if let Err(reason) = check_envelope(&doc) {
             return self.bad_request(reason);
         }
-        // The objects stay JSON for the engine; the rest of the review is
-        // read with kube's types.
-        let (uid, object, old_object) = match doc.get_mut("request") {
-            Some(Value::Object(request)) => (
-                request
-                    .get("uid")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-                request.remove("object"),
-                request.remove("oldObject"),
-            ),
-            _ => (None, None, None),
+        let uid = doc
+            .pointer("/request/uid")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let reason = match doc.get("request") {
+            None | Some(Value::Null) => "the AdmissionReview has no request".to_string(),
+            Some(request) => match Request::<serde::de::IgnoredAny>::deserialize(request) {
+                Err(e) => format!("cannot read the AdmissionReview's request: {e}"),
+                // Borrowed objects cannot come from a `Value`: a request
+                // readable as a `Value` but not as text does not happen.
+                Ok(_) => "cannot read the AdmissionReview's request".to_string(),
+            },
         };
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_value(doc) {
-            Ok(review) => review,
-            Err(e) => {
-                return self.answer_invalid(
-                    uid,
-                    format!("cannot read the AdmissionReview's request: {e}"),
-                    started,
-                );
-            }
-        };
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(request) => request,
-            Err(_) => {
-                return self.answer_invalid(
-                    uid,
-                    "the AdmissionReview has no request".to_string(),
-                    started,
-                );
-            }
-        };
-        let object = object.filter(|o| !o.is_null());
-        let old_object = old_object.filter(|o| !o.is_null());
-        let kind = kind_of(&request);
-        let decision = self
-            .decide(&request, kind, object.as_ref(), old_object.as_ref())
-            .await;
-        self.finish(&request, kind, object.as_ref(), decision, started)
+        self.answer_invalid(uid, reason, started)
     }
 
-    async fn decide(
-        &self,
-        request: &AdmissionRequest<DynamicObject>,
-        kind: Kind,
-        object: Option<&Value>,
-        old_object: Option<&Value>,
-    ) -> Decision {
-        use kube::core::admission::Operation as Op;
+    async fn decide(&self, request: &Served<'_>, kind: Kind) -> Decision {
+        use Operation as Op;
         let allowed = || Decision {
-            response: AdmissionResponse::from(request),
+            response: allow(request),
             outcome: Outcome::allowed,
             detail: None,
         };
         let sub_resource = request.sub_resource.as_deref();
         let is_statefulsets =
             request.resource.group == "apps" && request.resource.resource == "statefulsets";
+        let object = request.object.filter(|o| o.get() != "null");
         match (kind, &request.operation, sub_resource) {
             (Kind::StatefulSet, Op::Create | Op::Update, None) | (Kind::Job, Op::Create, None) => {
                 let Some(object) = object else {
@@ -136,9 +172,6 @@ impl Admitter {
                         ),
                     );
                 };
-                if let Err(reason) = object_matches_kind(request, object) {
-                    return invalid(request, reason);
-                }
                 self.mutate(request, object)
             }
             (_, Op::Update, Some("scale")) if is_statefulsets => {
@@ -153,7 +186,10 @@ impl Admitter {
                     Ok(r) => r,
                     Err(reason) => return invalid(request, reason),
                 };
-                let old_replicas = old_object.and_then(|o| replicas_of(o).ok());
+                let old_replicas = request
+                    .old_object
+                    .filter(|o| o.get() != "null")
+                    .and_then(|o| replicas_of(o).ok());
                 let namespace = request.namespace.as_deref().unwrap_or_default();
                 match scale::decide(
                     || self.statefulsets.lookup(namespace, &request.name),
@@ -168,7 +204,7 @@ impl Admitter {
                             .scale_guard_unknown
                             .get_or_create(&crate::metrics::ScaleGuardLabels { reason })
                             .inc();
-                        let mut response = AdmissionResponse::from(request);
+                        let mut response = allow(request);
                         response.warnings = Some(vec![warning.clone()]);
                         Decision {
                             response,
@@ -183,24 +219,57 @@ impl Admitter {
         }
     }
 
-    fn mutate(&self, request: &AdmissionRequest<DynamicObject>, object: &Value) -> Decision {
-        let namespace = request
-            .namespace
-            .as_deref()
-            .or_else(|| object["metadata"]["namespace"].as_str());
+    /// Run the engine. The object is read straight into the typed workload;
+    /// only an object the typed model cannot read (a mismatched kind, a
+    /// number where a string belongs, ...) goes through `Value`, where the
+    /// engine explains what is wrong with it.
+    fn mutate(&self, request: &Served<'_>, object: &RawValue) -> Decision {
         let policy = self.policy.current();
-        let profile = policy.profile_for(namespace.unwrap_or_default());
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            mutation::mutate(object, namespace, &profile)
-        }));
+        let result = match Workload::from_str(&request.kind.kind, object.get()) {
+            Ok(workload) => {
+                let namespace = request
+                    .namespace
+                    .clone()
+                    .or_else(|| workload.metadata().namespace.clone());
+                let profile = policy.profile_for(namespace.as_deref().unwrap_or_default());
+                std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    mutation::mutate_typed(workload, namespace.as_deref(), &profile)
+                }))
+            }
+            Err(_) => {
+                let value: Value = match serde_json::from_str(object.get()) {
+                    Ok(v) => v,
+                    Err(e) => return invalid(request, format!("request.object is not JSON: {e}")),
+                };
+                if let Err(reason) = object_matches_kind(request, &value) {
+                    return invalid(request, reason);
+                }
+                let namespace = request
+                    .namespace
+                    .as_deref()
+                    .or_else(|| value["metadata"]["namespace"].as_str());
+                let profile = policy.profile_for(namespace.unwrap_or_default());
+                std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    mutation::mutate(&value, namespace, &profile).map(|o| match o {
+                        mutation::Outcome::NotManaged => mutation::Outcome::NotManaged,
+                        mutation::Outcome::Mutated(m) => {
+                            mutation::Outcome::Mutated(mutation::Admitted {
+                                patch: m.patch,
+                                warnings: m.warnings,
+                            })
+                        }
+                    })
+                }))
+            }
+        };
         match result {
             Ok(Ok(mutation::Outcome::NotManaged)) => Decision {
-                response: AdmissionResponse::from(request),
+                response: allow(request),
                 outcome: Outcome::allowed,
                 detail: None,
             },
             Ok(Ok(mutation::Outcome::Mutated(m))) => {
-                let base = AdmissionResponse::from(request);
+                let base = allow(request);
                 let patched = !m.patch.0.is_empty();
                 let response = if patched {
                     match base.with_patch(m.patch) {
@@ -238,13 +307,12 @@ impl Admitter {
 
     fn finish(
         &self,
-        request: &AdmissionRequest<DynamicObject>,
+        request: &Served<'_>,
         kind: Kind,
-        object: Option<&Value>,
         decision: Decision,
         started: Instant,
     ) -> Answer {
-        let body = serialize(decision.response.into_review());
+        let body = serialize(&decision.response);
         let elapsed = started.elapsed();
         let operation = metrics::Operation::from(&request.operation);
         self.metrics
@@ -259,31 +327,34 @@ impl Admitter {
             .admission_duration
             .get_or_create(&KindLabels { kind })
             .observe(elapsed.as_secs_f64());
-        let name = if request.name.is_empty() {
-            // Pods of Jobs have only generateName.
-            object
-                .and_then(|o| o["metadata"]["generateName"].as_str())
-                .unwrap_or_default()
-        } else {
-            request.name.as_str()
-        };
-        let sub = request
-            .sub_resource
-            .as_deref()
-            .map(|s| format!("/{s}"))
-            .unwrap_or_default();
-        tracing::info!(
-            kind = %format_args!("{}{sub}", request.kind.kind),
-            namespace = request.namespace.as_deref().unwrap_or_default(),
-            name,
-            operation = ?operation,
-            uid = %request.uid,
-            dry_run = request.dry_run,
-            outcome = ?decision.outcome,
-            duration_us = elapsed.as_micros() as u64,
-            detail = decision.detail.as_deref().unwrap_or_default(),
-            "admission"
-        );
+        if tracing::enabled!(tracing::Level::INFO) {
+            let generate_name;
+            let name = if request.name.is_empty() {
+                // Pods of Jobs have only generateName.
+                generate_name = request.object.and_then(generate_name_of);
+                generate_name.as_deref().unwrap_or_default()
+            } else {
+                request.name.as_str()
+            };
+            let sub = request.sub_resource.as_deref();
+            tracing::info!(
+                kind = %format_args!(
+                    "{}{}{}",
+                    request.kind.kind,
+                    if sub.is_some() { "/" } else { "" },
+                    sub.unwrap_or_default()
+                ),
+                namespace = request.namespace.as_deref().unwrap_or_default(),
+                name,
+                operation = ?operation,
+                uid = %request.uid,
+                dry_run = request.dry_run,
+                outcome = ?decision.outcome,
+                duration_us = elapsed.as_micros() as u64,
+                detail = decision.detail.as_deref().unwrap_or_default(),
+                "admission"
+            );
+        }
         Answer::Review(body)
     }
 
@@ -319,26 +390,90 @@ impl Admitter {
             reason = %reason,
             "admission"
         );
-        Answer::Review(serialize(response.into_review()))
+        Answer::Review(serialize(&response))
     }
 }
 
-/// Serialize the answer. kube's `AdmissionResponse` writes `patch` as an
-/// array of numbers; Kubernetes' own form of a `[]byte` is a base64 string,
-/// which is also a third of the size, so the patch is written that way.
-fn serialize(mut review: AdmissionReview<DynamicObject>) -> Vec<u8> {
-    use base64::Engine as _;
-    let patch = review.response.as_mut().and_then(|r| r.patch.take());
-    let encoded = serde_json::to_value(&review).and_then(|mut value| {
-        if let Some(patch) = patch {
-            value["response"]["patch"] =
-                Value::String(base64::engine::general_purpose::STANDARD.encode(patch));
-        }
-        serde_json::to_vec(&value)
-    });
+/// `metadata.generateName` of an object given as JSON text.
+fn generate_name_of(object: &RawValue) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Meta {
+        #[serde(rename = "generateName")]
+        generate_name: Option<String>,
+    }
+    #[derive(Deserialize)]
+    struct Object {
+        metadata: Option<Meta>,
+    }
+    serde_json::from_str::<Object>(object.get())
+        .ok()?
+        .metadata?
+        .generate_name
+}
+
+/// An allowing response to `request`, nothing else.
+fn allow(request: &Served<'_>) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.uid = request.uid.clone();
+    response.allowed = true;
+    response.result = Status::default();
+    response
+}
+
+/// The review sent back, serialised in one go. kube's `AdmissionResponse`
+/// writes `patch` as an array of numbers; Kubernetes' own form of a `[]byte`
+/// is a base64 string, which is also a third of the size, so the patch is
+/// written that way.
+#[derive(Serialize)]
+struct ReviewOut<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseOut<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    uid: &'a str,
+    allowed: bool,
+    status: &'a Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<Base64<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
+    audit_annotations: &'a std::collections::HashMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warnings: Option<&'a Vec<String>>,
+}
+
+struct Base64<'a>(&'a [u8]);
+
+impl Serialize for Base64<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(self.0))
+    }
+}
+
+fn serialize(response: &AdmissionResponse) -> Vec<u8> {
+    let review = ReviewOut {
+        api_version: API_VERSION,
+        kind: "AdmissionReview",
+        response: ResponseOut {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: &response.result,
+            patch: response.patch.as_deref().map(Base64),
+            patch_type: response.patch.as_ref().map(|_| "JSONPatch"),
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_ref(),
+        },
+    };
     // An AdmissionReview of strings, bools and numbers always serializes;
     // the fallback keeps the answer well-formed regardless.
-    encoded.unwrap_or_else(|e| {
+    serde_json::to_vec(&review).unwrap_or_else(|e| {
         format!(
             r#"{{"apiVersion":"{API_VERSION}","kind":"AdmissionReview","response":{{"uid":"","allowed":false,"status":{{"message":"cannot encode the answer: {e}"}}}}}}"#
         )
@@ -389,7 +524,7 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-fn kind_of(request: &AdmissionRequest<DynamicObject>) -> Kind {
+fn kind_of(request: &Served<'_>) -> Kind {
     match (request.kind.group.as_str(), request.kind.kind.as_str()) {
         ("apps", "StatefulSet") => Kind::StatefulSet,
         ("batch", "Job") => Kind::Job,
@@ -400,10 +535,7 @@ fn kind_of(request: &AdmissionRequest<DynamicObject>) -> Kind {
 }
 
 /// `request.object` must be what `request.kind` says.
-fn object_matches_kind(
-    request: &AdmissionRequest<DynamicObject>,
-    object: &Value,
-) -> Result<(), String> {
+fn object_matches_kind(request: &Served<'_>, object: &Value) -> Result<(), String> {
     let gvk = &request.kind;
     let expected_api_version = if gvk.group.is_empty() {
         gvk.version.clone()
@@ -434,7 +566,9 @@ fn object_matches_kind(
 }
 
 /// `spec.replicas` of an `autoscaling/v1 Scale` (omitted when 0).
-fn replicas_of(scale: &Value) -> Result<i32, String> {
+fn replicas_of(scale: &RawValue) -> Result<i32, String> {
+    let scale: Value = serde_json::from_str(scale.get())
+        .map_err(|e| format!("request.object (the Scale) is not JSON: {e}"))?;
     match scale.get("spec").and_then(|s| s.get("replicas")) {
         None | Some(Value::Null) => Ok(0),
         Some(v) => v
@@ -445,9 +579,9 @@ fn replicas_of(scale: &Value) -> Result<i32, String> {
     }
 }
 
-fn deny(request: &AdmissionRequest<DynamicObject>, refusal: &Refusal) -> Decision {
+fn deny(request: &Served<'_>, refusal: &Refusal) -> Decision {
     let message = refusal.to_string();
-    let mut response = AdmissionResponse::from(request).deny(&message);
+    let mut response = allow(request).deny(&message);
     response.result = Status::failure(&message, "Forbidden").with_code(403);
     Decision {
         response,
@@ -456,7 +590,7 @@ fn deny(request: &AdmissionRequest<DynamicObject>, refusal: &Refusal) -> Decisio
     }
 }
 
-fn invalid(request: &AdmissionRequest<DynamicObject>, reason: String) -> Decision {
+fn invalid(request: &Served<'_>, reason: String) -> Decision {
     let mut response = AdmissionResponse::invalid(&reason);
     response.result = response.result.with_code(400);
     response.uid = request.uid.clone();
@@ -467,10 +601,10 @@ fn invalid(request: &AdmissionRequest<DynamicObject>, reason: String) -> Decisio
     }
 }
 
-fn internal_error(request: &AdmissionRequest<DynamicObject>, detail: String) -> Decision {
+fn internal_error(request: &Served<'_>, detail: String) -> Decision {
     tracing::error!(uid = %request.uid, error = %detail, "internal error while admitting; refusing the request");
     let message = format!("trainwire webhook internal error, please report it: {detail}");
-    let mut response = AdmissionResponse::from(request).deny(&message);
+    let mut response = allow(request).deny(&message);
     response.result = Status::failure(&message, "InternalError").with_code(500);
     Decision {
         response,

@@ -2,6 +2,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// mimalloc: an admission allocates and frees many small strings and maps;
+// measured in docs/benchmarks.md against the system allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // One crypto provider for rustls, kube and rcgen: ring.

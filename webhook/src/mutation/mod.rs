@@ -40,14 +40,22 @@ use workload::Workload;
 pub const INJECT_ANNOTATION: &str = annotations::INJECT;
 
 #[derive(Debug)]
-pub enum Outcome {
+pub enum Outcome<M = Mutation> {
     NotManaged,
-    Mutated(Mutation),
+    Mutated(M),
 }
 
+/// The offline answer: the mutated object too.
 #[derive(Debug)]
 pub struct Mutation {
     pub object: Value,
+    pub patch: json_patch::Patch,
+    pub warnings: Vec<String>,
+}
+
+/// The admission answer: the patch and the warnings, no output object.
+#[derive(Debug)]
+pub struct Admitted {
     pub patch: json_patch::Patch,
     pub warnings: Vec<String>,
 }
@@ -101,7 +109,8 @@ impl Ctx<'_> {
     }
 }
 
-/// Mutate one workload. See the module docs.
+/// Mutate one workload given as JSON (offline `inject`, tests). See the
+/// module docs.
 ///
 /// `namespace` is the admission request's namespace; offline, `None` falls
 /// back to `metadata.namespace`, then `default` (as kubectl does).
@@ -134,14 +143,71 @@ pub fn mutate(
         return Ok(Outcome::NotManaged);
     }
     let ann = annotations::parse(ann_map)?;
+    let workload = Workload::from_json(kind, object.clone())?;
+    let admitted = run(workload, &ann, namespace, profile)?;
+    let object = if admitted.patch.0.is_empty() {
+        object.clone()
+    } else {
+        patch::apply_checked(object, &admitted.patch).map_err(|e| {
+            Refusal::Workload(format!(
+                "internal error: the patch does not apply to the input ({e}); please report it"
+            ))
+        })?
+    };
+    Ok(Outcome::Mutated(Mutation {
+        object,
+        patch: admitted.patch,
+        warnings: admitted.warnings,
+    }))
+}
+
+/// Mutate one typed workload (the admission server's path: the object was
+/// read once, straight into the typed model). Only the patch is computed,
+/// from the typed before and after: fields the typed model does not know are
+/// on neither side and are never touched.
+pub fn mutate_typed(
+    workload: Workload,
+    namespace: Option<&str>,
+    profile: &Profile,
+) -> Result<Outcome<Admitted>, Refusal> {
+    let meta = workload.metadata();
+    if meta.deletion_timestamp.is_some() {
+        return Ok(Outcome::NotManaged);
+    }
+    // Only trainwire's own annotations are read: a small map.
+    let own: serde_json::Map<String, Value> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(annotations::PREFIX))
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    if !annotations::opted_in(Some(&own))? {
+        return Ok(Outcome::NotManaged);
+    }
+    let ann = annotations::parse(Some(&own))?;
+    run(workload, &ann, namespace, profile).map(Outcome::Mutated)
+}
+
+/// The engine proper, on the typed workload.
+fn run(
+    mut workload: Workload,
+    ann: &annotations::Annotations,
+    namespace: Option<&str>,
+    profile: &Profile,
+) -> Result<Admitted, Refusal> {
     let namespace = namespace
         .filter(|n| !n.is_empty())
-        .or(Some(str_at("/metadata/namespace")).filter(|n| !n.is_empty()))
+        .or(workload.metadata().namespace.as_deref())
+        .filter(|n| !n.is_empty())
         .unwrap_or("default")
         .to_string();
-
-    let mut workload = Workload::from_json(kind, object.clone())?;
-    let before = workload.to_json();
+    // The engine never changes the workload's own metadata (often the
+    // largest part: managedFields, last-applied-configuration): the copy
+    // kept for the diff leaves it out, and so does the diff below.
+    let metadata = std::mem::take(workload.metadata_mut());
+    let before = workload.clone();
+    *workload.metadata_mut() = metadata;
     let mut ctx = Ctx {
         profile,
         warnings: Vec::new(),
@@ -169,34 +235,32 @@ pub fn mutate(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
-    let hash = status::input_hash(&workload.to_json(), &namespace);
+    let spec = workload.spec_json();
+    let hash = status::input_hash(&workload, &spec, &namespace);
+    // Nothing was stripped: the spec as JSON is also the diff's left side.
+    let before_spec = previous.is_none().then_some(spec);
 
-    inject(&mut ctx, &mut workload, &ann, &namespace)?;
+    inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
     ctx.status.hash = hash.clone();
     if let Some(template) = workload.template_mut() {
         status::write(template, &ctx.status);
     }
 
-    let after = workload.to_json();
     // Same user inputs (a label added, an upgrade of trainwire or its policy),
     // or a recomputation that changes nothing but the recorded hash/version:
     // no change at all, so no rollout of the pods.
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
-    if same_inputs || status::same_but_hash(&before, &after) {
-        return Ok(Outcome::Mutated(Mutation {
-            object: object.clone(),
-            patch: json_patch::Patch(Vec::new()),
-            warnings: ctx.warnings,
-        }));
-    }
-    let output = patch::overlay(object, &before, &after);
-    let patch = patch::diff(object, &output);
-    Ok(Outcome::Mutated(Mutation {
-        object: output,
+    *workload.metadata_mut() = Default::default();
+    let patch = if same_inputs || status::same_but_hash(&before, &workload) {
+        json_patch::Patch(Vec::new())
+    } else {
+        workload::diff(&before, &workload, before_spec)
+    };
+    Ok(Admitted {
         patch,
         warnings: ctx.warnings,
-    }))
+    })
 }
 
 /// Every step, on a workload whose earlier injection (if any) is stripped.

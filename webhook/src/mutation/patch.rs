@@ -1,82 +1,24 @@
 //! From the typed mutation back to JSON, and from JSON to a minimal RFC 6902
 //! patch that a kube-apiserver accepts.
 //!
-//! Two steps:
-//! - [`overlay`]: the engine mutates a typed (k8s-openapi) copy of the
-//!   workload. Typed objects drop fields their schema does not know (a newer
-//!   apiserver's fields), so the output is not the typed object itself: it is
-//!   the original JSON with only the places the engine changed replaced. A
-//!   field the typed model never saw is therefore kept, never removed.
-//! - [`diff`]: a JSON Patch from input to output. Objects are compared key by
+//! The engine mutates a typed (k8s-openapi) copy of the workload, and the
+//! patch is the [`diff`] of the typed before and after (see
+//! [`super::workload::diff`]). Typed objects drop fields their schema does not
+//! know (a newer apiserver's fields): such a field is on neither side, so the
+//! patch never touches it, and it is kept.
+//!
+//! [`diff`]: a JSON Patch from one value to another. Objects are compared key by
 //!   key; arrays are aligned by element identity (`name`, else `mountPath`,
 //!   else the whole value), so prepending an env var is one `add`, not a
 //!   cascade of `replace`s. A missing object is added whole, so the patch never
 //!   `add`s below a parent that does not exist; keys are escaped (`~1`, `~0`).
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde_json::{Map, Value};
-
-/// The original JSON with the engine's changes applied. `before` is the typed
-/// serialisation of `original`, `after` the typed serialisation of the result.
-pub fn overlay(original: &Value, before: &Value, after: &Value) -> Value {
-    if before == after {
-        return original.clone();
-    }
-    match (original, before, after) {
-        (Value::Object(o), Value::Object(b), Value::Object(a)) => {
-            let mut out = o.clone();
-            for key in b.keys() {
-                if !a.contains_key(key) {
-                    out.remove(key);
-                }
-            }
-            for (key, av) in a {
-                let merged = match (o.get(key), b.get(key)) {
-                    (Some(ov), Some(bv)) => overlay(ov, bv, av),
-                    _ => av.clone(),
-                };
-                out.insert(key.clone(), merged);
-            }
-            Value::Object(out)
-        }
-        (Value::Array(o), Value::Array(b), Value::Array(a)) if o.len() == b.len() => {
-            let mut used = vec![false; b.len()];
-            let out = a
-                .iter()
-                .map(|av| {
-                    let key = identity(av);
-                    let found = b
-                        .iter()
-                        .enumerate()
-                        .position(|(i, bv)| !used[i] && identity(bv) == key);
-                    match found {
-                        Some(i) => {
-                            used[i] = true;
-                            overlay(&o[i], &b[i], av)
-                        }
-                        None => av.clone(),
-                    }
-                })
-                .collect();
-            Value::Array(out)
-        }
-        _ => after.clone(),
-    }
-}
-
-/// What makes two array elements "the same entry": a `name` (containers, env,
-/// volumes, ports), else a `mountPath` (mounts), else the whole value.
-fn identity(v: &Value) -> Value {
-    if let Value::Object(m) = v {
-        for key in ["name", "mountPath"] {
-            if let Some(Value::String(s)) = m.get(key) {
-                return Value::String(format!("{key}={s}"));
-            }
-        }
-    }
-    v.clone()
-}
 
 /// A minimal JSON Patch that turns `left` into `right`.
 pub fn diff(left: &Value, right: &Value) -> Patch {
@@ -84,6 +26,17 @@ pub fn diff(left: &Value, right: &Value) -> Patch {
     let mut pointer = PointerBuf::new();
     diff_value(left, right, &mut pointer, &mut ops);
     Patch(ops)
+}
+
+/// Append to `ops` the patch that turns `left` into `right`, both found at
+/// `pointer`.
+pub fn diff_into(
+    left: &Value,
+    right: &Value,
+    pointer: &mut PointerBuf,
+    ops: &mut Vec<PatchOperation>,
+) {
+    diff_value(left, right, pointer, ops);
 }
 
 fn diff_value(
@@ -131,8 +84,98 @@ fn diff_object(
     }
 }
 
-/// Align the two arrays on element identity (longest common subsequence), then
-/// remove, add and recurse in one pass over the array as it is being edited.
+/// What makes two array elements "the same entry": a `name` (containers, env,
+/// volumes, ports), else a `mountPath` (mounts), else the whole value.
+/// Borrowed, hashed without building anything.
+#[derive(Clone, Copy)]
+enum Key<'a> {
+    Name(&'a str),
+    MountPath(&'a str),
+    Whole(&'a Value),
+}
+
+impl<'a> Key<'a> {
+    fn of(v: &'a Value) -> Key<'a> {
+        if let Value::Object(m) = v {
+            if let Some(Value::String(s)) = m.get("name") {
+                return Key::Name(s);
+            }
+            if let Some(Value::String(s)) = m.get("mountPath") {
+                return Key::MountPath(s);
+            }
+        }
+        Key::Whole(v)
+    }
+}
+
+impl PartialEq for Key<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Key::Name(a), Key::Name(b)) | (Key::MountPath(a), Key::MountPath(b)) => a == b,
+            (Key::Whole(a), Key::Whole(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+impl Eq for Key<'_> {}
+
+impl Hash for Key<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            Key::Name(s) => {
+                state.write_u8(0);
+                s.hash(state);
+            }
+            Key::MountPath(s) => {
+                state.write_u8(1);
+                s.hash(state);
+            }
+            Key::Whole(v) => {
+                state.write_u8(2);
+                hash_value(v, state);
+            }
+        }
+    }
+}
+
+/// A hash of a JSON value consistent with its `==`: object entries are
+/// combined order-independently (a map's equality ignores order).
+fn hash_value<H: Hasher>(v: &Value, state: &mut H) {
+    match v {
+        Value::Null => state.write_u8(0),
+        Value::Bool(b) => b.hash(state),
+        Value::Number(n) => n.hash(state),
+        Value::String(s) => s.hash(state),
+        Value::Array(a) => {
+            state.write_usize(a.len());
+            for x in a {
+                hash_value(x, state);
+            }
+        }
+        Value::Object(m) => {
+            let mut sum = 0u64;
+            for (k, x) in m {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                k.hash(&mut h);
+                hash_value(x, &mut h);
+                sum = sum.wrapping_add(h.finish());
+            }
+            state.write_usize(m.len());
+            state.write_u64(sum);
+        }
+    }
+}
+
+/// Align the two arrays on element identity, then remove, add and recurse in
+/// one pass over the array as it is being edited.
+///
+/// The alignment is a longest increasing subsequence of the identity matches
+/// (the k-th occurrence of a key on the left pairs with its k-th occurrence
+/// on the right): with unique keys (env names, mount paths, container names)
+/// it is the longest common subsequence, so prepending an env var is one
+/// `add`; and it costs O(n log n) time and O(n) memory for arrays of any
+/// size, which a hostile review (20,000 env entries) must not turn into a
+/// quadratic table.
 fn diff_array(
     left: &[Value],
     right: &[Value],
@@ -142,30 +185,13 @@ fn diff_array(
     if left == right {
         return;
     }
-    let lk: Vec<Value> = left.iter().map(identity).collect();
-    let rk: Vec<Value> = right.iter().map(identity).collect();
-    let (n, m) = (lk.len(), rk.len());
-    // lcs[i][j]: length of the LCS of lk[i..] and rk[j..].
-    let mut lcs = vec![vec![0usize; m + 1]; n + 1];
-    for i in (0..n).rev() {
-        for j in (0..m).rev() {
-            lcs[i][j] = if lk[i] == rk[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
-        }
-    }
+    let anchors = align(left, right);
     let (mut i, mut j, mut at) = (0usize, 0usize, 0usize);
-    while i < n || j < m {
-        if i < n && j < m && lk[i] == rk[j] {
-            pointer.push_back(at);
-            diff_value(&left[i], &right[j], pointer, ops);
-            pointer.pop_back();
-            i += 1;
-            j += 1;
-            at += 1;
-        } else if j < m && (i == n || lcs[i][j + 1] >= lcs[i + 1][j]) {
+    for (ai, aj) in anchors
+        .into_iter()
+        .chain(std::iter::once((left.len(), right.len())))
+    {
+        while j < aj {
             pointer.push_back(at);
             ops.push(PatchOperation::Add(AddOperation {
                 path: pointer.clone(),
@@ -174,7 +200,8 @@ fn diff_array(
             pointer.pop_back();
             j += 1;
             at += 1;
-        } else {
+        }
+        while i < ai {
             pointer.push_back(at);
             ops.push(PatchOperation::Remove(RemoveOperation {
                 path: pointer.clone(),
@@ -182,7 +209,86 @@ fn diff_array(
             pointer.pop_back();
             i += 1;
         }
+        if ai < left.len() && aj < right.len() {
+            pointer.push_back(at);
+            diff_value(&left[ai], &right[aj], pointer, ops);
+            pointer.pop_back();
+            i += 1;
+            j += 1;
+            at += 1;
+        }
     }
+}
+
+/// The pairs `(left index, right index)` kept in place, increasing in both.
+fn align(left: &[Value], right: &[Value]) -> Vec<(usize, usize)> {
+    // A common prefix and suffix need no hashing (the usual case: the engine
+    // appends or edits a few entries of a long list).
+    let prefix = left
+        .iter()
+        .zip(right)
+        .take_while(|(l, r)| Key::of(l) == Key::of(r))
+        .count();
+    let suffix = left[prefix..]
+        .iter()
+        .rev()
+        .zip(right[prefix..].iter().rev())
+        .take_while(|(l, r)| Key::of(l) == Key::of(r))
+        .count();
+    let (l_mid, r_mid) = (
+        &left[prefix..left.len() - suffix],
+        &right[prefix..right.len() - suffix],
+    );
+    let mut anchors: Vec<(usize, usize)> = (0..prefix).map(|k| (k, k)).collect();
+    if !l_mid.is_empty() && !r_mid.is_empty() {
+        // Left occurrences of each key, in order.
+        let mut positions: HashMap<Key<'_>, VecDeque<usize>> = HashMap::with_capacity(l_mid.len());
+        for (i, v) in l_mid.iter().enumerate() {
+            positions.entry(Key::of(v)).or_default().push_back(i);
+        }
+        // Right order, each with its matched left index.
+        let matches: Vec<(usize, usize)> = r_mid
+            .iter()
+            .enumerate()
+            .filter_map(|(j, v)| {
+                let i = positions.get_mut(&Key::of(v))?.pop_front()?;
+                Some((i, j))
+            })
+            .collect();
+        for (i, j) in longest_increasing(&matches) {
+            anchors.push((prefix + i, prefix + j));
+        }
+    }
+    let (l_end, r_end) = (left.len() - suffix, right.len() - suffix);
+    anchors.extend((0..suffix).map(|k| (l_end + k, r_end + k)));
+    anchors
+}
+
+/// The longest subsequence of `pairs` (increasing in `.1`) whose `.0` is
+/// strictly increasing too: patience sorting, O(n log n).
+fn longest_increasing(pairs: &[(usize, usize)]) -> Vec<(usize, usize)> {
+    // tails[k]: index in `pairs` of the smallest tail of an increasing run of length k+1.
+    let mut tails: Vec<usize> = Vec::new();
+    let mut prev: Vec<Option<usize>> = vec![None; pairs.len()];
+    for (n, &(i, _)) in pairs.iter().enumerate() {
+        let k = tails.partition_point(|&t| pairs[t].0 < i);
+        if k > 0 {
+            prev[n] = Some(tails[k - 1]);
+        }
+        if k == tails.len() {
+            tails.push(n);
+        } else {
+            tails[k] = n;
+        }
+    }
+    let mut out = Vec::with_capacity(tails.len());
+    let mut cur = tails.last().copied();
+    while let Some(n) = cur {
+        out.push(pairs[n]);
+        cur = prev[n];
+    }
+    out.reverse();
+    out
 }
 
 /// Apply `patch` to `doc` one operation at a time, checking before every
@@ -209,6 +315,7 @@ pub fn apply_checked(doc: &Value, patch: &Patch) -> Result<Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -248,6 +355,76 @@ mod tests {
         assert_eq!(apply_checked(&l, &p), Ok(r));
     }
 
+    fn entry() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            (0u8..6, 0u8..3).prop_map(|(n, v)| json!({"name": format!("E{n}"), "value": v})),
+            (0u8..4).prop_map(|p| json!({"mountPath": format!("/m{p}")})),
+            (0u8..5).prop_map(|n| json!(n)),
+            (0u8..3).prop_map(|n| json!({"key": n})),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_array_edit_applies(
+            l in proptest::collection::vec(entry(), 0..40),
+            r in proptest::collection::vec(entry(), 0..40),
+        ) {
+            let (l, r) = (json!({"a": l}), json!({"a": r}));
+            let p = diff(&l, &r);
+            prop_assert_eq!(apply_checked(&l, &p), Ok(r));
+        }
+
+        #[test]
+        fn unique_names_keep_every_common_entry(
+            names in proptest::collection::vec(0u16..500, 0..300),
+            drop in proptest::collection::vec(any::<bool>(), 300),
+            extra in proptest::collection::vec(500u16..600, 0..20),
+        ) {
+            let mut seen = std::collections::HashSet::new();
+            let names: Vec<u16> = names.into_iter().filter(|n| seen.insert(*n)).collect();
+            let env = |ns: &[u16]| json!(ns.iter().map(|n| json!({"name": format!("V{n}")})).collect::<Vec<_>>());
+            let kept: Vec<u16> = names.iter().zip(&drop).filter(|(_, d)| !**d).map(|(n, _)| *n).collect();
+            let mut right = extra.clone();
+            right.dedup();
+            right.extend(&kept);
+            let (l, r) = (env(&names), env(&right));
+            let p = diff(&l, &r);
+            prop_assert_eq!(apply_checked(&l, &p), Ok(r));
+            // Only the dropped and the added entries are touched.
+            prop_assert_eq!(p.0.len(), (names.len() - kept.len()) + right.len() - kept.len());
+        }
+    }
+
+    #[test]
+    fn huge_arrays_are_aligned_in_bounded_time() {
+        let n = 20_000;
+        let env: Vec<Value> = (0..n)
+            .map(|i| json!({"name": format!("VAR_{i}"), "value": "x"}))
+            .collect();
+        let mut prepended = vec![json!({"name": "PET_NNODES", "value": "2"})];
+        prepended.extend(env.iter().cloned());
+        let (l, r) = (json!({"env": env}), json!({"env": prepended}));
+        let started = std::time::Instant::now();
+        let p = diff(&l, &r);
+        assert_eq!(p.0.len(), 1, "one add");
+        // Reversed: every entry moves but one; still linearithmic.
+        let mut reversed = env.clone();
+        reversed.reverse();
+        let p2 = diff(&l, &json!({"env": reversed}));
+        assert_eq!(p2.0.len(), 2 * (n - 1));
+        // Anonymous entries (whole-value identity), all different.
+        let ints = json!((0..n).collect::<Vec<_>>());
+        let shifted = json!((1..=n).collect::<Vec<_>>());
+        assert_eq!(diff(&ints, &shifted).0.len(), 2);
+        // Loose: the quadratic table took seconds here; this takes milliseconds.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
     #[test]
     fn checker_rejects_add_below_missing_parent() {
         let p: Patch = serde_json::from_value(
@@ -255,17 +432,5 @@ mod tests {
         )
         .unwrap_or_else(|_| Patch(vec![]));
         assert!(apply_checked(&json!({"metadata": {}}), &p).is_err());
-    }
-
-    #[test]
-    fn overlay_keeps_fields_the_typed_model_does_not_know() {
-        let original =
-            json!({"spec": {"newField": 1, "containers": [{"name": "a", "futureField": true}]}});
-        let before = json!({"spec": {"containers": [{"name": "a"}]}});
-        let after = json!({"spec": {"containers": [{"name": "a", "env": []}, {"name": "b"}]}});
-        assert_eq!(
-            overlay(&original, &before, &after),
-            json!({"spec": {"newField": 1, "containers": [{"name": "a", "futureField": true, "env": []}, {"name": "b"}]}})
-        );
     }
 }

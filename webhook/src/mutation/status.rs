@@ -11,12 +11,15 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec, PodTemplateSpec, Toleration, Volume};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, PodSpec, PodTemplateSpec, Toleration, Volume, VolumeMount,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::annotations::STATUS;
+use super::workload::Workload;
 
 /// The engine version recorded in the status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -84,15 +87,47 @@ pub struct Status {
     pub fields: Vec<String>,
 }
 
-/// A short, stable fingerprint of any serialisable entry.
+/// A short, stable fingerprint of an injected entry: the first 6 bytes of
+/// the SHA-256 of its compact JSON with keys sorted.
 ///
 /// Quantities are compared by value, not spelling: the apiserver stores
 /// `1024Mi` as `1Gi`, and trainwire must still recognise its own entry.
-pub fn fingerprint<T: Serialize>(entry: &T) -> String {
-    let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
-    normalize_quantities(&mut value, false);
-    let digest = Sha256::digest(value.to_string().as_bytes());
-    hex::encode(&digest[..6])
+pub fn fingerprint<T: Fingerprinted>(entry: &T) -> String {
+    let mut hasher = HashWriter::new();
+    if T::PLAIN {
+        // Typed serialisation writes these keys in sorted order already,
+        // and they hold no quantity: the same bytes, without a `Value`.
+        let _ = serde_json::to_writer(&mut hasher, entry);
+    } else {
+        let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+        normalize_quantities(&mut value, false);
+        // Writing into a hasher cannot fail.
+        let _ = serde_json::to_writer(&mut hasher, &value);
+    }
+    hex::encode(&hasher.finish()[..6])
+}
+
+/// An entry trainwire fingerprints.
+pub trait Fingerprinted: Serialize {
+    /// Its typed serialisation has its keys in sorted order at every level
+    /// and no quantity (see the `plain_fingerprints_*` test).
+    const PLAIN: bool;
+}
+
+impl Fingerprinted for EnvVar {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for VolumeMount {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for Toleration {
+    const PLAIN: bool = true;
+}
+impl Fingerprinted for Volume {
+    const PLAIN: bool = false;
+}
+impl Fingerprinted for Container {
+    const PLAIN: bool = false;
 }
 
 fn normalize_quantities(v: &mut Value, quantity_map: bool) {
@@ -146,26 +181,40 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
-/// Whether two serialised workloads differ at most in the status
-/// annotation's `hash` and `version`.
-pub fn same_but_hash(a: &Value, b: &Value) -> bool {
-    let pointer = "/spec/template/metadata/annotations";
-    let normalise = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(ann) = v.pointer_mut(pointer).and_then(Value::as_object_mut)
-            && let Some(Value::String(raw)) = ann.get(STATUS)
-            && let Ok(mut st) = serde_json::from_str::<Status>(raw)
-        {
+/// Whether two workloads differ at most in the status annotation's `hash`
+/// and `version`.
+pub fn same_but_hash(a: &Workload, b: &Workload) -> bool {
+    let raw = |w: &Workload| {
+        w.template()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(STATUS))
+            .cloned()
+    };
+    let (Some(raw_a), Some(raw_b)) = (raw(a), raw(b)) else {
+        return false;
+    };
+    let cleared = |raw: &str| {
+        serde_json::from_str::<Status>(raw).ok().map(|mut st| {
             st.hash.clear();
             st.version.clear();
-            ann.insert(
-                STATUS.to_string(),
-                serde_json::to_value(&st).unwrap_or(Value::Null),
-            );
-        }
-        v
+            st
+        })
     };
-    a.pointer(pointer).and_then(|x| x.get(STATUS)).is_some() && normalise(a) == normalise(b)
+    match (cleared(&raw_a), cleared(&raw_b)) {
+        (Some(sa), Some(sb)) if sa == sb => {}
+        _ => return false,
+    }
+    // Everything else equal: compare with `a`'s status text put on `b`.
+    let mut b = b.clone();
+    if let Some(ann) = b
+        .template_mut()
+        .and_then(|t| t.metadata.as_mut())
+        .and_then(|m| m.annotations.as_mut())
+    {
+        ann.insert(STATUS.to_string(), raw_a);
+    }
+    *a == b
 }
 
 /// What [`strip`] found.
@@ -379,51 +428,196 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
 /// the new settings reach the pods at the user's next real change (or
 /// `kubectl rollout restart`). Empty maps and lists are dropped first so that
 /// "absent" and "empty" hash the same.
-pub fn input_hash(clean_workload: &Value, namespace: &str) -> String {
-    let mut w = clean_workload.clone();
-    if let Some(meta) = w.get_mut("metadata").and_then(Value::as_object_mut) {
-        let keep: serde_json::Map<String, Value> = meta
-            .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "name" | "annotations"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        *meta = keep;
-        if let Some(ann) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
-            ann.retain(|k, _| k.starts_with(super::annotations::PREFIX));
-        }
-    }
-    if let Some(obj) = w.as_object_mut() {
-        obj.remove("status");
-    }
-    prune(&mut w);
-    let input = serde_json::json!({
-        "workload": w,
-        "namespace": namespace,
-    });
-    format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(input.to_string().as_bytes()))
-    )
-}
-
-fn prune(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            for child in m.values_mut() {
-                prune(child);
+///
+/// The hashed text is the compact JSON object `{"namespace":..,"workload":..}`
+/// (keys sorted, empty parts left out), streamed into the hasher rather than
+/// built: `spec` is the workload's spec as JSON.
+pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String {
+    let meta = workload.metadata();
+    let own: Vec<(&String, &String)> = meta
+        .annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(super::annotations::PREFIX))
+        .collect();
+    let mut hasher = HashWriter::new();
+    let streamed = (|| -> serde_json::Result<()> {
+        use serde_json::to_writer as json;
+        hasher_write(&mut hasher, "{\"namespace\":")?;
+        json(&mut hasher, namespace)?;
+        hasher_write(&mut hasher, ",\"workload\":{\"apiVersion\":")?;
+        let (api_version, kind) = match workload {
+            Workload::StatefulSet(_) => ("apps/v1", "StatefulSet"),
+            Workload::Job(_) => ("batch/v1", "Job"),
+        };
+        json(&mut hasher, api_version)?;
+        hasher_write(&mut hasher, ",\"kind\":")?;
+        json(&mut hasher, kind)?;
+        // Keys in sorted order, empty maps left out, as the pruned JSON
+        // object of the workload would print.
+        if !own.is_empty() || meta.name.is_some() {
+            hasher_write(&mut hasher, ",\"metadata\":{")?;
+            if !own.is_empty() {
+                hasher_write(&mut hasher, "\"annotations\":")?;
+                json(
+                    &mut hasher,
+                    &own.iter().copied().collect::<BTreeMap<_, _>>(),
+                )?;
             }
-            m.retain(|_, c| !is_empty(c));
+            if let Some(name) = &meta.name {
+                hasher_write(
+                    &mut hasher,
+                    if own.is_empty() {
+                        "\"name\":"
+                    } else {
+                        ",\"name\":"
+                    },
+                )?;
+                json(&mut hasher, name)?;
+            }
+            hasher_write(&mut hasher, "}")?;
         }
-        Value::Array(a) => a.iter_mut().for_each(prune),
-        _ => {}
-    }
+        if !prunable(spec) {
+            hasher_write(&mut hasher, ",\"spec\":")?;
+            json(&mut hasher, &Pruned(spec))?;
+        }
+        hasher_write(&mut hasher, "}}")
+    })();
+    // Writing into a hasher cannot fail; serialising a `Value` neither.
+    debug_assert!(streamed.is_ok());
+    format!("sha256:{}", hex::encode(hasher.finish()))
 }
 
-fn is_empty(v: &Value) -> bool {
+fn hasher_write(hasher: &mut HashWriter, s: &str) -> serde_json::Result<()> {
+    use std::io::Write as _;
+    hasher
+        .write_all(s.as_bytes())
+        .map_err(serde_json::Error::io)
+}
+
+/// A JSON value printed without its empty parts: nulls, and maps that are
+/// empty once pruned, are left out of maps; empty lists are left out of maps.
+struct Pruned<'a>(&'a Value);
+
+fn prunable(v: &Value) -> bool {
     match v {
         Value::Null => true,
-        Value::Object(m) => m.is_empty(),
+        Value::Object(m) => m.values().all(prunable),
         Value::Array(a) => a.is_empty(),
         _ => false,
+    }
+}
+
+impl Serialize for Pruned<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self.0 {
+            Value::Object(m) => {
+                let mut map = serializer.serialize_map(None)?;
+                for (k, v) in m {
+                    if !prunable(v) {
+                        map.serialize_entry(k, &Pruned(v))?;
+                    }
+                }
+                map.end()
+            }
+            Value::Array(a) => {
+                let mut seq = serializer.serialize_seq(Some(a.len()))?;
+                for v in a {
+                    seq.serialize_element(&Pruned(v))?;
+                }
+                seq.end()
+            }
+            other => other.serialize(serializer),
+        }
+    }
+}
+
+/// A SHA-256 as an `io::Write`, for streaming serialisation into it. Small
+/// writes (serde_json writes token by token) are gathered first.
+pub struct HashWriter {
+    hasher: Sha256,
+    buffer: Vec<u8>,
+}
+
+impl HashWriter {
+    pub fn new() -> Self {
+        HashWriter {
+            hasher: Sha256::new(),
+            buffer: Vec::with_capacity(4096),
+        }
+    }
+
+    pub fn finish(mut self) -> [u8; 32] {
+        self.hasher.update(&self.buffer);
+        self.hasher.finalize().into()
+    }
+}
+
+impl Default for HashWriter {
+    fn default() -> Self {
+        HashWriter::new()
+    }
+}
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.buffer.len() + buf.len() > self.buffer.capacity() {
+            self.hasher.update(&self.buffer);
+            self.buffer.clear();
+        }
+        if buf.len() >= self.buffer.capacity() {
+            self.hasher.update(buf);
+        } else {
+            self.buffer.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn by_value<T: Serialize>(entry: &T) -> String {
+        let mut value = serde_json::to_value(entry).unwrap_or(Value::Null);
+        normalize_quantities(&mut value, false);
+        hex::encode(&Sha256::digest(value.to_string().as_bytes())[..6])
+    }
+
+    fn typed<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The streamed fingerprint of a plain entry is the one of its sorted
+    /// JSON, every field set.
+    #[test]
+    fn plain_fingerprints_equal_the_sorted_json_ones() {
+        let envs: Vec<EnvVar> = [
+            json!({"name": "A", "value": "1"}),
+            json!({"name": "R", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.labels['x']"}}}),
+            json!({"name": "S", "valueFrom": {"secretKeyRef": {"key": "k", "name": "s", "optional": true}}}),
+            json!({"name": "C", "valueFrom": {"configMapKeyRef": {"key": "k", "name": "c", "optional": false}}}),
+            json!({"name": "F", "valueFrom": {"fileKeyRef": {"key": "k", "path": "p", "volumeName": "v", "optional": true}}}),
+            json!({"name": "Q", "valueFrom": {"resourceFieldRef": {"containerName": "c", "divisor": "1Mi", "resource": "limits.memory"}}}),
+        ]
+        .into_iter()
+        .map(typed)
+        .collect();
+        for e in &envs {
+            assert_eq!(fingerprint(e), by_value(e), "{e:?}");
+        }
+        let mount: VolumeMount = typed(
+            json!({"name": "v", "mountPath": "/m", "mountPropagation": "None", "readOnly": true, "recursiveReadOnly": "Disabled", "subPath": "s", "subPathExpr": "e"}),
+        );
+        assert_eq!(fingerprint(&mount), by_value(&mount));
+        let toleration: Toleration = typed(
+            json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30, "value": "v"}),
+        );
+        assert_eq!(fingerprint(&toleration), by_value(&toleration));
     }
 }

@@ -50,11 +50,15 @@ fn check_allowed(
     claim: &str,
     annotation: &str,
 ) -> Result<(), Refusal> {
-    let Some(allowed) = &ctx.profile.allowed_claims else {
+    let Some(allowed) = ctx.profile.allowed_claim_patterns() else {
         return Ok(());
     };
-    let patterns: Vec<String> = allowed.iter().map(|p| substitute(p, shape)).collect();
-    if patterns.iter().any(|p| glob_match(p, claim)) {
+    let matches = |p: &policy::ClaimPattern| match p {
+        policy::ClaimPattern::Compiled(g) => g.is_match(claim),
+        policy::ClaimPattern::Literal(l) => l == claim,
+        policy::ClaimPattern::PerWorkload(p) => glob_match(&substitute(p, shape), claim),
+    };
+    if allowed.iter().any(matches) {
         return Ok(());
     }
     Err(Refusal::Policy {
@@ -62,9 +66,11 @@ fn check_allowed(
         rule: "allowedClaims".to_string(),
         detail: format!(
             "annotation {annotation} names claim {claim:?}, which is not among the allowed claims {}",
-            patterns
+            ctx.profile
+                .allowed_claims
                 .iter()
-                .map(|p| format!("{p:?}"))
+                .flatten()
+                .map(|p| format!("{:?}", substitute(p, shape)))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),

@@ -2,15 +2,22 @@
 //! field, the headless Service that gives pods DNS names, the rank source and
 //! the label selector of the workload's pods.
 
+use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSetSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{Ctx, Refusal};
+use super::{Ctx, Refusal, patch};
 
 /// Downward-API path of a StatefulSet pod's index (Kubernetes 1.28+).
 pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/pod-index']";
@@ -18,10 +25,52 @@ pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/po
 pub const JOB_RANK_FIELD: &str = "metadata.annotations['batch.kubernetes.io/job-completion-index']";
 
 /// A workload trainwire manages, typed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     StatefulSet(Box<StatefulSet>),
     Job(Box<Job>),
+}
+
+/// An object as admission reads it: the spec typed, the metadata reduced
+/// to what the engine reads.
+#[derive(Deserialize)]
+#[serde(bound(deserialize = "S: Deserialize<'de>"))]
+struct ObjectLite<'a, S> {
+    #[serde(rename = "apiVersion", default, borrow)]
+    api_version: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(default)]
+    metadata: MetaLite,
+    #[serde(default = "none")]
+    spec: Option<S>,
+}
+
+fn none<S>() -> Option<S> {
+    None
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaLite {
+    name: Option<String>,
+    namespace: Option<String>,
+    generate_name: Option<String>,
+    annotations: Option<BTreeMap<String, String>>,
+    deletion_timestamp: Option<Time>,
+}
+
+impl From<MetaLite> for ObjectMeta {
+    fn from(m: MetaLite) -> ObjectMeta {
+        ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            generate_name: m.generate_name,
+            annotations: m.annotations,
+            deletion_timestamp: m.deletion_timestamp,
+            ..ObjectMeta::default()
+        }
+    }
 }
 
 /// What the rest of the engine needs to know about the workload.
@@ -75,6 +124,79 @@ impl Workload {
         match self {
             Workload::StatefulSet(s) => serde_json::to_value(s),
             Workload::Job(j) => serde_json::to_value(j),
+        }
+        .unwrap_or(Value::Null)
+    }
+
+    /// Read the workload from JSON text (an AdmissionReview's object),
+    /// without an intermediate `Value`. Of the metadata only what the engine
+    /// reads is kept (name, namespace, generateName, annotations,
+    /// deletionTimestamp): the rest (managedFields above all) is skipped,
+    /// never built; the engine never changes the workload's own metadata.
+    pub fn from_str(kind: &str, json: &str) -> Result<Workload, serde_json::Error> {
+        fn check(
+            got: (Option<&str>, Option<&str>),
+            want: (&str, &str),
+        ) -> Result<(), serde_json::Error> {
+            let (api_version, kind) = got;
+            if api_version.is_some_and(|v| v != want.0) || kind.is_some_and(|k| k != want.1) {
+                return Err(serde::de::Error::custom(format!(
+                    "expected {} {}, got {} {}",
+                    want.0,
+                    want.1,
+                    api_version.unwrap_or("(no apiVersion)"),
+                    kind.unwrap_or("(no kind)")
+                )));
+            }
+            Ok(())
+        }
+        match kind {
+            "StatefulSet" => {
+                let o: ObjectLite<'_, StatefulSetSpec> = serde_json::from_str(json)?;
+                check(
+                    (o.api_version.as_deref(), o.kind.as_deref()),
+                    ("apps/v1", "StatefulSet"),
+                )?;
+                Ok(Workload::StatefulSet(Box::new(StatefulSet {
+                    metadata: o.metadata.into(),
+                    spec: o.spec,
+                    status: None,
+                })))
+            }
+            _ => {
+                let o: ObjectLite<'_, JobSpec> = serde_json::from_str(json)?;
+                check(
+                    (o.api_version.as_deref(), o.kind.as_deref()),
+                    ("batch/v1", "Job"),
+                )?;
+                Ok(Workload::Job(Box::new(Job {
+                    metadata: o.metadata.into(),
+                    spec: o.spec,
+                    status: None,
+                })))
+            }
+        }
+    }
+
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Workload::StatefulSet(s) => &mut s.metadata,
+            Workload::Job(j) => &mut j.metadata,
+        }
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Workload::StatefulSet(s) => &s.metadata,
+            Workload::Job(j) => &j.metadata,
+        }
+    }
+
+    /// The spec as JSON (`null` when there is none).
+    pub fn spec_json(&self) -> Value {
+        match self {
+            Workload::StatefulSet(s) => serde_json::to_value(&s.spec),
+            Workload::Job(j) => serde_json::to_value(&j.spec),
         }
         .unwrap_or(Value::Null)
     }
@@ -228,6 +350,80 @@ impl Workload {
             }
         }
     }
+}
+
+/// The minimal patch from `before` to `after`, computed on the typed model:
+/// only the parts that differ are serialised and compared. `before_spec` is
+/// `before`'s spec as JSON when it is at hand already.
+pub fn diff(before: &Workload, after: &Workload, before_spec: Option<Value>) -> json_patch::Patch {
+    fn part<T: Serialize + PartialEq>(
+        key: &str,
+        b: &T,
+        a: &T,
+        b_json: Option<Value>,
+        pointer: &mut PointerBuf,
+        ops: &mut Vec<json_patch::PatchOperation>,
+    ) {
+        if b == a {
+            return;
+        }
+        let bv = match b_json {
+            Some(v) => v,
+            None => match serde_json::to_value(b) {
+                Ok(v) => v,
+                Err(_) => return,
+            },
+        };
+        let Ok(av) = serde_json::to_value(a) else {
+            return;
+        };
+        pointer.push_back(key);
+        patch::diff_into(&bv, &av, pointer, ops);
+        pointer.pop_back();
+    }
+    let mut ops = Vec::new();
+    let mut pointer = PointerBuf::new();
+    match (before, after) {
+        (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
+            part(
+                "metadata",
+                &b.metadata,
+                &a.metadata,
+                None,
+                &mut pointer,
+                &mut ops,
+            );
+            part(
+                "spec",
+                &b.spec,
+                &a.spec,
+                before_spec,
+                &mut pointer,
+                &mut ops,
+            );
+        }
+        (Workload::Job(b), Workload::Job(a)) => {
+            part(
+                "metadata",
+                &b.metadata,
+                &a.metadata,
+                None,
+                &mut pointer,
+                &mut ops,
+            );
+            part(
+                "spec",
+                &b.spec,
+                &a.spec,
+                before_spec,
+                &mut pointer,
+                &mut ops,
+            );
+        }
+        // The engine never changes the kind.
+        _ => {}
+    }
+    json_patch::Patch(ops)
 }
 
 /// The status `fields` entry for an injected `spec.podFailurePolicy`.

@@ -266,6 +266,81 @@ pub struct Profile {
     pub etcd_endpoint: Option<String>,
     #[serde(default)]
     pub sidecar: SidecarPolicy,
+    /// What the engine derives from the profile once, not per request.
+    #[serde(skip)]
+    pub prepared: Prepared,
+}
+
+/// Per-profile work done once (when the policy is put in force, or on first
+/// use): the compiled namespace and claim globs.
+///
+/// A clone starts empty (a cloned profile may be edited) and it compares
+/// equal to any other: it is derived, never configuration.
+#[derive(Default)]
+pub struct Prepared {
+    namespaces: std::sync::OnceLock<Vec<Option<globset::GlobMatcher>>>,
+    allowed_claims: std::sync::OnceLock<Vec<ClaimPattern>>,
+}
+
+/// An `allowedClaims` entry: compiled once unless it names `{namespace}` or
+/// `{name}`, which are substituted per workload.
+pub enum ClaimPattern {
+    Compiled(globset::GlobMatcher),
+    Literal(String),
+    PerWorkload(String),
+}
+
+impl Clone for Prepared {
+    fn clone(&self) -> Self {
+        Prepared::default()
+    }
+}
+impl PartialEq for Prepared {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Prepared")
+    }
+}
+
+impl Profile {
+    fn namespace_globs(&self) -> &[Option<globset::GlobMatcher>] {
+        self.prepared.namespaces.get_or_init(|| {
+            self.namespaces
+                .iter()
+                .map(|n| globset::Glob::new(n).ok().map(|g| g.compile_matcher()))
+                .collect()
+        })
+    }
+
+    /// `allowedClaims`, compiled; `None` allows any claim.
+    pub fn allowed_claim_patterns(&self) -> Option<&[ClaimPattern]> {
+        let allowed = self.allowed_claims.as_ref()?;
+        Some(self.prepared.allowed_claims.get_or_init(|| {
+            allowed
+                .iter()
+                .map(|p| {
+                    if p.contains("{namespace}") || p.contains("{name}") {
+                        ClaimPattern::PerWorkload(p.clone())
+                    } else {
+                        match globset::Glob::new(p) {
+                            Ok(g) => ClaimPattern::Compiled(g.compile_matcher()),
+                            Err(_) => ClaimPattern::Literal(p.clone()),
+                        }
+                    }
+                })
+                .collect()
+        }))
+    }
+
+    /// Do the per-profile work now rather than on the first request.
+    pub fn prepare(&self) {
+        self.namespace_globs();
+        self.allowed_claim_patterns();
+    }
 }
 
 /// Built-in defaults (DESIGN.md's annotation table).
@@ -322,6 +397,7 @@ impl Default for Profile {
             rdzv_backend: default_rdzv_backend(),
             etcd_endpoint: None,
             sidecar: SidecarPolicy::default(),
+            prepared: Prepared::default(),
         }
     }
 }
@@ -372,11 +448,10 @@ impl Policy {
             return Cow::Borrowed(p);
         }
         if let Some(p) = self.profiles.iter().find(|p| {
-            p.namespaces.iter().any(|n| {
-                globset::Glob::new(n)
-                    .map(|g| g.compile_matcher().is_match(namespace))
-                    .unwrap_or(false)
-            })
+            p.namespace_globs()
+                .iter()
+                .flatten()
+                .any(|g| g.is_match(namespace))
         }) {
             return Cow::Borrowed(p);
         }
@@ -399,6 +474,13 @@ impl Policy {
         }
     }
 
+    /// Do every profile's per-policy work now (see [`Prepared`]).
+    pub fn prepare(&self) {
+        for p in self.profiles.iter().chain(std::iter::once(&self.fallback)) {
+            p.prepare();
+        }
+    }
+
     /// The profile names, in file order.
     pub fn profile_names(&self) -> Vec<&str> {
         self.profiles.iter().map(|p| p.name.as_str()).collect()
@@ -414,6 +496,7 @@ impl Policy {
         {
             if p.sidecar.image.enforce == Enforce::Default {
                 p.sidecar.image.value = image.to_string();
+                p.prepared = Prepared::default();
             }
         }
     }
@@ -499,6 +582,7 @@ pub struct SharedPolicy(std::sync::Arc<arc_swap::ArcSwap<Policy>>);
 
 impl SharedPolicy {
     pub fn new(policy: Policy) -> Self {
+        policy.prepare();
         SharedPolicy(std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(policy)))
     }
     /// The policy in force now.
@@ -507,6 +591,7 @@ impl SharedPolicy {
     }
     /// Put a new, already validated policy in force.
     pub fn replace(&self, policy: Policy) {
+        policy.prepare();
         self.0.store(std::sync::Arc::new(policy));
     }
 }

@@ -1,0 +1,142 @@
+//! Hostile input: reviews far larger than any real pod, up to the body limit,
+//! are answered in bounded time and memory (the array diff used to allocate a
+//! quadratic table: 10 s and 3 GB for 20,000 env entries). The bounds are
+//! loose (debug build, shared machine); `admission-bench` measures the real
+//! figures in release.
+//!
+//! Each test runs in its own process under nextest, so the process's peak
+//! RSS (`VmHWM`) is the test's.
+
+#[allow(unused_imports)] // not every shared helper is used here
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use trainwire_webhook::admission::Admitter;
+use trainwire_webhook::metrics::Metrics;
+use trainwire_webhook::policy::{Policy, SharedPolicy};
+use trainwire_webhook::scale::StatefulSetCache;
+use trainwire_webhook::serve::{AppState, MAX_BODY_BYTES, Readiness, router};
+use trainwire_webhook::tls::CertStore;
+
+fn state() -> AppState {
+    let metrics = Arc::new(Metrics::new());
+    AppState {
+        admitter: Admitter {
+            policy: SharedPolicy::new(Policy::default()),
+            statefulsets: Arc::new(StatefulSetCache::unavailable(
+                "no API in this test".to_string(),
+            )),
+            metrics: metrics.clone(),
+        },
+        certs: Arc::new(CertStore::new(
+            "/nonexistent/tls.crt".into(),
+            "/nonexistent/tls.key".into(),
+            metrics.clone(),
+        )),
+        metrics,
+        readiness: Arc::new(Readiness::default()),
+    }
+}
+
+/// The captured StatefulSet CREATE with `n` extra env entries on the trainer
+///.
+fn review_with_env(n: usize) -> (Value, Vec<u8>) {
+    let mut review = common::fixture("statefulset-create.json");
+    let env: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("USER_VAR_{i:07}"), "value": format!("value-{i:07}")}))
+        .collect();
+    review["request"]["object"]["spec"]["template"]["spec"]["containers"][0]["env"] = json!(env);
+    let body = serde_json::to_vec(&review).expect("json");
+    (review, body)
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Post the review, check it is patched, and return the elapsed time and
+/// the growth of the peak RSS in MiB.
+async fn admit(review: &Value, body: Vec<u8>) -> (Duration, f64) {
+    let router = router(state());
+    let before = peak_rss_kib();
+    let started = Instant::now();
+    let response = router
+        .oneshot(
+            Request::post("/mutate")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let elapsed = started.elapsed();
+    let grown = peak_rss_kib().saturating_sub(before) as f64 / 1024.0;
+    assert_eq!(status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&bytes).expect("a review");
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], true, "{response}");
+    let patched = common::apply_response_patch(response, &review["request"]["object"]);
+    let env = common::trainer(&patched)["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        common::env_value(common::trainer(&patched), "PET_NNODES").is_some(),
+        "injected"
+    );
+    let user = review["request"]["object"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(
+        env.len() > user,
+        "the user's env is kept, trainwire's added"
+    );
+    (elapsed, grown)
+}
+
+#[tokio::test]
+async fn twenty_thousand_env_entries_are_answered_quickly() {
+    let (review, body) = review_with_env(20_000);
+    let (elapsed, grown) = admit(&review, body).await;
+    // Release: a few ms (docs/benchmarks.md). The quadratic diff took 10 s
+    // and 3.25 GB.
+    assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
+    assert!(grown < 256.0, "peak RSS grew by {grown:.0} MiB");
+}
+
+#[tokio::test]
+async fn a_review_at_the_body_limit_is_answered_in_bounded_time() {
+    // Grow the env until the body is just under the limit.
+    let base = review_with_env(0).1.len();
+    let thousand = review_with_env(1_000).1.len() - base;
+    let n = (MAX_BODY_BYTES - base) * 1_000 / thousand - 100;
+    let (review, body) = review_with_env(n);
+    assert!(body.len() <= MAX_BODY_BYTES, "{} bytes", body.len());
+    assert!(body.len() > MAX_BODY_BYTES * 9 / 10, "{} bytes", body.len());
+    let (elapsed, grown) = admit(&review, body).await;
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
+    assert!(grown < 1024.0, "peak RSS grew by {grown:.0} MiB");
+}
