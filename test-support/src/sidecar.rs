@@ -5,7 +5,6 @@
 use std::ffi::OsStr;
 use std::process::{Child, Command};
 
-use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 /// `bin` (a `trainwire-sidecar`) as rank `rank` of `nnodes` on loopback, with
@@ -41,8 +40,8 @@ pub fn loopback_addr(rank: u32, port: u16) -> String {
     format!("127.0.0.1{rank}:{port}")
 }
 
-/// A child process that is killed (after a SIGCONT, in case the test froze
-/// it with SIGSTOP) and reaped when dropped.
+/// A child process that is killed with SIGKILL (which also ends one the test
+/// froze with SIGSTOP) and reaped when dropped.
 #[derive(Debug)]
 pub struct KillOnDrop(pub Child);
 
@@ -54,7 +53,10 @@ impl KillOnDrop {
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = kill(self.pid(), Signal::SIGCONT);
+        // SIGKILL ends a stopped process too. No SIGCONT first: a frozen
+        // sidecar woken for a moment would answer the heartbeats queued in
+        // its backlog, and its peers would see the lost pod come back just
+        // before its replacement starts.
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
