@@ -4,113 +4,23 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{Context as _, Result, bail, ensure};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use anyhow::{Context as _, Result, ensure};
+use http::{Method, StatusCode};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::client::Body;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use trainwire_tests::mock_api::{self, ApiServer, BOUND};
 use trainwire_webhook::failures::{self, Context};
 use trainwire_webhook::metrics::Metrics;
 use trainwire_webhook::policy::{Policy, SharedPolicy};
 
-const BOUND: Duration = Duration::from_secs(30);
 const NS: &str = "ml";
-
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
-struct Call {
-    method: Method,
-    path: String,
-    query: String,
-    body: Value,
-    respond: tower_test::mock::SendResponse<Response<Body>>,
-}
-
-impl Call {
-    fn reply(self, status: StatusCode, body: &Value) {
-        let response = Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap_or_default()));
-        match response {
-            Ok(r) => self.respond.send_response(r),
-            Err(e) => self.respond.send_error(e),
-        }
-    }
-}
-
-struct ApiServer(Handle);
-
-impl ApiServer {
-    async fn next(&mut self) -> Result<Call> {
-        let (request, respond) = tokio::time::timeout(BOUND, self.0.next_request())
-            .await
-            .context("no further request")?
-            .context("the client is gone")?;
-        let (parts, body) = request.into_parts();
-        let bytes = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)?
-        };
-        Ok(Call {
-            method: parts.method,
-            path: parts.uri.path().to_string(),
-            query: parts.uri.query().unwrap_or_default().to_string(),
-            body,
-            respond,
-        })
-    }
-
-    async fn expect(&mut self, method: Method, path: &str) -> Result<Call> {
-        let call = self.next().await?;
-        ensure!(
-            call.method == method && call.path == path,
-            "expected {method} {path}, got {} {}?{}",
-            call.method,
-            call.path,
-            call.query
-        );
-        Ok(call)
-    }
-
-    /// An Event with this reason, answered as created.
-    async fn event(&mut self, reason: &str, regarding_kind: &str) -> Result<Value> {
-        let call = self
-            .expect(
-                Method::POST,
-                &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
-            )
-            .await?;
-        ensure!(
-            call.body["reason"] == reason,
-            "event {}: expected {reason}",
-            call.body
-        );
-        ensure!(
-            call.body["regarding"]["kind"] == regarding_kind,
-            "regarding {}",
-            call.body["regarding"]
-        );
-        let body = call.body.clone();
-        call.reply(StatusCode::CREATED, &body);
-        Ok(body)
-    }
-}
 
 struct World {
     ctx: Arc<Context>,
@@ -126,8 +36,7 @@ fn at(s: i64) -> Timestamp {
 }
 
 fn world(policy_yaml: &str) -> Result<World> {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
+    let (client, api) = mock_api::pair();
     let text =
         format!("apiVersion: trainwire.dev/v1alpha1\nkind: Policy\nprofiles:\n{policy_yaml}");
     let policy = Policy::from_yaml(&text, "test.yaml").map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -148,7 +57,7 @@ fn world(policy_yaml: &str) -> Result<World> {
     ));
     Ok(World {
         ctx,
-        api: ApiServer(handle),
+        api,
         clock,
         nodes,
         statefulsets,
@@ -232,7 +141,7 @@ async fn a_pod_on_a_dead_node_is_force_deleted_once_after_the_grace() -> Result<
     w.set_time(30);
     let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
     let started = Instant::now();
-    w.api.event("PeerLost", "StatefulSet").await?;
+    w.api.event(NS, "PeerLost", "StatefulSet").await?;
     let delete = w
         .api
         .expect(
@@ -255,14 +164,14 @@ async fn a_pod_on_a_dead_node_is_force_deleted_once_after_the_grace() -> Result<
         StatusCode::OK,
         &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
     );
-    let note = w.api.event("PodReclaimed", "StatefulSet").await?;
+    let note = w.api.event(NS, "PodReclaimed", "StatefulSet").await?;
     ensure!(
         note["note"]
             .as_str()
             .is_some_and(|n| n.contains("loss generation 1")),
         "{note}"
     );
-    w.api.event("PodReclaimed", "Pod").await?;
+    w.api.event(NS, "PodReclaimed", "Pod").await?;
     tokio::time::timeout(BOUND, task)
         .await??
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -283,16 +192,12 @@ async fn a_pod_on_a_dead_node_is_force_deleted_once_after_the_grace() -> Result<
         Arc::new(replacement),
         w.ctx.clone(),
     ));
-    w.api.event("PodReplaced", "StatefulSet").await?;
+    w.api.event(NS, "PodReplaced", "StatefulSet").await?;
     tokio::time::timeout(BOUND, task)
         .await??
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     drop(w.ctx);
-    match tokio::time::timeout(BOUND, w.api.0.next_request()).await {
-        Ok(None) => Ok(()),
-        Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
-        Err(_) => bail!("client never released"),
-    }
+    w.api.done().await
 }
 
 /// A node back before the grace: nothing, ever; reclaim off: nothing.
@@ -317,12 +222,8 @@ async fn a_node_back_before_the_grace_or_reclaim_off_is_left_alone() -> Result<(
     off.set_time(3600);
     off.reconcile(&p).await?;
     drop((w.ctx, off.ctx));
-    for mut api in [w.api, off.api] {
-        match tokio::time::timeout(BOUND, api.0.next_request()).await {
-            Ok(None) => {}
-            Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
-            Err(_) => bail!("client never released"),
-        }
+    for api in [w.api, off.api] {
+        api.done().await?;
     }
     Ok(())
 }
@@ -356,7 +257,7 @@ async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses(
     ));
     w.set_time(200);
     let task = tokio::spawn(failures::reconcile_pod(Arc::new(lost), w.ctx.clone()));
-    w.api.event("PeerLost", "StatefulSet").await?;
+    w.api.event(NS, "PeerLost", "StatefulSet").await?;
     tokio::time::timeout(BOUND, task)
         .await??
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -388,7 +289,7 @@ async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses(
     ensure!(a["trainwire.dev/stopped-pod"] == "llama-1", "{a}");
     let body = patch.body.clone();
     patch.reply(StatusCode::OK, &body);
-    let stopped = w.api.event("WorldStopped", "StatefulSet").await?;
+    let stopped = w.api.event(NS, "WorldStopped", "StatefulSet").await?;
     ensure!(
         stopped["note"].as_str().is_some_and(
             |n| n.contains("kubectl annotate statefulset llama trainwire.dev/resume=now")
@@ -429,7 +330,7 @@ async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
             record.to_annotation().context("json")?,
         );
     let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
-    let event = w.api.event("PeerLost", "StatefulSet").await?;
+    let event = w.api.event(NS, "PeerLost", "StatefulSet").await?;
     let note = event["note"].as_str().unwrap_or_default();
     ensure!(
         note.contains("the sidecar of pod llama-1 lost rank 0 (its generation 1, confirmed by replacement-answers): restart-agent signalled"),
@@ -460,7 +361,7 @@ async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
     );
     let body = patch.body.clone();
     patch.reply(StatusCode::OK, &body);
-    w.api.event("WorldStopped", "StatefulSet").await?;
+    w.api.event(NS, "WorldStopped", "StatefulSet").await?;
     tokio::time::timeout(BOUND, task)
         .await??
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -511,7 +412,7 @@ async fn a_job_pod_on_a_dead_node_is_marked_disrupted_then_force_deleted() -> Re
     w.node("Unknown", 0)?;
     w.set_time(31);
     let task = tokio::spawn(failures::reconcile_pod(Arc::new(p.clone()), w.ctx.clone()));
-    w.api.event("PeerLost", "Job").await?;
+    w.api.event(NS, "PeerLost", "Job").await?;
     let status = w
         .api
         .expect(
@@ -550,8 +451,8 @@ async fn a_job_pod_on_a_dead_node_is_marked_disrupted_then_force_deleted() -> Re
         StatusCode::OK,
         &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
     );
-    w.api.event("PodReclaimed", "Job").await?;
-    w.api.event("PodReclaimed", "Pod").await?;
+    w.api.event(NS, "PodReclaimed", "Job").await?;
+    w.api.event(NS, "PodReclaimed", "Pod").await?;
     tokio::time::timeout(BOUND, task)
         .await??
         .map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -11,21 +11,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use anyhow::{Context as _, Result, bail};
+use http::{Method, StatusCode};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
-use kube::Client;
-use kube::client::Body;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use trainwire_tests::mock_api::{self, ApiServer, BOUND, Call};
 use trainwire_webhook::reconciler::{self, Context, Error};
-
-/// A bound on every wait, so that a reconciler waiting for an answer the
-/// test never gives fails the test instead of hanging it.
-const BOUND: Duration = Duration::from_secs(30);
 
 /// The reconcile's result, once it has finished.
 async fn outcome<T>(
@@ -36,97 +30,13 @@ async fn outcome<T>(
         .context("the reconciler did not finish: it made a request the test did not expect")??)
 }
 
-type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-
 const NS: &str = "trainwire-test";
 const JOB_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a001";
 const STS_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a002";
 
-/// One request the reconciler made.
-struct Call {
-    method: Method,
-    path: String,
-    query: String,
-    content_type: String,
-    body: Value,
-    respond: tower_test::mock::SendResponse<Response<Body>>,
-}
-
-impl Call {
-    fn reply(self, status: StatusCode, body: &Value) {
-        let response = Response::builder()
-            .status(status)
-            .header("content-type", "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap_or_default()));
-        match response {
-            Ok(r) => self.respond.send_response(r),
-            Err(e) => self.respond.send_error(e),
-        }
-    }
-}
-
-/// The mock API server's side.
-struct ApiServer(Handle);
-
-impl ApiServer {
-    /// The next request; fails after a generous bound instead of hanging.
-    async fn next(&mut self) -> Result<Call> {
-        let (request, respond) = tokio::time::timeout(BOUND, self.0.next_request())
-            .await
-            .context("the reconciler made no further request")?
-            .context("the client is gone")?;
-        let (parts, body) = request.into_parts();
-        let bytes = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).context("request body is not JSON")?
-        };
-        Ok(Call {
-            method: parts.method,
-            path: parts.uri.path().to_string(),
-            query: parts.uri.query().unwrap_or_default().to_string(),
-            content_type: parts
-                .headers
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string(),
-            body,
-            respond,
-        })
-    }
-
-    async fn expect(&mut self, method: Method, path: &str) -> Result<Call> {
-        let call = self.next().await?;
-        ensure!(
-            call.method == method && call.path == path,
-            "expected {method} {path}, got {} {}?{}",
-            call.method,
-            call.path,
-            call.query
-        );
-        Ok(call)
-    }
-
-    /// The reconciler has finished and made no other request.
-    async fn done(mut self) -> Result<()> {
-        match tokio::time::timeout(BOUND, self.0.next_request()).await {
-            Ok(None) => Ok(()),
-            Ok(Some((r, _))) => bail!("unexpected request {} {}", r.method(), r.uri()),
-            Err(_) => bail!("the client was never released"),
-        }
-    }
-}
-
 fn mock() -> (Arc<Context>, ApiServer) {
-    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    (Arc::new(Context::new(client)), ApiServer(handle))
+    let (client, server) = mock_api::pair();
+    (Arc::new(Context::new(client)), server)
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
