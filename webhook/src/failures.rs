@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -191,12 +191,8 @@ impl Context {
         metrics: Arc<Metrics>,
         clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "trainwire-webhook".to_string(),
-            instance: std::env::var("HOSTNAME").ok(),
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: crate::reconciler::recorder(client.clone()),
             client,
             policy,
             nodes,
@@ -241,6 +237,26 @@ impl Context {
         if let Err(e) = self.recorder.publish(&event, on).await {
             warn!(error = %e, reason, "could not publish an Event");
         }
+    }
+
+    /// The same Warning Event on the workload and on its pod (a reclaim).
+    async fn event_on_both(
+        &self,
+        owner: &Owner,
+        pod: &ObjectReference,
+        reason: &str,
+        note: String,
+    ) {
+        self.event(
+            &owner.reference(),
+            EventType::Warning,
+            reason,
+            "Reclaim",
+            note.clone(),
+        )
+        .await;
+        self.event(pod, EventType::Warning, reason, "Reclaim", note)
+            .await;
     }
 
     /// The workload's annotations, from the cache.
@@ -396,22 +412,8 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                                     nodefailure::OUT_OF_SERVICE_VALUE,
                                     nodefailure::OUT_OF_SERVICE_EFFECT
                                 );
-                                ctx.event(
-                                    &owner.reference(),
-                                    EventType::Warning,
-                                    "NodeOutOfService",
-                                    "Reclaim",
-                                    note.clone(),
-                                )
-                                .await;
-                                ctx.event(
-                                    &pod_ref,
-                                    EventType::Warning,
-                                    "NodeOutOfService",
-                                    "Reclaim",
-                                    note,
-                                )
-                                .await;
+                                ctx.event_on_both(&owner, &pod_ref, "NodeOutOfService", note)
+                                    .await;
                             } else {
                                 if owner.kind == "Job" {
                                     mark_disrupted(&ctx, &namespace, &pod_name, &why).await?;
@@ -423,22 +425,8 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                                     "force-deleted pod {pod_name} (grace 0) because {why}, so the {} creates its replacement; loss generation {generation}",
                                     owner.kind
                                 );
-                                ctx.event(
-                                    &owner.reference(),
-                                    EventType::Warning,
-                                    "PodReclaimed",
-                                    "Reclaim",
-                                    note.clone(),
-                                )
-                                .await;
-                                ctx.event(
-                                    &pod_ref,
-                                    EventType::Warning,
-                                    "PodReclaimed",
-                                    "Reclaim",
-                                    note,
-                                )
-                                .await;
+                                ctx.event_on_both(&owner, &pod_ref, "PodReclaimed", note)
+                                    .await;
                             }
                         }
                     }

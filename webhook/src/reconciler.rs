@@ -531,14 +531,20 @@ pub struct Context {
     reported: Mutex<HashSet<(String, String)>>,
 }
 
+/// The Event recorder of the webhook's controllers: reported as
+/// `trainwire-webhook`, the instance being the pod's name.
+pub fn recorder(client: Client) -> Recorder {
+    let reporter = Reporter {
+        controller: "trainwire-webhook".to_string(),
+        instance: std::env::var("HOSTNAME").ok(),
+    };
+    Recorder::new(client, reporter)
+}
+
 impl Context {
     pub fn new(client: Client) -> Self {
-        let reporter = Reporter {
-            controller: "trainwire-webhook".to_string(),
-            instance: std::env::var("HOSTNAME").ok(),
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            recorder: recorder(client.clone()),
             client,
             reported: Mutex::new(HashSet::new()),
         }
