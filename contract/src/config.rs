@@ -175,8 +175,10 @@ pub mod defaults {
     pub const CHECKPOINT_POLL_INTERVAL: Duration = Duration::from_secs(10);
     /// `TRAINWIRE_CONFIRM_AFTER=auto` in a fixed-size world.
     pub const CONFIRM_AFTER_FIXED: Duration = Duration::from_secs(30);
-    /// `TRAINWIRE_CONFIRM_AFTER=auto` for a non-host peer of an elastic world.
-    pub const CONFIRM_AFTER_ELASTIC: Duration = Duration::from_secs(5);
+    /// `TRAINWIRE_CONFIRM_AFTER=auto` for a non-host peer of an elastic
+    /// world: torchrun's own rendezvous keep-alive window as trainwire
+    /// injects it (1 s × 3), after which torchrun drops the node anyway.
+    pub const CONFIRM_AFTER_ELASTIC: Duration = crate::rendezvous::KEEP_ALIVE_WINDOW;
     pub const REPLACEMENT_WAIT: Duration = Duration::from_secs(600);
 }
 
@@ -256,8 +258,8 @@ pub fn parse_nnodes(value: &str) -> Result<NodeCount> {
 
 impl Config {
     /// The outage that confirms the loss of `lost_rank` by itself: the
-    /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) 5 s for a peer of
-    /// an elastic world that is not the rendezvous host, 30 s otherwise;
+    /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) the rendezvous
+    /// keep-alive window (3 s) for a peer of an elastic world that is not the rendezvous host, 30 s otherwise;
     /// never shorter than the reporting detection (interval × misses).
     pub fn confirm_after_for(&self, lost_rank: u32) -> Duration {
         let detection = self
@@ -517,7 +519,7 @@ mod tests {
     #[test]
     fn confirmation_outage_by_topology() {
         let elastic = cfg(&[(env::NNODES, "2:3")]).expect("elastic");
-        assert_eq!(elastic.confirm_after_for(2), Duration::from_secs(5));
+        assert_eq!(elastic.confirm_after_for(2), Duration::from_secs(3));
         assert_eq!(
             elastic.confirm_after_for(0),
             Duration::from_secs(30),

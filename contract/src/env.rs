@@ -71,9 +71,9 @@ pub const CHECKPOINT_POLL_INTERVAL: &str = "TRAINWIRE_CHECKPOINT_POLL_INTERVAL";
 /// confirms the loss on its own, when nothing else confirms it (Kubernetes,
 /// or a different pod answering at the peer's name). Default `auto`: 30 s in
 /// a fixed-size world (a blip or slow network that training rides out is
-/// never acted on), 5 s for a non-host peer of an elastic world (torchrun's
-/// rendezvous has already dropped it after its keep-alive of 1 s × 3, and
-/// the survivors shrink the world).
+/// never acted on), 3 s for a non-host peer of an elastic world: torchrun's
+/// rendezvous keep-alive window as trainwire injects it (1 s × 3), after
+/// which torchrun drops the node itself, and the survivors shrink the world.
 pub const CONFIRM_AFTER: &str = "TRAINWIRE_CONFIRM_AFTER";
 /// How long, after a confirmed loss of the rendezvous host, to wait for its
 /// replacement before reporting that none came (default `10m`). The GPUs

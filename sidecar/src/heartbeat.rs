@@ -109,6 +109,13 @@ fn max_inflight(interval: Duration, timeout: Duration) -> usize {
         .clamp(2, 16)
 }
 
+/// While a peer is lost (missed `misses` beats in a row), it is probed this
+/// many times per interval, so that a replacement answering at its name is
+/// seen within a fraction of the interval (the rendezvous host's
+/// replacement is what the survivors' restart waits for). Misses are still
+/// counted once per interval.
+const LOST_PROBES_PER_INTERVAL: u32 = 4;
+
 /// One probe in flight.
 type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
 
@@ -118,7 +125,8 @@ type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, Str
 /// Probing and counting misses are decoupled: a new probe starts at a tick
 /// when none is in flight (or, while the peer does not answer, one more per
 /// tick, so that a probe stuck on a dead address does not delay seeing a
-/// replacement at the same name), and may take up to the probe timeout (its
+/// replacement at the same name; once the peer is lost, one every quarter
+/// interval), and may take up to the probe timeout (its
 /// connection is kept, so a slow network costs one round trip per probe);
 /// at each tick with no good answer since the previous one, one miss is
 /// reported. So a dead peer is reported after about interval × misses, while
@@ -135,10 +143,19 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
         let http = http.clone();
         let tx = tx.clone();
         let interval = config.heartbeat.interval;
+        let max_inflight_lost = max_inflight(
+            (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50)),
+            timeout,
+        );
         let max_inflight = max_inflight(interval, timeout);
+        let lost_after = config.heartbeat.misses.max(1);
+        let lost_interval = (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50));
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut lost_ticker = tokio::time::interval(lost_interval);
+            lost_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut missed_in_a_row: u32 = 0;
             let mut inflight: FuturesUnordered<Probe> = FuturesUnordered::new();
             let mut inflight_since = Instant::now();
             let mut answered = false;
@@ -169,9 +186,22 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
                             inflight.push(Box::pin(async move { probe(&http, &url, timeout).await }));
                         }
                         match miss {
-                            Some(e) => Evidence::Missed(e),
-                            None => continue,
+                            Some(e) => {
+                                missed_in_a_row = missed_in_a_row.saturating_add(1);
+                                Evidence::Missed(e)
+                            }
+                            None => {
+                                missed_in_a_row = 0;
+                                continue;
+                            }
                         }
+                    }
+                    _ = lost_ticker.tick(), if missed_in_a_row >= lost_after => {
+                        if inflight.len() < max_inflight_lost {
+                            let (http, url) = (http.clone(), url.clone());
+                            inflight.push(Box::pin(async move { probe(&http, &url, timeout).await }));
+                        }
+                        continue;
                     }
                     Some(result) = inflight.next(), if !inflight.is_empty() => {
                         if inflight.is_empty() {
@@ -180,6 +210,7 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
                         match result {
                             Ok(beat) if beat.rank == rank => {
                                 answered = true;
+                                missed_in_a_row = 0;
                                 last_error = None;
                                 Evidence::Alive(beat.identity())
                             }

@@ -16,8 +16,8 @@ pub mod torch;
 /// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
 ///
 /// `cargo nextest run --workspace` builds it (the sidecar crate has
-/// integration tests). When it is missing or older than the sidecar's
-/// sources, it is built with `cargo build -p trainwire-sidecar` first.
+/// integration tests). When it is missing or older than its sources (the
+/// sidecar, contract and runtime crates), it is built with `cargo build -p trainwire-sidecar` first.
 /// `$TRAINWIRE_SIDECAR_BIN` overrides it (a release build, say).
 pub fn sidecar_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("TRAINWIRE_SIDECAR_BIN") {
@@ -32,7 +32,11 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
         .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
     let root = repo_root();
-    let sources = newest_mtime(&root.join("sidecar")).max(newest_mtime(&root.join("Cargo.lock")));
+    // The sidecar's own sources and the crates it is built from.
+    let sources = ["sidecar", "contract", "runtime", "Cargo.lock"]
+        .iter()
+        .filter_map(|p| newest_mtime(&root.join(p)))
+        .max();
     if built.is_some_and(|b| sources.is_none_or(|s| s <= b)) {
         return Ok(bin);
     }

@@ -235,10 +235,7 @@ fn run(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
-    let spec = workload.spec_json();
-    let hash = status::input_hash(&workload, &spec, &namespace);
-    // Nothing was stripped: the spec as JSON is also the diff's left side.
-    let before_spec = previous.is_none().then_some(spec);
+    let hash = status::input_hash(&workload, &workload.spec_json(), &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
@@ -255,7 +252,7 @@ fn run(
     let patch = if same_inputs || status::same_but_hash(&before, &workload) {
         json_patch::Patch(Vec::new())
     } else {
-        workload::diff(&before, &workload, before_spec)
+        workload::diff(before, workload)
     };
     Ok(Admitted {
         patch,

@@ -18,6 +18,7 @@ use std::hash::{Hash, Hasher};
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 /// A minimal JSON Patch that turns `left` into `right`.
@@ -37,6 +38,179 @@ pub fn diff_into(
     ops: &mut Vec<PatchOperation>,
 ) {
     diff_value(left, right, pointer, ops);
+}
+
+/// A diff of typed values, built level by level: parts that compare equal
+/// (`PartialEq` on the typed model, no allocation) are skipped, and only the
+/// parts that differ are turned into JSON and diffed with [`diff_into`]. Ops
+/// come out in the order of the keys at each level, as [`diff`] gives them
+/// for the same change.
+#[derive(Default)]
+pub struct Differ {
+    pointer: PointerBuf,
+    ops: Vec<PatchOperation>,
+}
+
+/// A member of an object level diffed by its own closure (a typed child
+/// taken out of both sides, see [`Differ::object`]).
+pub type Special<'a> = (&'static str, Box<dyn FnOnce(&mut Differ) + 'a>);
+
+impl Differ {
+    pub fn finish(self) -> Patch {
+        Patch(self.ops)
+    }
+
+    fn at(&mut self, key: &str, op: impl FnOnce(PointerBuf) -> PatchOperation) {
+        self.pointer.push_back(key);
+        let path = self.pointer.clone();
+        self.ops.push(op(path));
+        self.pointer.pop_back();
+    }
+
+    /// Member `key` of the object at the current level, given as JSON on
+    /// either side (`None`: absent).
+    fn member_json(&mut self, key: &str, left: Option<&Value>, right: Option<&Value>) {
+        match (left, right) {
+            (None, None) => {}
+            (Some(_), None) => {
+                self.at(key, |path| PatchOperation::Remove(RemoveOperation { path }))
+            }
+            (None, Some(r)) => self.at(key, |path| {
+                PatchOperation::Add(AddOperation {
+                    path,
+                    value: r.clone(),
+                })
+            }),
+            (Some(l), Some(r)) => {
+                self.pointer.push_back(key);
+                diff_value(l, r, &mut self.pointer, &mut self.ops);
+                self.pointer.pop_back();
+            }
+        }
+    }
+
+    /// An optional member: added whole, removed, or diffed by `inner` (with
+    /// the pointer at the member) when present on both sides and different.
+    pub fn optional<T: Serialize + PartialEq>(
+        &mut self,
+        key: &str,
+        left: Option<T>,
+        right: Option<T>,
+        inner: impl FnOnce(&mut Differ, T, T),
+    ) {
+        match (left, right) {
+            (None, None) => {}
+            (Some(_), None) => {
+                self.at(key, |path| PatchOperation::Remove(RemoveOperation { path }))
+            }
+            (None, Some(r)) => {
+                let value = serde_json::to_value(&r).unwrap_or(Value::Null);
+                self.at(key, |path| {
+                    PatchOperation::Add(AddOperation { path, value })
+                });
+            }
+            (Some(l), Some(r)) if l == r => {}
+            (Some(l), Some(r)) => {
+                self.pointer.push_back(key);
+                inner(self, l, r);
+                self.pointer.pop_back();
+            }
+        }
+    }
+
+    /// An optional member diffed as JSON when it differs.
+    pub fn optional_json<T: Serialize + PartialEq>(
+        &mut self,
+        key: &str,
+        left: Option<T>,
+        right: Option<T>,
+    ) {
+        self.optional(key, left, right, |d, l, r| d.here(&l, &r));
+    }
+
+    /// The values at the current pointer, diffed as JSON when they differ.
+    pub fn here<T: Serialize + PartialEq>(&mut self, left: &T, right: &T) {
+        if left == right {
+            return;
+        }
+        let (Ok(l), Ok(r)) = (serde_json::to_value(left), serde_json::to_value(right)) else {
+            return;
+        };
+        diff_value(&l, &r, &mut self.pointer, &mut self.ops);
+    }
+
+    /// An object level: `left` and `right` with the `specials` taken out of
+    /// both (so that they serialise the same there), and each special's
+    /// closure diffing that member. `specials` are in key order.
+    pub fn object<T: Serialize + PartialEq>(
+        &mut self,
+        left: &T,
+        right: &T,
+        specials: Vec<Special<'_>>,
+    ) {
+        debug_assert!(specials.windows(2).all(|w| w[0].0 < w[1].0));
+        let rest = if left == right {
+            None
+        } else {
+            match (serde_json::to_value(left), serde_json::to_value(right)) {
+                (Ok(Value::Object(l)), Ok(Value::Object(r))) => Some((l, r)),
+                // Not objects (cannot happen for a k8s-openapi struct): as JSON.
+                (Ok(l), Ok(r)) => {
+                    diff_value(&l, &r, &mut self.pointer, &mut self.ops);
+                    None
+                }
+                _ => None,
+            }
+        };
+        let mut specials = specials.into_iter().peekable();
+        if let Some((l, r)) = &rest {
+            let mut keys: Vec<&String> = l.keys().chain(r.keys()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for key in keys {
+                while let Some((_, run)) = specials.next_if(|(k, _)| *k < key.as_str()) {
+                    run(self);
+                }
+                if let Some((_, run)) = specials.next_if(|(k, _)| *k == key.as_str()) {
+                    run(self);
+                    continue;
+                }
+                self.member_json(key, l.get(key), r.get(key));
+            }
+        }
+        for (_, run) in specials {
+            run(self);
+        }
+    }
+
+    /// A list at the current pointer whose elements are typed objects with
+    /// a name (containers): when both sides hold the same names in the same
+    /// order, each changed element is diffed by `element`; otherwise the
+    /// lists are diffed as JSON (aligned by identity).
+    pub fn named_list<T: Serialize + PartialEq>(
+        &mut self,
+        left: Vec<T>,
+        right: Vec<T>,
+        name: impl Fn(&T) -> &str,
+        element: impl Fn(&mut Differ, T, T),
+    ) {
+        if left == right {
+            return;
+        }
+        let aligned =
+            left.len() == right.len() && left.iter().zip(&right).all(|(l, r)| name(l) == name(r));
+        if !aligned {
+            self.here(&left, &right);
+            return;
+        }
+        for (i, (l, r)) in left.into_iter().zip(right).enumerate() {
+            if l != r {
+                self.pointer.push_back(i);
+                element(self, l, r);
+                self.pointer.pop_back();
+            }
+        }
+    }
 }
 
 fn diff_value(

@@ -5,6 +5,7 @@
 //! and rendezvous keep-alives of 1 s × 3).
 
 use k8s_openapi::api::core::v1::Container;
+use trainwire_contract::rendezvous;
 
 use super::annotations::{self, Annotations, Nnodes, Nproc};
 use super::trainer::{self, Conflict, Desired};
@@ -17,8 +18,8 @@ pub const DISABLE_SHARE_STORE: &str = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
 /// Keep-alive settings merged into `PET_RDZV_CONF`: a lost node leaves the
 /// rendezvous after about 3 s instead of 15.
 pub const KEEP_ALIVE: [(&str, &str); 2] = [
-    ("keep_alive_interval", "1"),
-    ("keep_alive_max_attempt", "3"),
+    ("keep_alive_interval", rendezvous::KEEP_ALIVE_INTERVAL),
+    ("keep_alive_max_attempt", rendezvous::KEEP_ALIVE_MAX_ATTEMPT),
 ];
 /// Merged into `PET_RDZV_CONF` for an elastic world (`MIN:MAX`) only:
 /// torchrun waits `last_call_timeout` (30 s by default) for more nodes once

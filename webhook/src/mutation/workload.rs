@@ -2,19 +2,19 @@
 //! field, the headless Service that gives pods DNS names, the rank source and
 //! the label selector of the workload's pods.
 
-use json_patch::jsonptr::PointerBuf;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
 };
-use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::mem::take;
 
 use k8s_openapi::api::apps::v1::StatefulSetSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::{Ctx, Refusal, patch};
@@ -353,77 +353,114 @@ impl Workload {
 }
 
 /// The minimal patch from `before` to `after`, computed on the typed model:
-/// only the parts that differ are serialised and compared. `before_spec` is
-/// `before`'s spec as JSON when it is at hand already.
-pub fn diff(before: &Workload, after: &Workload, before_spec: Option<Value>) -> json_patch::Patch {
-    fn part<T: Serialize + PartialEq>(
-        key: &str,
-        b: &T,
-        a: &T,
-        b_json: Option<Value>,
-        pointer: &mut PointerBuf,
-        ops: &mut Vec<json_patch::PatchOperation>,
-    ) {
-        if b == a {
-            return;
-        }
-        let bv = match b_json {
-            Some(v) => v,
-            None => match serde_json::to_value(b) {
-                Ok(v) => v,
-                Err(_) => return,
-            },
-        };
-        let Ok(av) = serde_json::to_value(a) else {
-            return;
-        };
-        pointer.push_back(key);
-        patch::diff_into(&bv, &av, pointer, ops);
-        pointer.pop_back();
-    }
-    let mut ops = Vec::new();
-    let mut pointer = PointerBuf::new();
+/// each level is compared typed first, and only the parts that differ are
+/// serialised and diffed as JSON. The engine changes the pod template's
+/// annotations, the containers' env, mounts and resources, the init
+/// containers, volumes and tolerations: those are taken apart; any other
+/// change is found by comparing what is left at each level.
+pub fn diff(before: Workload, after: Workload) -> json_patch::Patch {
+    let mut d = patch::Differ::default();
     match (before, after) {
         (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
-            part(
-                "metadata",
-                &b.metadata,
-                &a.metadata,
-                None,
-                &mut pointer,
-                &mut ops,
-            );
-            part(
-                "spec",
-                &b.spec,
-                &a.spec,
-                before_spec,
-                &mut pointer,
-                &mut ops,
-            );
+            let (b, a) = (*b, *a);
+            d.optional_json("metadata", Some(b.metadata), Some(a.metadata));
+            d.optional("spec", b.spec, a.spec, |d, mut b, mut a| {
+                let (bt, at) = (take(&mut b.template), take(&mut a.template));
+                d.object(
+                    &b,
+                    &a,
+                    vec![("template", Box::new(|d| template(d, bt, at)))],
+                );
+            });
         }
         (Workload::Job(b), Workload::Job(a)) => {
-            part(
-                "metadata",
-                &b.metadata,
-                &a.metadata,
-                None,
-                &mut pointer,
-                &mut ops,
-            );
-            part(
-                "spec",
-                &b.spec,
-                &a.spec,
-                before_spec,
-                &mut pointer,
-                &mut ops,
-            );
+            let (b, a) = (*b, *a);
+            d.optional_json("metadata", Some(b.metadata), Some(a.metadata));
+            d.optional("spec", b.spec, a.spec, |d, mut b, mut a| {
+                let (bt, at) = (take(&mut b.template), take(&mut a.template));
+                d.object(
+                    &b,
+                    &a,
+                    vec![("template", Box::new(|d| template(d, bt, at)))],
+                );
+            });
         }
         // The engine never changes the kind.
         _ => {}
     }
-    json_patch::Patch(ops)
+    d.finish()
+}
+
+/// The member `template` (required, so present on both sides).
+fn template(d: &mut patch::Differ, b: PodTemplateSpec, a: PodTemplateSpec) {
+    d.optional("template", Some(b), Some(a), |d, b, a| {
+        d.optional("metadata", b.metadata, a.metadata, |d, mut b, mut a| {
+            let (ba, aa) = (b.annotations.take(), a.annotations.take());
+            d.object(
+                &b,
+                &a,
+                vec![(
+                    "annotations",
+                    Box::new(|d| d.optional_json("annotations", ba, aa)),
+                )],
+            );
+        });
+        d.optional("spec", b.spec, a.spec, pod_spec);
+    });
+}
+
+fn pod_spec(d: &mut patch::Differ, mut b: PodSpec, mut a: PodSpec) {
+    let (bc, ac) = (take(&mut b.containers), take(&mut a.containers));
+    let (bi, ai) = (b.init_containers.take(), a.init_containers.take());
+    let (bt, at) = (b.tolerations.take(), a.tolerations.take());
+    let (bv, av) = (b.volumes.take(), a.volumes.take());
+    d.object(
+        &b,
+        &a,
+        vec![
+            (
+                "containers",
+                Box::new(|d| d.optional("containers", Some(bc), Some(ac), containers)),
+            ),
+            (
+                "initContainers",
+                Box::new(|d| d.optional("initContainers", bi, ai, containers)),
+            ),
+            (
+                "tolerations",
+                Box::new(|d| d.optional_json("tolerations", bt, at)),
+            ),
+            ("volumes", Box::new(|d| d.optional_json("volumes", bv, av))),
+        ],
+    );
+}
+
+fn containers(d: &mut patch::Differ, b: Vec<Container>, a: Vec<Container>) {
+    d.named_list(
+        b,
+        a,
+        |c| c.name.as_str(),
+        |d, mut b, mut a| {
+            let (be, ae) = (b.env.take(), a.env.take());
+            let (br, ar) = (b.resources.take(), a.resources.take());
+            let (bm, am) = (b.volume_mounts.take(), a.volume_mounts.take());
+            d.object(
+                &b,
+                &a,
+                vec![
+                    ("env", Box::new(|d| d.optional_json("env", be, ae))),
+                    (
+                        "resources",
+                        Box::new(|d| d.optional_json("resources", br, ar)),
+                    ),
+                    (
+                        "volumeMounts",
+                        Box::new(|d| d.optional_json("volumeMounts", bm, am)),
+                    ),
+                ],
+            );
+        },
+    );
 }
 
 /// The status `fields` entry for an injected `spec.podFailurePolicy`.
