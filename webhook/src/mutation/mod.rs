@@ -235,7 +235,7 @@ fn run(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
-    let hash = status::input_hash(&workload, &workload.spec_json(), &namespace);
+    let hash = status::input_hash(&workload, &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();

@@ -183,6 +183,69 @@ impl Differ {
         }
     }
 
+    /// A list at the current pointer whose elements have a name (env vars,
+    /// mounts, volumes), diffed the way [`diff`] diffs a JSON array (aligned
+    /// by name, O(n log n)), but only the elements added or changed are
+    /// serialised: a list of 20,000 entries is never turned into JSON.
+    pub fn keyed_list<T: Serialize + PartialEq>(
+        &mut self,
+        left: &[T],
+        right: &[T],
+        name: impl Fn(&T) -> &str,
+    ) {
+        if left == right {
+            return;
+        }
+        let anchors = align_by(left, right, &name);
+        let (mut i, mut j, mut at) = (0usize, 0usize, 0usize);
+        for (ai, aj) in anchors
+            .into_iter()
+            .chain(std::iter::once((left.len(), right.len())))
+        {
+            while j < aj {
+                let value = serde_json::to_value(&right[j]).unwrap_or(Value::Null);
+                self.pointer.push_back(at);
+                self.ops.push(PatchOperation::Add(AddOperation {
+                    path: self.pointer.clone(),
+                    value,
+                }));
+                self.pointer.pop_back();
+                j += 1;
+                at += 1;
+            }
+            while i < ai {
+                self.pointer.push_back(at);
+                self.ops.push(PatchOperation::Remove(RemoveOperation {
+                    path: self.pointer.clone(),
+                }));
+                self.pointer.pop_back();
+                i += 1;
+            }
+            if ai < left.len() && aj < right.len() {
+                if left[ai] != right[aj] {
+                    self.pointer.push_back(at);
+                    self.here(&left[ai], &right[aj]);
+                    self.pointer.pop_back();
+                }
+                i += 1;
+                j += 1;
+                at += 1;
+            }
+        }
+    }
+
+    /// An optional list of named elements: added whole, removed, or diffed
+    /// with [`Differ::keyed_list`].
+    pub fn optional_keyed_list<T: Serialize + PartialEq>(
+        &mut self,
+        key: &str,
+        left: Option<Vec<T>>,
+        right: Option<Vec<T>>,
+        name: impl Fn(&T) -> &str,
+    ) {
+        self.optional(key, left, right, |d, l, r| d.keyed_list(&l, &r, name));
+    }
+
     /// A list at the current pointer whose elements are typed objects with
     /// a name (containers): when both sides hold the same names in the same
     /// order, each changed element is diffed by `element`; otherwise the
@@ -396,18 +459,27 @@ fn diff_array(
 
 /// The pairs `(left index, right index)` kept in place, increasing in both.
 fn align(left: &[Value], right: &[Value]) -> Vec<(usize, usize)> {
+    align_by(left, right, Key::of)
+}
+
+/// [`align`] for any elements, given their identity.
+fn align_by<'a, T, K: Hash + Eq>(
+    left: &'a [T],
+    right: &'a [T],
+    key: impl Fn(&'a T) -> K,
+) -> Vec<(usize, usize)> {
     // A common prefix and suffix need no hashing (the usual case: the engine
     // appends or edits a few entries of a long list).
     let prefix = left
         .iter()
         .zip(right)
-        .take_while(|(l, r)| Key::of(l) == Key::of(r))
+        .take_while(|(l, r)| key(l) == key(r))
         .count();
     let suffix = left[prefix..]
         .iter()
         .rev()
         .zip(right[prefix..].iter().rev())
-        .take_while(|(l, r)| Key::of(l) == Key::of(r))
+        .take_while(|(l, r)| key(l) == key(r))
         .count();
     let (l_mid, r_mid) = (
         &left[prefix..left.len() - suffix],
@@ -416,16 +488,16 @@ fn align(left: &[Value], right: &[Value]) -> Vec<(usize, usize)> {
     let mut anchors: Vec<(usize, usize)> = (0..prefix).map(|k| (k, k)).collect();
     if !l_mid.is_empty() && !r_mid.is_empty() {
         // Left occurrences of each key, in order.
-        let mut positions: HashMap<Key<'_>, VecDeque<usize>> = HashMap::with_capacity(l_mid.len());
+        let mut positions: HashMap<K, VecDeque<usize>> = HashMap::with_capacity(l_mid.len());
         for (i, v) in l_mid.iter().enumerate() {
-            positions.entry(Key::of(v)).or_default().push_back(i);
+            positions.entry(key(v)).or_default().push_back(i);
         }
         // Right order, each with its matched left index.
         let matches: Vec<(usize, usize)> = r_mid
             .iter()
             .enumerate()
             .filter_map(|(j, v)| {
-                let i = positions.get_mut(&Key::of(v))?.pop_front()?;
+                let i = positions.get_mut(&key(v))?.pop_front()?;
                 Some((i, j))
             })
             .collect();

@@ -99,13 +99,11 @@ pub struct Status {
 /// that text (pinned by the `typed_fingerprints_*` tests): no `Value` is
 /// built, only quantities are rewritten, on a copy.
 pub fn fingerprint<T: Fingerprinted>(entry: &T) -> String {
-    let mut hasher = HashWriter::new();
-    // Writing into a hasher cannot fail.
-    let _ = match entry.with_canonical_quantities() {
-        Some(canonical) => serde_json::to_writer(&mut hasher, &canonical),
-        None => serde_json::to_writer(&mut hasher, entry),
-    };
-    hex::encode(&hasher.finish()[..6])
+    let digest = sha256_of(|out| match entry.with_canonical_quantities() {
+        Some(canonical) => serde_json::to_writer(out, &canonical),
+        None => serde_json::to_writer(out, entry),
+    });
+    hex::encode(&digest[..6])
 }
 
 /// An entry trainwire fingerprints.
@@ -447,7 +445,27 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
 /// The hashed text is the compact JSON object `{"namespace":..,"workload":..}`
 /// (keys sorted, empty parts left out), streamed into the hasher rather than
 /// built: `spec` is the workload's spec as JSON.
-pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String {
+pub fn input_hash(workload: &Workload, namespace: &str) -> String {
+    // The spec as compact JSON, typed (k8s-openapi writes keys in sorted
+    // order), then pruned as text: no `Value` tree, which for a review at
+    // the body limit would be tens of MB.
+    let spec = match workload {
+        Workload::StatefulSet(s) => serde_json::to_vec(&s.spec),
+        Workload::Job(j) => serde_json::to_vec(&j.spec),
+    }
+    .unwrap_or_default();
+    let mut pruned = Vec::with_capacity(spec.len());
+    let spec_written = prune_json(&spec, &mut pruned).is_some();
+    if !spec_written {
+        // Deeper than the pruner goes (no k8s-openapi spec is): the slow path.
+        pruned.clear();
+        if let Ok(v) = serde_json::from_slice::<Value>(&spec)
+            && !prunable(&v)
+        {
+            let _ = serde_json::to_writer(&mut pruned, &Pruned(&v));
+        }
+    }
+    drop(spec);
     let meta = workload.metadata();
     let own: Vec<(&String, &String)> = meta
         .annotations
@@ -455,59 +473,220 @@ pub fn input_hash(workload: &Workload, spec: &Value, namespace: &str) -> String 
         .flatten()
         .filter(|(k, _)| k.starts_with(super::annotations::PREFIX))
         .collect();
-    let mut hasher = HashWriter::new();
-    let streamed = (|| -> serde_json::Result<()> {
+    let digest = sha256_of(|out| {
         use serde_json::to_writer as json;
-        hasher_write(&mut hasher, "{\"namespace\":")?;
-        json(&mut hasher, namespace)?;
-        hasher_write(&mut hasher, ",\"workload\":{\"apiVersion\":")?;
+        out.extend_from_slice(b"{\"namespace\":");
+        json(&mut *out, namespace)?;
+        out.extend_from_slice(b",\"workload\":{\"apiVersion\":");
         let (api_version, kind) = match workload {
             Workload::StatefulSet(_) => ("apps/v1", "StatefulSet"),
             Workload::Job(_) => ("batch/v1", "Job"),
         };
-        json(&mut hasher, api_version)?;
-        hasher_write(&mut hasher, ",\"kind\":")?;
-        json(&mut hasher, kind)?;
+        json(&mut *out, api_version)?;
+        out.extend_from_slice(b",\"kind\":");
+        json(&mut *out, kind)?;
         // Keys in sorted order, empty maps left out, as the pruned JSON
         // object of the workload would print.
         if !own.is_empty() || meta.name.is_some() {
-            hasher_write(&mut hasher, ",\"metadata\":{")?;
+            out.extend_from_slice(b",\"metadata\":{");
             if !own.is_empty() {
-                hasher_write(&mut hasher, "\"annotations\":")?;
-                json(
-                    &mut hasher,
-                    &own.iter().copied().collect::<BTreeMap<_, _>>(),
-                )?;
+                out.extend_from_slice(b"\"annotations\":");
+                json(&mut *out, &own.iter().copied().collect::<BTreeMap<_, _>>())?;
             }
             if let Some(name) = &meta.name {
-                hasher_write(
-                    &mut hasher,
-                    if own.is_empty() {
-                        "\"name\":"
-                    } else {
-                        ",\"name\":"
-                    },
-                )?;
-                json(&mut hasher, name)?;
+                out.extend_from_slice(if own.is_empty() {
+                    b"\"name\":"
+                } else {
+                    b",\"name\":"
+                });
+                json(&mut *out, name)?;
             }
-            hasher_write(&mut hasher, "}")?;
+            out.push(b'}');
         }
-        if !prunable(spec) {
-            hasher_write(&mut hasher, ",\"spec\":")?;
-            json(&mut hasher, &Pruned(spec))?;
+        if !pruned.is_empty() {
+            out.extend_from_slice(b",\"spec\":");
+            out.extend_from_slice(&pruned);
         }
-        hasher_write(&mut hasher, "}}")
-    })();
-    // Writing into a hasher cannot fail; serialising a `Value` neither.
-    debug_assert!(streamed.is_ok());
-    format!("sha256:{}", hex::encode(hasher.finish()))
+        out.extend_from_slice(b"}}");
+        Ok(())
+    });
+    format!("sha256:{}", hex::encode(digest))
 }
 
-fn hasher_write(hasher: &mut HashWriter, s: &str) -> serde_json::Result<()> {
-    use std::io::Write as _;
-    hasher
-        .write_all(s.as_bytes())
-        .map_err(serde_json::Error::io)
+/// Writes compact JSON text (as serde_json writes it) to `out` without its
+/// empty parts, exactly as [`Pruned`] prints the same value; writes nothing
+/// when the whole value is prunable. `None` (and `out` unspecified) when
+/// the text is not compact JSON or nests deeper than [`PRUNE_DEPTH`].
+fn prune_json(json: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    let mut p = TextPruner { s: json, i: 0, out };
+    let prunable = p.value(0)?;
+    if p.i != json.len() {
+        return None;
+    }
+    if prunable {
+        p.out.clear();
+    }
+    Some(())
+}
+
+/// How deep [`prune_json`] follows objects and arrays.
+const PRUNE_DEPTH: usize = 128;
+
+struct TextPruner<'a> {
+    s: &'a [u8],
+    i: usize,
+    out: &'a mut Vec<u8>,
+}
+
+impl TextPruner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    /// Copies one value; returns whether [`Pruned`] would leave it out of
+    /// a map (null, `[]`, an object with nothing left).
+    fn value(&mut self, depth: usize) -> Option<bool> {
+        if depth > PRUNE_DEPTH {
+            return None;
+        }
+        match self.peek()? {
+            b'{' => self.object(depth),
+            b'[' => self.array(depth),
+            b'"' => self.string().map(|()| false),
+            b'n' => {
+                self.s.get(self.i..self.i + 4).filter(|t| *t == b"null")?;
+                self.i += 4;
+                self.out.extend_from_slice(b"null");
+                Some(true)
+            }
+            _ => {
+                let start = self.i;
+                while let Some(c) = self.peek() {
+                    if matches!(c, b',' | b'}' | b']') {
+                        break;
+                    }
+                    if c.is_ascii_whitespace() {
+                        return None;
+                    }
+                    self.i += 1;
+                }
+                (self.i > start).then_some(())?;
+                self.out.extend_from_slice(&self.s[start..self.i]);
+                Some(false)
+            }
+        }
+    }
+
+    fn string(&mut self) -> Option<()> {
+        let start = self.i;
+        self.i += 1;
+        loop {
+            match self.peek()? {
+                b'\\' => self.i += 2,
+                b'"' => {
+                    self.i += 1;
+                    break;
+                }
+                _ => self.i += 1,
+            }
+        }
+        self.out.extend_from_slice(self.s.get(start..self.i)?);
+        Some(())
+    }
+
+    fn object(&mut self, depth: usize) -> Option<bool> {
+        self.i += 1;
+        self.out.push(b'{');
+        let mut members = 0usize;
+        if self.peek()? == b'}' {
+            self.i += 1;
+            self.out.push(b'}');
+            return Some(true);
+        }
+        loop {
+            let mark = self.out.len();
+            if members > 0 {
+                self.out.push(b',');
+            }
+            if self.peek()? != b'"' {
+                return None;
+            }
+            self.string()?;
+            if self.peek()? != b':' {
+                return None;
+            }
+            self.i += 1;
+            self.out.push(b':');
+            if self.value(depth + 1)? {
+                self.out.truncate(mark);
+            } else {
+                members += 1;
+            }
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+        self.out.push(b'}');
+        Some(members == 0)
+    }
+
+    fn array(&mut self, depth: usize) -> Option<bool> {
+        self.i += 1;
+        self.out.push(b'[');
+        if self.peek()? == b']' {
+            self.i += 1;
+            self.out.push(b']');
+            return Some(true);
+        }
+        loop {
+            self.value(depth + 1)?;
+            match self.peek()? {
+                b',' => {
+                    self.i += 1;
+                    self.out.push(b',');
+                }
+                b']' => {
+                    self.i += 1;
+                    break;
+                }
+                _ => return None,
+            }
+        }
+        self.out.push(b']');
+        Some(false)
+    }
+}
+
+/// The SHA-256 of the text `write` produces. The text is gathered in a
+/// buffer kept per thread (no allocation per call once it has grown) and
+/// hashed in one call; a buffer a huge review made large is not kept.
+fn sha256_of(write: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>) -> [u8; 32] {
+    const KEEP: usize = 256 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let hash = |buf: &mut Vec<u8>| {
+        buf.clear();
+        // Writing into a Vec cannot fail, nor can serialising these types.
+        let written = write(buf);
+        debug_assert!(written.is_ok());
+        Sha256::digest(buf.as_slice()).into()
+    };
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            let digest = hash(&mut buf);
+            if buf.capacity() > KEEP {
+                *buf = Vec::new();
+            }
+            digest
+        }
+        Err(_) => hash(&mut Vec::new()),
+    })
 }
 
 /// A JSON value printed without its empty parts: nulls, and maps that are
@@ -545,57 +724,6 @@ impl Serialize for Pruned<'_> {
             }
             other => other.serialize(serializer),
         }
-    }
-}
-
-/// A SHA-256 as an `io::Write`, for streaming serialisation into it. Small
-/// writes (serde_json writes token by token) are gathered first, in a
-/// buffer inside the writer: no allocation.
-pub struct HashWriter {
-    hasher: Sha256,
-    buffer: [u8; HASH_BUFFER],
-    len: usize,
-}
-
-const HASH_BUFFER: usize = 512;
-
-impl HashWriter {
-    pub fn new() -> Self {
-        HashWriter {
-            hasher: Sha256::new(),
-            buffer: [0; HASH_BUFFER],
-            len: 0,
-        }
-    }
-
-    pub fn finish(mut self) -> [u8; 32] {
-        self.hasher.update(&self.buffer[..self.len]);
-        self.hasher.finalize().into()
-    }
-}
-
-impl Default for HashWriter {
-    fn default() -> Self {
-        HashWriter::new()
-    }
-}
-
-impl std::io::Write for HashWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.len + buf.len() > HASH_BUFFER {
-            self.hasher.update(&self.buffer[..self.len]);
-            self.len = 0;
-        }
-        if buf.len() >= HASH_BUFFER {
-            self.hasher.update(buf);
-        } else {
-            self.buffer[self.len..self.len + buf.len()].copy_from_slice(buf);
-            self.len += buf.len();
-        }
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 
@@ -712,5 +840,84 @@ mod fingerprint_tests {
             json!({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30, "value": "v"}),
         );
         assert_eq!(fingerprint(&toleration), by_value(&toleration));
+    }
+}
+
+#[cfg(test)]
+mod prune_tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// What the `Value` path printed: `Pruned`, or nothing when prunable.
+    fn by_value(v: &Value) -> Vec<u8> {
+        if prunable(v) {
+            Vec::new()
+        } else {
+            serde_json::to_vec(&Pruned(v)).expect("json")
+        }
+    }
+
+    fn by_text(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        prune_json(&serde_json::to_vec(v).expect("json"), &mut out).expect("compact json");
+        out
+    }
+
+    #[test]
+    fn text_pruning_prints_what_the_value_path_printed() {
+        for v in [
+            json!(null),
+            json!({}),
+            json!([]),
+            json!({"a": [], "b": {}, "c": {"d": null, "e": []}}),
+            json!({"a": [], "f": [{}, [], null, {"g": []}], "h": "x\"y\\z}]", "i": -1.5e-7, "j": true}),
+            json!({"template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "t", "env": [], "resources": {}}]}}}),
+            json!([[[]]]),
+            json!("only a string"),
+        ] {
+            assert_eq!(
+                String::from_utf8_lossy(&by_text(&v)),
+                String::from_utf8_lossy(&by_value(&v)),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn text_pruning_refuses_what_is_not_compact_json_and_deep_nesting() {
+        let mut out = Vec::new();
+        assert!(prune_json(b"{\"a\": 1}", &mut out).is_none());
+        assert!(prune_json(b"{\"a\":1", &mut out).is_none());
+        assert!(prune_json(b"{\"a\":1}x", &mut out).is_none());
+        let deep = format!(
+            "{}{}",
+            "[".repeat(PRUNE_DEPTH + 2),
+            "]".repeat(PRUNE_DEPTH + 2)
+        );
+        assert!(prune_json(deep.as_bytes(), &mut out).is_none());
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            "[a-z\"\\\\{}\\[\\],: ]{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::btree_map("[a-e]{1,2}", inner, 0..5)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn text_pruning_equals_the_value_path_on_any_json(v in json_value()) {
+            prop_assert_eq!(by_text(&v), by_value(&v));
+        }
     }
 }

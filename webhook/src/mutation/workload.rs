@@ -193,14 +193,6 @@ impl Workload {
     }
 
     /// The spec as JSON (`null` when there is none).
-    pub fn spec_json(&self) -> Value {
-        match self {
-            Workload::StatefulSet(s) => serde_json::to_value(&s.spec),
-            Workload::Job(j) => serde_json::to_value(&j.spec),
-        }
-        .unwrap_or(Value::Null)
-    }
-
     pub fn kind(&self) -> &'static str {
         match self {
             Workload::StatefulSet(_) => "StatefulSet",
@@ -430,7 +422,10 @@ fn pod_spec(d: &mut patch::Differ, mut b: PodSpec, mut a: PodSpec) {
                 "tolerations",
                 Box::new(|d| d.optional_json("tolerations", bt, at)),
             ),
-            ("volumes", Box::new(|d| d.optional_json("volumes", bv, av))),
+            (
+                "volumes",
+                Box::new(|d| d.optional_keyed_list("volumes", bv, av, |v| v.name.as_str())),
+            ),
         ],
     );
 }
@@ -448,14 +443,19 @@ fn containers(d: &mut patch::Differ, b: Vec<Container>, a: Vec<Container>) {
                 &b,
                 &a,
                 vec![
-                    ("env", Box::new(|d| d.optional_json("env", be, ae))),
+                    (
+                        "env",
+                        Box::new(|d| d.optional_keyed_list("env", be, ae, |e| e.name.as_str())),
+                    ),
                     (
                         "resources",
                         Box::new(|d| d.optional_json("resources", br, ar)),
                     ),
                     (
                         "volumeMounts",
-                        Box::new(|d| d.optional_json("volumeMounts", bm, am)),
+                        Box::new(|d| {
+                            d.optional_keyed_list("volumeMounts", bm, am, |m| m.name.as_str())
+                        }),
                     ),
                 ],
             );
