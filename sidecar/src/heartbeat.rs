@@ -250,6 +250,113 @@ mod tests {
     use crate::config::Config;
     use crate::env;
 
+    /// A peer that stops answering is probed once per interval until it
+    /// is lost (misses reached), then four times per interval, so that a
+    /// replacement answering at its name is seen within a quarter interval;
+    /// misses are still reported once per interval.
+    #[tokio::test]
+    async fn a_lost_peer_is_probed_four_times_per_interval() {
+        use std::sync::{Arc, Mutex};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        // A peer that answers every probe with 503 (a miss), noting when.
+        let listener = tokio::net::TcpListener::bind("127.0.0.10:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let probes: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let seen = probes.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                let seen = seen.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        let Ok(n) = conn.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            if let Ok(mut p) = seen.lock() {
+                                p.push(Instant::now());
+                            }
+                            let answer =
+                                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
+                            if conn.write_all(answer).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let interval = Duration::from_millis(200);
+        let port = port.to_string();
+        let config = Config::from_source(
+            [
+                (env::NNODES, "2"),
+                (env::NODE_RANK, "1"),
+                (env::PEER_HOSTS, "127.0.0.1{i}"), // rank 0: 127.0.0.10
+                (env::HEALTH_PORT, port.as_str()),
+                (env::HEARTBEAT_INTERVAL, "200ms"),
+                (env::HEARTBEAT_MISSES, "3"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        let (tx, mut rx) = mpsc::channel(64);
+        let prober = tokio::spawn(run(config, tx));
+
+        // Wait for the third miss: the peer is lost from here on.
+        let mut misses = 0;
+        while misses < 3 {
+            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("an observation within 10 s")
+                .expect("the prober runs");
+            if matches!(obs.evidence, Evidence::Missed(_)) {
+                misses += 1;
+            }
+        }
+        let lost_at = Instant::now();
+        let count_since = |t: Instant| {
+            probes
+                .lock()
+                .map(|p| p.iter().filter(|at| **at >= t).count())
+                .unwrap_or(0)
+        };
+        // Five intervals (and up to one more for the last wait): about 25
+        // probes at four per interval and one per tick, 12 without the
+        // faster probing.
+        let mut reported = 0;
+        while lost_at.elapsed() < interval * 5 {
+            if let Ok(Some(obs)) = tokio::time::timeout(interval, rx.recv()).await
+                && matches!(obs.evidence, Evidence::Missed(_))
+            {
+                reported += 1;
+            }
+        }
+        let probed = count_since(lost_at);
+        prober.abort();
+        server.abort();
+        assert!(
+            probed >= 18,
+            "{probed} probes in 5 to 6 intervals after the peer was lost; expected about 25"
+        );
+        assert!(
+            (3..=7).contains(&reported),
+            "{reported} misses reported in 5 intervals; expected one per interval"
+        );
+    }
+
     #[test]
     fn urls() {
         let c = Config::from_source(
