@@ -14,7 +14,7 @@ use std::mem::take;
 
 use k8s_openapi::api::apps::v1::StatefulSetSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{Ctx, Refusal, patch};
@@ -356,31 +356,34 @@ pub fn diff(before: Workload, after: Workload) -> json_patch::Patch {
         (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
             let (b, a) = (*b, *a);
             d.optional_json("metadata", Some(b.metadata), Some(a.metadata));
-            d.optional("spec", b.spec, a.spec, |d, mut b, mut a| {
-                let (bt, at) = (take(&mut b.template), take(&mut a.template));
-                d.object(
-                    &b,
-                    &a,
-                    vec![("template", Box::new(|d| template(d, bt, at)))],
-                );
-            });
+            spec(&mut d, b.spec, a.spec, |s| &mut s.template);
         }
         (Workload::Job(b), Workload::Job(a)) => {
             let (b, a) = (*b, *a);
             d.optional_json("metadata", Some(b.metadata), Some(a.metadata));
-            d.optional("spec", b.spec, a.spec, |d, mut b, mut a| {
-                let (bt, at) = (take(&mut b.template), take(&mut a.template));
-                d.object(
-                    &b,
-                    &a,
-                    vec![("template", Box::new(|d| template(d, bt, at)))],
-                );
-            });
+            spec(&mut d, b.spec, a.spec, |s| &mut s.template);
         }
         // The engine never changes the kind.
         _ => {}
     }
     d.finish()
+}
+
+/// The member `spec` of a StatefulSet or a Job: its `template` taken apart.
+fn spec<S: Serialize + PartialEq>(
+    d: &mut patch::Differ,
+    before: Option<S>,
+    after: Option<S>,
+    template_of: fn(&mut S) -> &mut PodTemplateSpec,
+) {
+    d.optional("spec", before, after, |d, mut b, mut a| {
+        let (bt, at) = (take(template_of(&mut b)), take(template_of(&mut a)));
+        d.object(
+            &b,
+            &a,
+            vec![("template", Box::new(|d| template(d, bt, at)))],
+        );
+    });
 }
 
 /// The member `template` (required, so present on both sides).
