@@ -399,3 +399,25 @@ pub fn executable(path: &Path) -> bool {
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
+
+/// A memory figure of a process from `/proc/<pid>/status`, in KiB: `field`
+/// is `VmHWM` (peak RSS), `VmRSS`, ...; `pid` is a number or `self`.
+pub fn status_kib(pid: impl std::fmt::Display, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn status_kib_reads_this_process() {
+        let peak = super::status_kib("self", "VmHWM").expect("VmHWM");
+        let now = super::status_kib(std::process::id(), "VmRSS").expect("VmRSS");
+        assert!(peak > 0 && now > 0, "VmHWM {peak}, VmRSS {now}");
+        assert_eq!(super::status_kib("self", "NoSuchField"), None);
+    }
+}

@@ -90,6 +90,25 @@ impl World {
             .apply_watcher_event(&watcher::Event::Apply(sts));
         Ok(())
     }
+    /// Reconcile `pod`, which must stop the world: answers the StatefulSet
+    /// PATCH (returning its body) and the `WorldStopped` Event.
+    async fn reconcile_to_a_stop(&mut self, pod: Pod) -> Result<(Value, Value)> {
+        let task = tokio::spawn(failures::reconcile_pod(Arc::new(pod), self.ctx.clone()));
+        let patch = self
+            .api
+            .expect(
+                Method::PATCH,
+                &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
+            )
+            .await?;
+        let body = patch.body.clone();
+        patch.reply(StatusCode::OK, &body);
+        let stopped = self.api.event(NS, "WorldStopped", "StatefulSet").await?;
+        tokio::time::timeout(BOUND, task)
+            .await??
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok((body, stopped))
+    }
     async fn reconcile(&self, pod: &Pod) -> Result<kube::runtime::controller::Action> {
         let task = tokio::spawn(failures::reconcile_pod(
             Arc::new(pod.clone()),
@@ -270,35 +289,21 @@ async fn crash_loop_counts_across_restarts_and_replacements_but_not_peer_losses(
         .await?;
     // Failure 3: stop.
     w.set_time(700);
-    let task = tokio::spawn(failures::reconcile_pod(
-        Arc::new(pod("llama-1", "u1b", exited(2, 2, 690))?),
-        w.ctx.clone(),
-    ));
-    let patch = w
-        .api
-        .expect(
-            Method::PATCH,
-            &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
-        )
+    let (patch, stopped) = w
+        .reconcile_to_a_stop(pod("llama-1", "u1b", exited(2, 2, 690))?)
         .await?;
-    ensure!(patch.body["spec"]["replicas"] == 0, "{}", patch.body);
-    let a = &patch.body["metadata"]["annotations"];
+    ensure!(patch["spec"]["replicas"] == 0, "{patch}");
+    let a = &patch["metadata"]["annotations"];
     ensure!(a["trainwire.dev/stopped-replicas"] == "4", "{a}");
     ensure!(a["trainwire.dev/stopped-reason"] == "MaxFailures", "{a}");
     ensure!(a["trainwire.dev/stopped-exit-code"] == "2", "{a}");
     ensure!(a["trainwire.dev/stopped-pod"] == "llama-1", "{a}");
-    let body = patch.body.clone();
-    patch.reply(StatusCode::OK, &body);
-    let stopped = w.api.event(NS, "WorldStopped", "StatefulSet").await?;
     ensure!(
         stopped["note"].as_str().is_some_and(
             |n| n.contains("kubectl annotate statefulset llama trainwire.dev/resume=now")
         ),
         "{stopped}"
     );
-    tokio::time::timeout(BOUND, task)
-        .await??
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 
@@ -343,28 +348,13 @@ async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
     w.reconcile(&p).await?;
     // A real script failure later is counted (limit 1: stop).
     w.set_time(900);
-    let task = tokio::spawn(failures::reconcile_pod(
-        Arc::new(pod("llama-1", "u1", exited(2, 2, 890))?),
-        w.ctx.clone(),
-    ));
-    let patch = w
-        .api
-        .expect(
-            Method::PATCH,
-            &format!("/apis/apps/v1/namespaces/{NS}/statefulsets/llama"),
-        )
+    let (patch, _) = w
+        .reconcile_to_a_stop(pod("llama-1", "u1", exited(2, 2, 890))?)
         .await?;
     ensure!(
-        patch.body["metadata"]["annotations"]["trainwire.dev/stopped-exit-code"] == "2",
-        "{}",
-        patch.body
+        patch["metadata"]["annotations"]["trainwire.dev/stopped-exit-code"] == "2",
+        "{patch}"
     );
-    let body = patch.body.clone();
-    patch.reply(StatusCode::OK, &body);
-    w.api.event(NS, "WorldStopped", "StatefulSet").await?;
-    tokio::time::timeout(BOUND, task)
-        .await??
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(())
 }
 

@@ -394,11 +394,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
                                     .insert((namespace.clone(), pod_name.clone()), uid.clone());
                                 st.histories.entry(owner.uid.clone()).or_default().loss(now)
                             };
-                            ctx.event(
-                                &owner.reference(),
-                                EventType::Warning,
-                                "PeerLost",
-                                "Detect",
+                            peer_lost_event(
+                                &ctx,
+                                &owner,
                                 format!("pod {pod_name}: {why}; loss generation {generation}"),
                             )
                             .await;
@@ -448,11 +446,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
             }
         };
         if let Some(generation) = first {
-            ctx.event(
-                &owner.reference(),
-                EventType::Warning,
-                "PeerLost",
-                "Detect",
+            peer_lost_event(
+                &ctx,
+                &owner,
                 format!(
                     "pod {pod_name} is being deleted or was disrupted; loss generation {generation}"
                 ),
@@ -464,6 +460,18 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     sidecar_loss(&ctx, &pod, &owner, now).await;
     crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
     Ok(action)
+}
+
+/// The `PeerLost` Event on the workload: every loss the controller counts.
+async fn peer_lost_event(ctx: &Context, owner: &Owner, note: String) {
+    ctx.event(
+        &owner.reference(),
+        EventType::Warning,
+        "PeerLost",
+        "Detect",
+        note,
+    )
+    .await;
 }
 
 /// The sidecar's own record of a peer loss it acted on
@@ -496,22 +504,20 @@ async fn sidecar_loss(ctx: &Context, pod: &Pod, owner: &Owner, now: Timestamp) {
         }
         st.histories.entry(owner.uid.clone()).or_default().loss(at)
     };
-    ctx.event(
-        &owner.reference(),
-        EventType::Warning,
-        "PeerLost",
-        "Detect",
-        format!(
-            "the sidecar of pod {} lost rank {} (its generation {}, confirmed by {}): {} {}; loss generation {generation}",
-            pod.name_any(),
-            record.lost_rank,
-            record.generation,
-            if record.confirmed_by.is_empty() { "nothing yet" } else { &record.confirmed_by },
-            record.action,
-            record.result,
-        ),
-    )
-    .await;
+    let confirmed_by = if record.confirmed_by.is_empty() {
+        "nothing yet"
+    } else {
+        &record.confirmed_by
+    };
+    let note = format!(
+        "the sidecar of pod {} lost rank {} (its generation {}, confirmed by {confirmed_by}): {} {}; loss generation {generation}",
+        pod.name_any(),
+        record.lost_rank,
+        record.generation,
+        record.action,
+        record.result,
+    );
+    peer_lost_event(ctx, owner, note).await;
 }
 
 /// The pod condition reason trainwire writes on a pod it reclaims.

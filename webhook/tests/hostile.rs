@@ -19,31 +19,13 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use trainwire_webhook::admission::Admitter;
-use trainwire_webhook::metrics::Metrics;
-use trainwire_webhook::policy::{Policy, SharedPolicy};
 use trainwire_webhook::scale::StatefulSetCache;
-use trainwire_webhook::serve::{AppState, MAX_BODY_BYTES, Readiness, router};
-use trainwire_webhook::tls::CertStore;
+use trainwire_webhook::serve::{AppState, MAX_BODY_BYTES, router};
 
 fn state() -> AppState {
-    let metrics = Arc::new(Metrics::new());
-    AppState {
-        admitter: Admitter {
-            policy: SharedPolicy::new(Policy::default()),
-            statefulsets: Arc::new(StatefulSetCache::unavailable(
-                "no API in this test".to_string(),
-            )),
-            metrics: metrics.clone(),
-        },
-        certs: Arc::new(CertStore::new(
-            "/nonexistent/tls.crt".into(),
-            "/nonexistent/tls.key".into(),
-            metrics.clone(),
-        )),
-        metrics,
-        readiness: Arc::new(Readiness::default()),
-    }
+    common::app_state(Arc::new(StatefulSetCache::unavailable(
+        "no API in this test".to_string(),
+    )))
 }
 
 /// The captured StatefulSet CREATE with `n` extra env entries on the trainer
@@ -59,15 +41,7 @@ fn review_with_env(n: usize) -> (Value, Vec<u8>) {
 }
 
 fn peak_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    trainwire_test_support::process::status_kib("self", "VmHWM").unwrap_or(0)
 }
 
 /// Post the review, check it is patched, and return the elapsed time and

@@ -13,12 +13,8 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use trainwire_webhook::admission::Admitter;
-use trainwire_webhook::metrics::Metrics;
-use trainwire_webhook::policy::{Policy, SharedPolicy};
 use trainwire_webhook::scale::{Lookup, StatefulSetCache, StatefulSetSource, Unknown};
-use trainwire_webhook::serve::{AppState, Readiness, probe_router, router};
-use trainwire_webhook::tls::CertStore;
+use trainwire_webhook::serve::{AppState, probe_router, router};
 
 /// A StatefulSet source fed by the test: `(namespace, name)` → what the
 /// cache would know.
@@ -58,21 +54,7 @@ impl StatefulSetSource for FakeStatefulSets {
 }
 
 fn state_with(statefulsets: Arc<dyn StatefulSetSource>) -> AppState {
-    let metrics = Arc::new(Metrics::new());
-    AppState {
-        admitter: Admitter {
-            policy: SharedPolicy::new(Policy::default()),
-            statefulsets,
-            metrics: metrics.clone(),
-        },
-        certs: Arc::new(CertStore::new(
-            "/nonexistent/tls.crt".into(),
-            "/nonexistent/tls.key".into(),
-            metrics.clone(),
-        )),
-        metrics,
-        readiness: Arc::new(Readiness::default()),
-    }
+    common::app_state(statefulsets)
 }
 
 fn state() -> AppState {

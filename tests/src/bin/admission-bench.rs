@@ -233,15 +233,7 @@ impl Server {
     }
 
     fn peak_rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmHWM:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse().ok())
-            })
-            .unwrap_or(0)
+        trainwire_test_support::process::status_kib(self.child.id(), "VmHWM").unwrap_or(0)
     }
 }
 

@@ -332,11 +332,7 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
+    trainwire_test_support::process::status_kib(pid, "VmRSS")
 }
 
 fn cpu_ticks(pid: u32) -> Option<u64> {

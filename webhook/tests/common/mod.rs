@@ -48,3 +48,32 @@ pub fn base64_decode(input: &str) -> Vec<u8> {
         .decode(input)
         .expect("patch is base64")
 }
+
+/// The server's state with the default policy, `statefulsets` for the scale
+/// guard and no certificate, for driving the router in process.
+pub fn app_state(
+    statefulsets: std::sync::Arc<dyn trainwire_webhook::scale::StatefulSetSource>,
+) -> trainwire_webhook::serve::AppState {
+    use std::sync::Arc;
+    use trainwire_webhook::admission::Admitter;
+    use trainwire_webhook::metrics::Metrics;
+    use trainwire_webhook::policy::{Policy, SharedPolicy};
+    use trainwire_webhook::serve::{AppState, Readiness};
+    use trainwire_webhook::tls::CertStore;
+
+    let metrics = Arc::new(Metrics::new());
+    AppState {
+        admitter: Admitter {
+            policy: SharedPolicy::new(Policy::default()),
+            statefulsets,
+            metrics: metrics.clone(),
+        },
+        certs: Arc::new(CertStore::new(
+            "/nonexistent/tls.crt".into(),
+            "/nonexistent/tls.key".into(),
+            metrics.clone(),
+        )),
+        metrics,
+        readiness: Arc::new(Readiness::default()),
+    }
+}
