@@ -192,7 +192,6 @@ impl Workload {
         }
     }
 
-    /// The spec as JSON (`null` when there is none).
     pub fn kind(&self) -> &'static str {
         match self {
             Workload::StatefulSet(_) => "StatefulSet",
