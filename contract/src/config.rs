@@ -342,7 +342,7 @@ impl Config {
                 var: env::PEER_HOSTS,
                 value: p.clone(),
                 reason: "has no {i} placeholder for the rank".into(),
-                accepted: "a host pattern such as <name>-{i}.<service>.<namespace>.svc",
+                accepted: "a host pattern such as <name>-{i}.<service>.<namespace>.svc.cluster.local",
             });
         }
         let health_port = var::<S, crate::Port>(src, env::HEALTH_PORT)?

@@ -18,7 +18,7 @@ pub const NNODES: &str = "TRAINWIRE_NNODES";
 /// Label selector (`k=v,k2=v2`) that matches exactly the pods of this workload.
 pub const SELECTOR: &str = "TRAINWIRE_SELECTOR";
 /// Host name pattern of the peers, `{i}` standing for the node rank:
-/// `<name>-{i}.<service>.<namespace>.svc`.
+/// `<name>-{i}.<service>.<namespace>.svc.<cluster domain>`.
 pub const PEER_HOSTS: &str = "TRAINWIRE_PEER_HOSTS";
 /// Rank of the rendezvous host (the pod that runs the c10d store): `0`, or
 /// `none` when the store is outside the world (etcd-v2).

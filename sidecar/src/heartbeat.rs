@@ -109,28 +109,70 @@ fn max_inflight(interval: Duration, timeout: Duration) -> usize {
         .clamp(2, 16)
 }
 
-/// While a peer is lost (missed `misses` beats in a row), it is probed this
-/// many times per interval, so that a replacement answering at its name is
-/// seen within a fraction of the interval (the rendezvous host's
-/// replacement is what the survivors' restart waits for). Misses are still
-/// counted once per interval.
+/// While a peer is lost (missed `misses` beats in a row), it is also
+/// searched for this many times per interval, so that a replacement
+/// answering at its name is seen within a fraction of the interval (the
+/// rendezvous host's replacement is what the survivors' restart waits for).
+/// Misses are still counted once per interval.
 const LOST_PROBES_PER_INTERVAL: u32 = 4;
 
 /// One probe in flight.
 type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
 
+/// What the probes of one peer have shown since the last tick.
+struct Tally {
+    rank: u32,
+    url: String,
+    /// A good beat arrived since the last tick.
+    answered: bool,
+    missed_in_a_row: u32,
+    last_error: Option<String>,
+}
+
+impl Tally {
+    /// The evidence a finished probe gives, if any (an error is only kept
+    /// for the next tick's miss).
+    fn judge(&mut self, result: Result<Beat, String>) -> Option<Evidence> {
+        match result {
+            Ok(beat) if beat.rank == self.rank => {
+                self.answered = true;
+                self.missed_in_a_row = 0;
+                self.last_error = None;
+                Some(Evidence::Alive(beat.identity()))
+            }
+            Ok(beat) => {
+                self.last_error = Some(format!(
+                    "{} answered as rank {} (pod {}), not rank {}",
+                    self.url, beat.rank, beat.pod, self.rank
+                ));
+                None
+            }
+            Err(e) => {
+                tracing::trace!(rank = self.rank, url = %self.url, error = %e, "heartbeat missed");
+                self.last_error = Some(e);
+                None
+            }
+        }
+    }
+}
+
 /// Probes every peer forever, sending observations to `tx`; returns when
 /// `tx` is closed.
 ///
-/// Probing and counting misses are decoupled: a new probe starts at a tick
+/// Probing and counting misses are decoupled. A new probe starts at a tick
 /// when none is in flight (or, while the peer does not answer, one more per
-/// tick, so that a probe stuck on a dead address does not delay seeing a
-/// replacement at the same name; once the peer is lost, one every quarter
-/// interval), and may take up to the probe timeout (its
+/// tick, up to [`max_inflight`]), and may take up to the probe timeout (its
 /// connection is kept, so a slow network costs one round trip per probe);
 /// at each tick with no good answer since the previous one, one miss is
 /// reported. So a dead peer is reported after about interval × misses, while
 /// an answer that takes longer than the interval (latency) is not a loss.
+///
+/// Once the peer is lost, it is also searched for: a probe every quarter
+/// interval, each given one interval, in a set of its own. A probe stuck on
+/// the dead address ends within the interval, so these never pile up to a
+/// limit, and a replacement that answers at the name (a new address behind
+/// it) is seen within a quarter interval of answering, however long the
+/// regular probes still wait on the old address.
 pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
     let timeout = config.heartbeat.timeout;
     let http = client(timeout);
@@ -143,63 +185,66 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
         let http = http.clone();
         let tx = tx.clone();
         let interval = config.heartbeat.interval;
-        let max_inflight_lost = max_inflight(
-            (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50)),
-            timeout,
-        );
         let max_inflight = max_inflight(interval, timeout);
         let lost_after = config.heartbeat.misses.max(1);
-        let lost_interval = (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50));
+        let search_every = (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50));
+        let search_timeout = interval.min(timeout);
+        let max_searching = usize::try_from(LOST_PROBES_PER_INTERVAL).unwrap_or(4) + 1;
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut lost_ticker = tokio::time::interval(lost_interval);
-            lost_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut missed_in_a_row: u32 = 0;
+            let mut search_ticker = tokio::time::interval(search_every);
+            search_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tally = Tally {
+                rank,
+                url: url.clone(),
+                answered: false,
+                missed_in_a_row: 0,
+                last_error: None,
+            };
             let mut inflight: FuturesUnordered<Probe> = FuturesUnordered::new();
+            let mut searching: FuturesUnordered<Probe> = FuturesUnordered::new();
             let mut inflight_since = Instant::now();
-            let mut answered = false;
-            let mut last_error: Option<String> = None;
+            let start = |timeout: Duration| -> Probe {
+                let (http, url) = (http.clone(), url.clone());
+                Box::pin(async move { probe(&http, &url, timeout).await })
+            };
             loop {
                 let evidence = tokio::select! {
                     _ = ticker.tick() => {
-                        let miss = if answered {
+                        let miss = if tally.answered {
                             None
-                        } else if let Some(e) = last_error.take() {
+                        } else if let Some(e) = tally.last_error.take() {
                             Some(e)
-                        } else if !inflight.is_empty() {
+                        } else if !inflight.is_empty() || !searching.is_empty() {
                             Some(format!("no answer for {}ms", inflight_since.elapsed().as_millis()))
                         } else {
                             None
                         };
-                        answered = false;
+                        tally.answered = false;
                         // One probe at a time while the peer answers; while
                         // it does not, one more per tick (at most
-                        // `max_inflight`): a probe stuck on an address that
-                        // is gone must not hide a replacement that answers
-                        // at the name now, and a slow answer still counts.
+                        // `max_inflight`): a slow answer still counts.
                         if inflight.is_empty() || (miss.is_some() && inflight.len() < max_inflight) {
                             if inflight.is_empty() {
                                 inflight_since = Instant::now();
                             }
-                            let (http, url) = (http.clone(), url.clone());
-                            inflight.push(Box::pin(async move { probe(&http, &url, timeout).await }));
+                            inflight.push(start(timeout));
                         }
                         match miss {
                             Some(e) => {
-                                missed_in_a_row = missed_in_a_row.saturating_add(1);
+                                tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
                                 Evidence::Missed(e)
                             }
                             None => {
-                                missed_in_a_row = 0;
+                                tally.missed_in_a_row = 0;
                                 continue;
                             }
                         }
                     }
-                    _ = lost_ticker.tick(), if missed_in_a_row >= lost_after => {
-                        if inflight.len() < max_inflight_lost {
-                            let (http, url) = (http.clone(), url.clone());
-                            inflight.push(Box::pin(async move { probe(&http, &url, timeout).await }));
+                    _ = search_ticker.tick(), if tally.missed_in_a_row >= lost_after => {
+                        if searching.len() < max_searching {
+                            searching.push(start(search_timeout));
                         }
                         continue;
                     }
@@ -207,25 +252,15 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
                         if inflight.is_empty() {
                             inflight_since = Instant::now();
                         }
-                        match result {
-                            Ok(beat) if beat.rank == rank => {
-                                answered = true;
-                                missed_in_a_row = 0;
-                                last_error = None;
-                                Evidence::Alive(beat.identity())
-                            }
-                            Ok(beat) => {
-                                last_error = Some(format!(
-                                    "{url} answered as rank {} (pod {}), not rank {rank}",
-                                    beat.rank, beat.pod
-                                ));
-                                continue;
-                            }
-                            Err(e) => {
-                                tracing::trace!(rank, %url, error = %e, "heartbeat missed");
-                                last_error = Some(e);
-                                continue;
-                            }
+                        match tally.judge(result) {
+                            Some(e) => e,
+                            None => continue,
+                        }
+                    }
+                    Some(result) = searching.next(), if !searching.is_empty() => {
+                        match tally.judge(result) {
+                            Some(e) => e,
+                            None => continue,
                         }
                     }
                 };
@@ -354,6 +389,114 @@ mod tests {
         assert!(
             (3..=7).contains(&reported),
             "{reported} misses reported in 5 intervals; expected one per interval"
+        );
+    }
+
+    /// The survivors' restart after losing the rendezvous host waits for its
+    /// replacement to answer at its name: probes still waiting on the dead
+    /// address (here: a peer that takes every request and never answers)
+    /// must not keep the first probe that can reach the replacement from
+    /// starting. Seen within a small part of the interval of answering.
+    #[tokio::test]
+    async fn a_replacement_is_seen_although_probes_hang_on_the_old_address() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.20:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let replaced = Arc::new(AtomicBool::new(false));
+        let flag = replaced.clone();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    return;
+                };
+                // A connection made before the replacement stays silent
+                // forever, as one to a dead pod's address does.
+                let answers = flag.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        let Ok(n) = conn.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            if !answers {
+                                continue;
+                            }
+                            let body = r#"{"pod":"p-0","uid":"new","start_time":"t","rank":0,"generation":0}"#;
+                            let answer = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if conn.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let port = port.to_string();
+        let config = Config::from_source(
+            [
+                (env::NNODES, "2"),
+                (env::NODE_RANK, "1"),
+                (env::PEER_HOSTS, "127.0.0.2{i}"), // rank 0: 127.0.0.20
+                (env::HEALTH_PORT, port.as_str()),
+                (env::HEARTBEAT_INTERVAL, "200ms"),
+                (env::HEARTBEAT_MISSES, "3"),
+                // Regular probes wait long on the silent address.
+                (env::HEARTBEAT_TIMEOUT, "5s"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        let (tx, mut rx) = mpsc::channel(256);
+        let prober = tokio::spawn(run(config, tx));
+
+        // Lost (three misses), then searched for over ten more intervals:
+        // long enough for any limit on probes in flight to be reached.
+        let mut misses = 0;
+        while misses < 13 {
+            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("an observation within 10 s")
+                .expect("the prober runs");
+            assert!(
+                matches!(obs.evidence, Evidence::Missed(_)),
+                "a silent peer gave {:?}",
+                obs.evidence
+            );
+            misses += 1;
+        }
+        replaced.store(true, Ordering::SeqCst);
+        let answering = Instant::now();
+        let alive = loop {
+            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .expect("the replacement seen within 10 s")
+                .expect("the prober runs");
+            if matches!(obs.evidence, Evidence::Alive(_)) {
+                break answering.elapsed();
+            }
+        };
+        prober.abort();
+        server.abort();
+        // A probe every 50 ms; the regular probes alone would wait on the
+        // silent connections for up to 5 s.
+        assert!(
+            alive < Duration::from_millis(200),
+            "the replacement was seen {alive:?} after it answered; expected within an interval (200 ms)"
         );
     }
 

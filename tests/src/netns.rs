@@ -8,6 +8,14 @@
 //! `/etc/netns/<ns>/hosts`, so peers are reached by names like `node-1`, and
 //! a replacement node can take over a name with a new address.
 //!
+//! Those files play two parts, as in a pod: the node's own line, which the
+//! kubelet writes into every pod's `/etc/hosts` (`<pod IP> <fqdn> <hostname>`:
+//! a pod always resolves its own names to its own address), and the cluster
+//! DNS for every other name, which may lag behind a replacement
+//! ([`Network::add_node_named`], [`Network::set_host`]). With
+//! [`Network::set_domain`], a node's DNS name is its fully qualified name
+//! (`node-0.<subdomain>...`), as the webhook injects it.
+//!
 //! Everything is named uniquely per test run, and removed on drop (processes
 //! still inside a namespace are SIGKILLed first). Interfaces live only inside
 //! the test's own namespaces, so nothing in the host's network changes.
@@ -74,8 +82,10 @@ pub struct Node {
     pub ns: String,
     /// The switch-side interface; set down to cut the node off.
     pub port: String,
-    /// The host name its processes see (`hostname`) and peers resolve.
+    /// The host name its processes see (`hostname`).
     pub hostname: String,
+    /// The name peers resolve: `hostname` followed by the network's domain.
+    pub fqdn: String,
     pub addr: Ipv4Addr,
 }
 
@@ -84,7 +94,10 @@ pub struct Network {
     prefix: String,
     switch: String,
     nodes: Vec<Node>,
+    /// The "cluster DNS": name → address, as every node but the named one sees it.
     hosts: Vec<(String, Ipv4Addr)>,
+    /// Appended to a node's hostname to make its DNS name (empty: none).
+    domain: String,
 }
 
 const SUBNET: [u8; 3] = [10, 77, 0];
@@ -101,6 +114,7 @@ impl Network {
             switch,
             nodes: Vec::new(),
             hosts: Vec::new(),
+            domain: String::new(),
         };
         net.in_switch(&["link", "add", "br0", "type", "bridge"])?;
         net.in_switch(&["link", "set", "br0", "up"])?;
@@ -113,13 +127,24 @@ impl Network {
         ip(&full)
     }
 
+    /// Nodes added from now on are named `<hostname>.<domain>` in DNS (a
+    /// pod's `<hostname>.<subdomain>.<namespace>.svc.<cluster domain>`).
+    pub fn set_domain(&mut self, domain: &str) {
+        self.domain = format!(".{}", domain.trim_start_matches('.'));
+    }
+
+    /// The DNS name of a node called `hostname`.
+    pub fn fqdn(&self, hostname: &str) -> String {
+        format!("{hostname}{}", self.domain)
+    }
+
     /// An address on the test subnet, `10.77.0.<host>`.
     pub fn addr(host: u8) -> Ipv4Addr {
         Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], host)
     }
 
     /// Add a node namespace `label`, with `eth0` at `addr` on the bridge, and
-    /// make `hostname` resolve to `addr` in every node (a replacement node
+    /// make its name resolve to `addr` in every node (a replacement node
     /// takes over the name from the node it replaces).
     pub fn add_node(
         &mut self,
@@ -130,10 +155,12 @@ impl Network {
         self.add_node_named(label, hostname, addr, true)
     }
 
-    /// [`Network::add_node`]; with `point_name` false, `hostname` keeps
-    /// resolving to what it did (the node that is being replaced) until
-    /// [`Network::set_host`] re-points it, as DNS does a moment after a
-    /// replacement pod starts.
+    /// [`Network::add_node`]; with `point_name` false, the name keeps
+    /// resolving to what it did (the node that is being replaced) in every
+    /// other node until [`Network::set_host`] re-points it, as DNS does a
+    /// moment after a replacement pod starts; the new node itself resolves
+    /// its own names to its own address at once, as a pod does through the
+    /// `/etc/hosts` line the kubelet writes.
     pub fn add_node_named(
         &mut self,
         label: &str,
@@ -147,6 +174,7 @@ impl Network {
             ns: ns.clone(),
             port: format!("p-{label}"),
             hostname: hostname.to_string(),
+            fqdn: self.fqdn(hostname),
             addr,
         };
         self.nodes.push(node.clone());
@@ -162,7 +190,7 @@ impl Network {
         ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
         ip(&["-n", &ns, "link", "set", "lo", "up"])?;
         if point_name {
-            self.set_host(hostname, addr)?;
+            self.set_host(&node.fqdn, addr)?;
         } else {
             self.rewrite_hosts()?;
         }
@@ -173,27 +201,46 @@ impl Network {
         PathBuf::from("/etc/netns").join(ns)
     }
 
-    /// Point `hostname` at `addr` in every node's hosts file. The files are
+    /// Point the DNS name `name` at `addr` in every node's hosts file (but
+    /// the node that owns the name, which resolves it to itself). The files are
     /// rewritten in place, so processes already running see the change (like
     /// a DNS record that follows a rescheduled pod).
-    pub fn set_host(&mut self, hostname: &str, addr: Ipv4Addr) -> Result<(), String> {
-        self.hosts.retain(|(h, _)| h != hostname);
-        self.hosts.push((hostname.to_string(), addr));
+    pub fn set_host(&mut self, name: &str, addr: Ipv4Addr) -> Result<(), String> {
+        self.hosts.retain(|(h, _)| h != name);
+        self.hosts.push((name.to_string(), addr));
         self.rewrite_hosts()
     }
 
     fn rewrite_hosts(&self) -> Result<(), String> {
-        let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
-        for (h, a) in &self.hosts {
-            text.push_str(&format!("{a}\t{h}\n"));
-        }
         for node in &self.nodes {
             let path = self.etc(&node.ns).join("hosts");
             // Truncate and write the same inode: `ip netns exec` bind-mounts
             // this file over /etc/hosts, and a rename would not be seen.
-            std::fs::write(&path, &text).map_err(|e| format!("write {}: {e}", path.display()))?;
+            std::fs::write(&path, self.hosts_of(node))
+                .map_err(|e| format!("write {}: {e}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// The `/etc/hosts` of `node`: the kubelet's lines (its own names at its
+    /// own address, the fully qualified one first, as the canonical name),
+    /// then the DNS view of every other name.
+    fn hosts_of(&self, node: &Node) -> String {
+        let mut text = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
+        if node.fqdn == node.hostname {
+            text.push_str(&format!("{}\t{}\n", node.addr, node.hostname));
+        } else {
+            text.push_str(&format!(
+                "{}\t{}\t{}\n",
+                node.addr, node.fqdn, node.hostname
+            ));
+        }
+        for (h, a) in &self.hosts {
+            if *h != node.fqdn && *h != node.hostname {
+                text.push_str(&format!("{a}\t{h}\n"));
+            }
+        }
+        text
     }
 
     /// Cut a node off: its switch port goes down. Nothing inside the node

@@ -41,6 +41,21 @@ const CHECKPOINT_INTERVAL: u64 = 5;
 /// When the lost node's name is re-pointed to the replacement, after it starts.
 const REPOINT_AFTER: Duration = Duration::from_secs(2);
 const RDZV_PORT: u16 = 29400;
+/// The pods are `node-<i>` of a StatefulSet `node` under the headless
+/// Service `train` in namespace `e2e`.
+const SERVICE: &str = "train";
+const NAMESPACE: &str = "e2e";
+
+/// Pod `i`'s DNS name exactly as the webhook injects it (`{i}`: the pattern).
+fn pod_host(i: &str) -> String {
+    trainwire_webhook::mutation::workload::pod_host(
+        "node",
+        i,
+        SERVICE,
+        NAMESPACE,
+        trainwire_webhook::policy::DEFAULT_CLUSTER_DOMAIN,
+    )
+}
 
 /// Who sends the signals: the real sidecar; or, to reproduce DESIGN.md's
 /// measured facts without it, the harness itself (`harness`), or nobody
@@ -95,7 +110,15 @@ impl Cluster {
         Ok(Cluster {
             trainers: Vec::new(),
             tag: Tag::new("twe2e"),
-            net: Network::create("twe")?,
+            net: {
+                let mut net = Network::create("twe")?;
+                let domain = pod_host("0");
+                let domain = domain
+                    .strip_prefix("node-0.")
+                    .ok_or_else(|| format!("pod 0's name {domain} is not node-0.<domain>"))?;
+                net.set_domain(domain);
+                net
+            },
             ckpt: tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?,
             log: Log::new("e2e"),
             run: unique_name("run"),
@@ -144,11 +167,11 @@ impl Cluster {
                 let mut cmd = self.net.command(&node, &bin.to_string_lossy());
                 cmd.envs([
                     (tw::POD_NAME, hostname.clone()),
-                    (tw::POD_NAMESPACE, "e2e".to_string()),
+                    (tw::POD_NAMESPACE, NAMESPACE.to_string()),
                     (tw::POD_UID, format!("{label}-{}", self.run)),
                     (tw::NODE_RANK, rank.to_string()),
                     (tw::NNODES, self.nnodes.clone()),
-                    (tw::PEER_HOSTS, "node-{i}".to_string()),
+                    (tw::PEER_HOSTS, pod_host("{i}")),
                     (tw::RDZV_HOST_RANK, "0".to_string()),
                     (tw::HEALTH_PORT, tw::DEFAULT_HEALTH_PORT.to_string()),
                     (tw::BIND_ADDRESS, "0.0.0.0".to_string()),
@@ -190,7 +213,7 @@ impl Cluster {
         let mut env = torch::webhook_env(
             &self.nnodes,
             1,
-            &format!("node-0:{RDZV_PORT}"),
+            &format!("{}:{RDZV_PORT}", pod_host("0")),
             &self.run,
             rank,
         );
@@ -420,7 +443,7 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     c.start_node(label, rank, new_addr, false)?;
     c.note(format!("started the replacement {label} as node-{rank}"));
     std::thread::sleep(REPOINT_AFTER);
-    c.net.set_host(&format!("node-{rank}"), new_addr)?;
+    c.net.set_host(&pod_host(&rank.to_string()), new_addr)?;
     c.note(format!("node-{rank} now resolves to {new_addr}"));
 
     if c.responder == Responder::Nobody && lose_host {

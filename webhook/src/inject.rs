@@ -519,6 +519,7 @@ pub fn run_function() -> anyhow::Result<()> {
     let policy = PolicyArgs {
         policy: std::env::var_os("TRAINWIRE_POLICY").map(PathBuf::from),
         sidecar_image: std::env::var("TRAINWIRE_SIDECAR_IMAGE").ok(),
+        cluster_domain: std::env::var("TRAINWIRE_CLUSTER_DOMAIN").ok(),
     };
     run(InjectArgs {
         file: PathBuf::from("-"),

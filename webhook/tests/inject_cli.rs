@@ -57,6 +57,7 @@ fn golden(policy: Option<&Path>, out_dir: &str) {
         &PolicyArgs {
             policy: policy.map(Path::to_path_buf),
             sidecar_image: None,
+            cluster_domain: None,
         },
         None,
     )
@@ -188,7 +189,7 @@ fn inject_multi_document_file_with_warnings_on_stderr() {
     let first = stdout.split("---\n").next().unwrap_or_default();
     assert_eq!(first, MANIFEST.split("---\n").next().unwrap_or_default());
     assert!(
-        stdout.contains("value: llama-0.llama.team-a.svc:29500"),
+        stdout.contains("value: llama-0.llama.team-a.svc.cluster.local:29500"),
         "{stdout}"
     );
     assert!(
@@ -337,7 +338,7 @@ fn kpt_exec_function() {
     );
     let rendered = std::fs::read_to_string(dir.path().join("retrofit.yaml")).expect("read back");
     assert!(rendered.contains("PET_RDZV_ENDPOINT"), "{rendered}");
-    assert!(rendered.contains("train-llm-0.train-rdzv.ml-train.svc:29500"));
+    assert!(rendered.contains("train-llm-0.train-rdzv.ml-train.svc.cluster.local:29500"));
 }
 
 /// A Job rendered offline gets the headless Service its pods' DNS names

@@ -71,6 +71,7 @@ fn start(file: &Path, sidecar_image: Option<&str>) -> Watching {
     let args = PolicyArgs {
         policy: Some(file.to_path_buf()),
         sidecar_image: sidecar_image.map(str::to_string),
+        cluster_domain: None,
     };
     let shared = SharedPolicy::new(policy::load(&args).expect("initial policy"));
     let (tx, reloads) = mpsc::unbounded_channel();

@@ -157,7 +157,7 @@ fn finish(
                 accepted: "a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX".to_string(),
             });
     }
-    let host = shape.host("0");
+    let host = shape.host("0", profile.cluster_domain());
     let endpoint = match backend {
         RdzvBackend::EtcdV2 => profile
             .etcd_endpoint

@@ -174,7 +174,10 @@ pub fn inject(
         field_env(env::POD_UID, "metadata.uid"),
         field_env(env::NODE_RANK, shape.rank_field),
         plain(env::SELECTOR, shape.selector.clone()),
-        plain(env::PEER_HOSTS, shape.host("{i}")),
+        plain(
+            env::PEER_HOSTS,
+            shape.host("{i}", ctx.profile.cluster_domain()),
+        ),
     ];
     if let Some(nnodes) = world.nnodes {
         vars.insert(4, plain(env::NNODES, nnodes.to_string()));

@@ -122,7 +122,7 @@ fn fixtures_inject_and_patch_applies(#[case] name: &str) {
     };
     assert_eq!(
         trainer_value(&m.object, "PET_RDZV_ENDPOINT"),
-        Some(format!("{name}-0.{service}.{ns}.svc:29500"))
+        Some(format!("{name}-0.{service}.{ns}.svc.cluster.local:29500"))
     );
     let size = if sts {
         &obj["spec"]["replicas"]
@@ -160,7 +160,7 @@ fn fixtures_inject_and_patch_applies(#[case] name: &str) {
     assert_eq!(spec["initContainers"][0]["restartPolicy"], json!("Always"));
     assert_eq!(
         sidecar_value(&m.object, "TRAINWIRE_PEER_HOSTS"),
-        Some(format!("{name}-{{i}}.{service}.{ns}.svc"))
+        Some(format!("{name}-{{i}}.{service}.{ns}.svc.cluster.local"))
     );
     // Every fixture's trainer asks for a GPU but the kubectl-create one.
     let gpu_toleration = spec["tolerations"].as_array().is_some_and(|t| {
@@ -331,7 +331,7 @@ fn the_input_hash_decides_a_no_op() {
     assert!(!other.patch.0.is_empty());
     assert_eq!(
         trainer_value(&other.object, "PET_RDZV_ENDPOINT").as_deref(),
-        Some("llama-ft-0.llama-ft.elsewhere.svc:29500")
+        Some("llama-ft-0.llama-ft.elsewhere.svc.cluster.local:29500")
     );
 }
 
@@ -414,7 +414,7 @@ fn retrofit_keeps_the_manifest_values_and_warns() {
         m.warnings,
         vec![
             "env PET_RDZV_CONF of container \"trainer\" sets keep_alive_interval=5, which is kept, but trainwire would set keep_alive_interval=1: a lost node then stays in the rendezvous longer".to_string(),
-            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc\" (pod 0's own DNS name; a Service name resolves to every pod)".to_string(),
+            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc.cluster.local\" (pod 0's own DNS name; a Service name resolves to every pod)".to_string(),
             "env NNODES of container \"trainer\": the manifest's \"3\" is kept; trainwire would set \"4\" (spec.replicas)".to_string(),
         ]
     );
@@ -640,7 +640,7 @@ fn without(pointer: &str, key: &str) -> Value {
     "annotation trainwire.dev/nnodes: \"1:2\" is not valid: the static rendezvous backend cannot run an elastic world; accepted: a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX")]
 #[case(
     without("/spec", "serviceName"),
-    "StatefulSet llama-ft has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name llama-ft-0.<service>.trainwire-test.svc for the rendezvous"
+    "StatefulSet llama-ft has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name llama-ft-0.<service>.trainwire-test.svc.<cluster domain> for the rendezvous"
 )]
 #[case(
     without("/metadata", "name"),

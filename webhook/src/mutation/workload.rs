@@ -90,10 +90,38 @@ pub struct Shape {
 }
 
 impl Shape {
-    /// Pod `i`'s DNS name, `{i}` standing for the index in the pattern.
-    pub fn host(&self, i: &str) -> String {
-        format!("{}-{i}.{}.{}.svc", self.name, self.service, self.namespace)
+    /// Pod `i`'s DNS name, `{i}` standing for the index in the pattern: the
+    /// fully qualified name, `<name>-<i>.<service>.<namespace>.svc.<domain>`.
+    ///
+    /// Exactly this name is the first on the pod's own line of the
+    /// `/etc/hosts` the kubelet writes for a pod with a `hostname` and a
+    /// `subdomain` (StatefulSet pods, Indexed Job pods with a subdomain). So
+    /// pod 0 resolves its own name to its own address without DNS, and
+    /// torchrun's c10d backend, which compares the endpoint with that
+    /// canonical name, knows it hosts the store even while DNS still answers
+    /// with the address of the pod it replaces, or with nothing yet. A
+    /// shorter name (`....svc`) is not in `/etc/hosts` and depends on DNS.
+    pub fn host(&self, i: &str, cluster_domain: &str) -> String {
+        pod_host(
+            &self.name,
+            i,
+            &self.service,
+            &self.namespace,
+            cluster_domain,
+        )
     }
+}
+
+/// The fully qualified DNS name of pod `i` of workload `name` under the
+/// headless Service `service` (see [`Shape::host`]).
+pub fn pod_host(
+    name: &str,
+    i: &str,
+    service: &str,
+    namespace: &str,
+    cluster_domain: &str,
+) -> String {
+    format!("{name}-{i}.{service}.{namespace}.svc.{cluster_domain}")
 }
 
 /// Which kinds are managed: `(apiVersion, kind)`.
@@ -264,7 +292,7 @@ impl Workload {
                     .ok_or_else(|| Refusal::Workload(format!("StatefulSet {name} has no spec")))?;
                 let service = spec.service_name.clone().filter(|s| !s.is_empty()).ok_or_else(|| {
                     Refusal::Workload(format!(
-                        "StatefulSet {name} has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name {name}-0.<service>.{namespace}.svc for the rendezvous"
+                        "StatefulSet {name} has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name {name}-0.<service>.{namespace}.svc.<cluster domain> for the rendezvous"
                     ))
                 })?;
                 Ok(Shape {

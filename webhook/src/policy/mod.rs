@@ -264,6 +264,12 @@ pub struct Profile {
     /// `host:port` of an external etcd, for `etcd-v2`.
     #[serde(default)]
     pub etcd_endpoint: Option<String>,
+    /// The cluster's DNS domain (the kubelet's `--cluster-domain`), the last
+    /// part of every pod name trainwire injects:
+    /// `<name>-0.<service>.<namespace>.svc.<clusterDomain>`. Unset: the
+    /// `--cluster-domain` flag, else `cluster.local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_domain: Option<String>,
     #[serde(default)]
     pub sidecar: SidecarPolicy,
     /// What the engine derives from the profile once, not per request.
@@ -396,13 +402,25 @@ impl Default for Profile {
             max_gpus_per_node: None,
             rdzv_backend: default_rdzv_backend(),
             etcd_endpoint: None,
+            cluster_domain: None,
             sidecar: SidecarPolicy::default(),
             prepared: Prepared::default(),
         }
     }
 }
 
+/// The cluster DNS domain when neither the profile nor `--cluster-domain`
+/// names one: the kubelet's and kubeadm's default.
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+
 impl Profile {
+    /// The cluster DNS domain pod names end with.
+    pub fn cluster_domain(&self) -> &str {
+        self.cluster_domain
+            .as_deref()
+            .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
+    }
+
     /// The `tolerationSeconds` of the unreachable / not-ready tolerations:
     /// `nodeFailureTolerationSeconds` when set (validation makes it equal to
     /// the reclaim grace when both are set), else the `nodeFailure` grace as
@@ -500,6 +518,20 @@ impl Policy {
             }
         }
     }
+
+    /// Apply `--cluster-domain` to every profile (and the fallback) that
+    /// does not name its own `clusterDomain`.
+    pub fn apply_cluster_domain(&mut self, domain: &str) {
+        for p in self
+            .profiles
+            .iter_mut()
+            .chain(std::iter::once(&mut self.fallback))
+        {
+            if p.cluster_domain.is_none() {
+                p.cluster_domain = Some(domain.to_string());
+            }
+        }
+    }
 }
 
 /// Why a policy could not be loaded.
@@ -517,6 +549,10 @@ pub enum PolicyError {
         "--sidecar-image {image:?} is not an image reference (registry/repository:tag or @sha256:digest)"
     )]
     SidecarImage { image: String },
+    #[error(
+        "--cluster-domain: {reason}; give the kubelet's --cluster-domain, such as cluster.local"
+    )]
+    ClusterDomain { reason: String },
 }
 
 impl PolicyError {
@@ -559,6 +595,10 @@ fn with_args(mut policy: Policy, args: &PolicyArgs) -> Result<Policy, PolicyErro
             });
         }
         policy.apply_sidecar_image(image);
+    }
+    if let Some(domain) = &args.cluster_domain {
+        syntax::dns_subdomain(domain).map_err(|reason| PolicyError::ClusterDomain { reason })?;
+        policy.apply_cluster_domain(domain);
     }
     Ok(policy)
 }
@@ -609,6 +649,15 @@ pub struct PolicyArgs {
         value_name = "IMAGE"
     )]
     pub sidecar_image: Option<String>,
+    /// The cluster's DNS domain (the kubelet's `--cluster-domain`), unless
+    /// the policy names one: the suffix of the pod names injected for the
+    /// rendezvous and the sidecar's peers. Default `cluster.local`.
+    #[arg(
+        long = "cluster-domain",
+        env = "TRAINWIRE_CLUSTER_DOMAIN",
+        value_name = "DOMAIN"
+    )]
+    pub cluster_domain: Option<String>,
 }
 
 /// A user value that an enforced policy setting refuses. The engine turns it
@@ -774,6 +823,7 @@ mod tests {
         let args = PolicyArgs {
             policy: None,
             sidecar_image: Some("registry.example/sidecar:dev".to_string()),
+            cluster_domain: None,
         };
         let p = load(&args).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
@@ -800,10 +850,43 @@ mod tests {
     }
 
     #[test]
+    fn cluster_domain_flag_applies_where_the_profile_names_none() {
+        let args = PolicyArgs {
+            policy: None,
+            sidecar_image: None,
+            cluster_domain: Some("corp.example".to_string()),
+        };
+        let p = load(&args).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.profile_for("any").cluster_domain(), "corp.example");
+
+        let mut p = policy(
+            "  - name: free\n    namespaces: [a]\n  - name: own\n    namespaces: [b]\n    clusterDomain: lab.internal\n",
+        );
+        assert_eq!(p.profile_for("a").cluster_domain(), DEFAULT_CLUSTER_DOMAIN);
+        p.apply_cluster_domain("corp.example");
+        assert_eq!(p.profile_for("a").cluster_domain(), "corp.example");
+        assert_eq!(p.profile_for("b").cluster_domain(), "lab.internal");
+        assert_eq!(p.profile_for("c").cluster_domain(), "corp.example");
+
+        let bad = PolicyArgs {
+            policy: None,
+            sidecar_image: None,
+            cluster_domain: Some("Cluster.Local.".to_string()),
+        };
+        let err = load(&bad).expect_err("accepted");
+        assert!(
+            err.to_string()
+                .starts_with("--cluster-domain: \"Cluster.Local.\" is not a DNS-1123 subdomain"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_bad_sidecar_image_flag_is_refused() {
         let args = PolicyArgs {
             policy: None,
             sidecar_image: Some("my image".to_string()),
+            cluster_domain: None,
         };
         let err = load(&args).expect_err("accepted");
         assert_eq!(

@@ -306,6 +306,9 @@ fn profile_checks(c: &mut Checker<'_>, p: &Profile, at: &FieldPath) {
     if let Some(ep) = &p.etcd_endpoint {
         c.check(syntax::host_port(ep), at.key("etcdEndpoint"));
     }
+    if let Some(domain) = &p.cluster_domain {
+        c.check(syntax::dns_subdomain(domain), at.key("clusterDomain"));
+    }
 
     let sc = at.key("sidecar");
     let image = &p.sidecar.image.value;
