@@ -6,6 +6,7 @@
 //! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
 //! - [`peers`]: the pure peer-health state machine and loss generations;
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
+//! - [`dns`]: the peers' names against this pod's DNS configuration;
 //! - [`kubewatch`]: the Kubernetes pod watch and its pure decision logic;
 //! - [`signal`] / [`respond`]: finding torchrun in `/proc` and acting on a loss;
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
@@ -15,6 +16,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod decide;
+pub mod dns;
 pub mod env;
 pub mod events;
 pub mod heartbeat;
@@ -167,7 +169,14 @@ pub async fn run(
             configured: format!("{:?}", config.detection).to_lowercase(),
             active,
             why: choice.why.clone(),
+            problem: None,
         };
+        if let Some(pattern) = &config.heartbeat.peer_hosts
+            && let Err(problem) = dns::check_pod(pattern)
+        {
+            tracing::error!("{problem}");
+            s.detection.problem = Some(problem);
+        }
     }
 
     let (tx, rx) = mpsc::channel::<Observation>(1024);

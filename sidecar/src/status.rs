@@ -224,6 +224,9 @@ pub struct DetectionStatus {
     pub configured: String,
     pub active: Vec<&'static str>,
     pub why: String,
+    /// A configuration that keeps the peers from being found (the peer
+    /// names' cluster domain is not this pod's).
+    pub problem: Option<String>,
 }
 
 /// Checkpoint freshness in `/status`.
