@@ -26,7 +26,7 @@ pub fn search_domains(resolv_conf: &str) -> Vec<&str> {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("search"))
         .filter(|rest| rest.starts_with(char::is_whitespace))
-        .last()
+        .next_back()
         .map(|rest| {
             rest.split_whitespace()
                 .map(|d| d.trim_end_matches('.'))
