@@ -25,8 +25,7 @@ pub fn search_domains(resolv_conf: &str) -> Vec<&str> {
     resolv_conf
         .lines()
         .filter_map(|l| l.trim().strip_prefix("search"))
-        .filter(|rest| rest.starts_with(char::is_whitespace))
-        .next_back()
+        .rfind(|rest| rest.starts_with(char::is_whitespace))
         .map(|rest| {
             rest.split_whitespace()
                 .map(|d| d.trim_end_matches('.'))
