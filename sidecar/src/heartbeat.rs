@@ -285,27 +285,31 @@ mod tests {
     use crate::config::Config;
     use crate::env;
 
-    /// A peer that stops answering is probed once per interval until it
-    /// is lost (misses reached), then four times per interval, so that a
-    /// replacement answering at its name is seen within a quarter interval;
-    /// misses are still reported once per interval.
-    #[tokio::test]
-    async fn a_lost_peer_is_probed_four_times_per_interval() {
+    /// A fake peer listening on `ip`: `answer` is asked once per accepted
+    /// connection for the bytes to send to each request on it (`None`: the
+    /// connection stays silent, as one to a dead pod's address does). The
+    /// requests' arrival times are recorded.
+    async fn fake_peer(
+        ip: &str,
+        answer: impl Fn() -> Option<Vec<u8>> + Send + Sync + 'static,
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
         use std::sync::{Arc, Mutex};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        // A peer that answers every probe with 503 (a miss), noting when.
-        let listener = tokio::net::TcpListener::bind("127.0.0.10:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        let probes: Arc<Mutex<Vec<Instant>>> = Arc::default();
-        let seen = probes.clone();
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let port = listener.local_addr().expect("addr").port().to_string();
+        let requests: Arc<Mutex<Vec<Instant>>> = Arc::default();
+        let seen = requests.clone();
         let server = tokio::spawn(async move {
             loop {
                 let Ok((mut conn, _)) = listener.accept().await else {
                     return;
                 };
+                let reply = answer();
                 let seen = seen.clone();
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
@@ -323,9 +327,9 @@ mod tests {
                             if let Ok(mut p) = seen.lock() {
                                 p.push(Instant::now());
                             }
-                            let answer =
-                                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n";
-                            if conn.write_all(answer).await.is_err() {
+                            if let Some(reply) = &reply
+                                && conn.write_all(reply).await.is_err()
+                            {
                                 return;
                             }
                         }
@@ -333,41 +337,57 @@ mod tests {
                 });
             }
         });
+        (port, requests, server)
+    }
+
+    /// Rank 1 of 2 probing rank 0 at `pattern` (which names the fake peer's
+    /// address), every 200 ms, lost after 3 misses.
+    fn probing(pattern: &str, port: &str, more: &[(&str, &str)]) -> Config {
+        let mut vars = vec![
+            (env::NNODES, "2"),
+            (env::NODE_RANK, "1"),
+            (env::PEER_HOSTS, pattern),
+            (env::HEALTH_PORT, port),
+            (env::HEARTBEAT_INTERVAL, "200ms"),
+            (env::HEARTBEAT_MISSES, "3"),
+        ];
+        vars.extend_from_slice(more);
+        Config::from_source(vars.as_slice()).expect("config")
+    }
+
+    /// The next observation, within 10 s.
+    async fn next(rx: &mut mpsc::Receiver<Observation>) -> Observation {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("an observation within 10 s")
+            .expect("the prober runs")
+    }
+
+    /// A peer that stops answering is probed once per interval until it
+    /// is lost (misses reached), then four times per interval, so that a
+    /// replacement answering at its name is seen within a quarter interval;
+    /// misses are still reported once per interval.
+    #[tokio::test]
+    async fn a_lost_peer_is_probed_four_times_per_interval() {
+        // A peer that answers every probe with 503 (a miss).
+        let (port, probes, server) = fake_peer("127.0.0.10", || {
+            Some(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_vec())
+        })
+        .await;
         let interval = Duration::from_millis(200);
-        let port = port.to_string();
-        let config = Config::from_source(
-            [
-                (env::NNODES, "2"),
-                (env::NODE_RANK, "1"),
-                (env::PEER_HOSTS, "127.0.0.1{i}"), // rank 0: 127.0.0.10
-                (env::HEALTH_PORT, port.as_str()),
-                (env::HEARTBEAT_INTERVAL, "200ms"),
-                (env::HEARTBEAT_MISSES, "3"),
-            ]
-            .as_slice(),
-        )
-        .expect("config");
+        // Rank 0: 127.0.0.10.
+        let config = probing("127.0.0.1{i}", &port, &[]);
         let (tx, mut rx) = mpsc::channel(64);
         let prober = tokio::spawn(run(config, tx));
 
         // Wait for the third miss: the peer is lost from here on.
         let mut misses = 0;
         while misses < 3 {
-            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("an observation within 10 s")
-                .expect("the prober runs");
-            if matches!(obs.evidence, Evidence::Missed(_)) {
+            if matches!(next(&mut rx).await.evidence, Evidence::Missed(_)) {
                 misses += 1;
             }
         }
         let lost_at = Instant::now();
-        let count_since = |t: Instant| {
-            probes
-                .lock()
-                .map(|p| p.iter().filter(|at| **at >= t).count())
-                .unwrap_or(0)
-        };
         // Five intervals (and up to one more for the last wait): about 25
         // probes at four per interval and one per tick, 12 without the
         // faster probing.
@@ -379,7 +399,10 @@ mod tests {
                 reported += 1;
             }
         }
-        let probed = count_since(lost_at);
+        let probed = probes
+            .lock()
+            .map(|p| p.iter().filter(|at| **at >= lost_at).count())
+            .unwrap_or(0);
         prober.abort();
         server.abort();
         assert!(
@@ -401,92 +424,40 @@ mod tests {
     async fn a_replacement_is_seen_although_probes_hang_on_the_old_address() {
         use std::sync::Arc;
         use std::sync::atomic::{AtomicBool, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        let listener = tokio::net::TcpListener::bind("127.0.0.20:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("addr").port();
+        // A connection made before the replacement stays silent forever.
         let replaced = Arc::new(AtomicBool::new(false));
         let flag = replaced.clone();
-        let server = tokio::spawn(async move {
-            loop {
-                let Ok((mut conn, _)) = listener.accept().await else {
-                    return;
-                };
-                // A connection made before the replacement stays silent
-                // forever, as one to a dead pod's address does.
-                let answers = flag.load(Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 1024];
-                    loop {
-                        let Ok(n) = conn.read(&mut chunk).await else {
-                            return;
-                        };
-                        if n == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            if !answers {
-                                continue;
-                            }
-                            let body = r#"{"pod":"p-0","uid":"new","start_time":"t","rank":0,"generation":0}"#;
-                            let answer = format!(
-                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                                body.len()
-                            );
-                            if conn.write_all(answer.as_bytes()).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        let port = port.to_string();
-        let config = Config::from_source(
-            [
-                (env::NNODES, "2"),
-                (env::NODE_RANK, "1"),
-                (env::PEER_HOSTS, "127.0.0.2{i}"), // rank 0: 127.0.0.20
-                (env::HEALTH_PORT, port.as_str()),
-                (env::HEARTBEAT_INTERVAL, "200ms"),
-                (env::HEARTBEAT_MISSES, "3"),
-                // Regular probes wait long on the silent address.
-                (env::HEARTBEAT_TIMEOUT, "5s"),
-            ]
-            .as_slice(),
-        )
-        .expect("config");
+        let (port, _, server) = fake_peer("127.0.0.20", move || {
+            flag.load(Ordering::SeqCst).then(|| {
+                let body = r#"{"pod":"p-0","uid":"new","start_time":"t","rank":0,"generation":0}"#;
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes()
+            })
+        })
+        .await;
+        // Rank 0: 127.0.0.20; regular probes wait long on the silent address.
+        let config = probing("127.0.0.2{i}", &port, &[(env::HEARTBEAT_TIMEOUT, "5s")]);
         let (tx, mut rx) = mpsc::channel(256);
         let prober = tokio::spawn(run(config, tx));
 
         // Lost (three misses), then searched for over ten more intervals:
         // long enough for any limit on probes in flight to be reached.
-        let mut misses = 0;
-        while misses < 13 {
-            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("an observation within 10 s")
-                .expect("the prober runs");
+        for _ in 0..13 {
+            let obs = next(&mut rx).await;
             assert!(
                 matches!(obs.evidence, Evidence::Missed(_)),
                 "a silent peer gave {:?}",
                 obs.evidence
             );
-            misses += 1;
         }
         replaced.store(true, Ordering::SeqCst);
         let answering = Instant::now();
         let alive = loop {
-            let obs = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-                .await
-                .expect("the replacement seen within 10 s")
-                .expect("the prober runs");
-            if matches!(obs.evidence, Evidence::Alive(_)) {
+            if matches!(next(&mut rx).await.evidence, Evidence::Alive(_)) {
                 break answering.elapsed();
             }
         };
