@@ -292,6 +292,7 @@ fn inject(
         ));
     }
     trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
+    rendezvous::host_network_dns(ctx, spec);
     ctx.status.service = shape.service.clone();
     ctx.status.rdzv_port = rendezvous::store_port(&world, ann, &spec.containers[trainer]);
     volumes::shared(ctx, &shape, ann, spec, trainer)?;

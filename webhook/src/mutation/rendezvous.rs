@@ -4,7 +4,7 @@
 //! to survive a lost peer (measured: `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`
 //! and rendezvous keep-alives of 1 s × 3).
 
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, PodSpec};
 use trainwire_contract::rendezvous;
 
 use super::annotations::{self, Annotations, Nnodes, Nproc};
@@ -177,6 +177,43 @@ fn finish(
         endpoint,
         host,
     })
+}
+
+/// The status `fields` entry for `dnsPolicy: ClusterFirstWithHostNet` set
+/// where it was absent; `dnsPolicy=<previous value>` where it replaced one.
+pub const FIELD_DNS_POLICY: &str = "dnsPolicy";
+/// The DNS policy that lets a pod on the host's network resolve cluster names.
+pub const HOST_NETWORK_DNS_POLICY: &str = "ClusterFirstWithHostNet";
+
+/// Pods on the host's network (`hostNetwork: true`, common for RDMA) get the
+/// node's resolver under `dnsPolicy: ClusterFirst` (what the apiserver
+/// defaults): pod 0's name, the rendezvous endpoint and the sidecar's peers
+/// then resolve nowhere. `ClusterFirst` (or no policy) becomes
+/// `ClusterFirstWithHostNet`; a `Default` or `None` policy the user chose is
+/// kept with a warning. Such pods also have no line of their own in
+/// `/etc/hosts`: pod 0 finds out that it hosts the store from DNS alone.
+pub fn host_network_dns(ctx: &mut Ctx<'_>, spec: &mut PodSpec) {
+    if spec.host_network != Some(true) {
+        return;
+    }
+    match spec.dns_policy.as_deref() {
+        None => ctx.status.fields.push(FIELD_DNS_POLICY.to_string()),
+        Some("ClusterFirst") => ctx
+            .status
+            .fields
+            .push(format!("{FIELD_DNS_POLICY}=ClusterFirst")),
+        Some(HOST_NETWORK_DNS_POLICY) => {}
+        Some(other) => {
+            ctx.warn(format!(
+                "hostNetwork with dnsPolicy {other}, which is kept: pod names (the rendezvous endpoint, the sidecar's peers) resolve only if that resolver reaches the cluster DNS; remove dnsPolicy to get {HOST_NETWORK_DNS_POLICY}"
+            ));
+            return;
+        }
+    }
+    spec.dns_policy = Some(HOST_NETWORK_DNS_POLICY.to_string());
+    ctx.warn(format!(
+        "hostNetwork: dnsPolicy set to {HOST_NETWORK_DNS_POLICY} so that pod names resolve; with no /etc/hosts line of its own, a replaced pod 0 hosts the rendezvous store only once DNS has its new address"
+    ));
 }
 
 /// The rendezvous env for the trainer.

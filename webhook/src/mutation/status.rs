@@ -83,7 +83,8 @@ pub struct Status {
     /// Scalar fields trainwire set because they were absent
     /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`,
     /// a Job's `podFailurePolicy`), or replaced: `podReplacementPolicy` (was
-    /// absent) or `podReplacementPolicy=<previous value>`.
+    /// absent) or `podReplacementPolicy=<previous value>`, `dnsPolicy` (was
+    /// absent) or `dnsPolicy=ClusterFirst` (on the host's network).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
 }
@@ -357,6 +358,11 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
         match field.as_str() {
             "shareProcessNamespace" => spec.share_process_namespace = None,
             "subdomain" => spec.subdomain = None,
+            other if other.split('=').next() == Some(super::rendezvous::FIELD_DNS_POLICY) => {
+                if spec.dns_policy.as_deref() == Some(super::rendezvous::HOST_NETWORK_DNS_POLICY) {
+                    spec.dns_policy = other.split_once('=').map(|(_, was)| was.to_string());
+                }
+            }
             other => workload_fields.push(other.to_string()),
         }
     }

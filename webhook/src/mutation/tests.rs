@@ -1568,3 +1568,58 @@ proptest! {
         prop_assert_eq!(apply_checked(&left, &patch), Ok(right), "{:?}", patch);
     }
 }
+
+/// On the host's network the apiserver's default `dnsPolicy: ClusterFirst`
+/// gives the node's resolver: pod names would not resolve. trainwire sets
+/// `ClusterFirstWithHostNet`, records it, and gives `ClusterFirst` back when
+/// the pods leave the host's network.
+#[test]
+fn host_network_pods_get_the_cluster_dns() {
+    let (mut obj, ns) = sts_fixture();
+    let spec = &mut obj["spec"]["template"]["spec"];
+    spec["hostNetwork"] = json!(true);
+    spec["dnsPolicy"] = json!("ClusterFirst");
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(spec["dnsPolicy"], json!("ClusterFirstWithHostNet"));
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.starts_with("hostNetwork: dnsPolicy set to ClusterFirstWithHostNet")),
+        "{:?}",
+        m.warnings
+    );
+
+    // Off the host's network again: the user's ClusterFirst comes back.
+    let mut off = m.object.clone();
+    off["spec"]["template"]["spec"]["hostNetwork"] = json!(false);
+    let back = check_round_trip(&off, Some(&ns), &Profile::default());
+    assert_eq!(
+        back.object["spec"]["template"]["spec"]["dnsPolicy"],
+        json!("ClusterFirst")
+    );
+
+    // A resolver the user chose is kept, with a warning.
+    let mut own = obj.clone();
+    own["spec"]["template"]["spec"]["dnsPolicy"] = json!("Default");
+    let kept = check_round_trip(&own, Some(&ns), &Profile::default());
+    assert_eq!(
+        kept.object["spec"]["template"]["spec"]["dnsPolicy"],
+        json!("Default")
+    );
+    assert!(
+        kept.warnings
+            .iter()
+            .any(|w| w.starts_with("hostNetwork with dnsPolicy Default, which is kept")),
+        "{:?}",
+        kept.warnings
+    );
+
+    // Not on the host's network: untouched.
+    let (plain, ns) = sts_fixture();
+    let m = mutated(&plain, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.object["spec"]["template"]["spec"].get("dnsPolicy"),
+        plain["spec"]["template"]["spec"].get("dnsPolicy")
+    );
+}
