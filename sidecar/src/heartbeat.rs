@@ -40,6 +40,7 @@ impl Beat {
             pod: self.pod.clone(),
             uid: self.uid.clone(),
             start_time: self.start_time.clone(),
+            ..Identity::default()
         }
     }
 }

@@ -47,6 +47,8 @@ pub struct PodView {
     pub disruption: Option<String>,
     pub deletion: Option<Timestamp>,
     pub node: Option<String>,
+    /// `status.podIP`.
+    pub address: Option<std::net::IpAddr>,
     /// Restart counts of the regular containers (not the init/sidecar ones).
     pub restarts: BTreeMap<String, i32>,
 }
@@ -104,6 +106,9 @@ impl PodView {
             disruption,
             deletion: meta.deletion_timestamp.as_ref().map(|t| t.0),
             node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            address: status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok()),
             restarts,
         }
     }
@@ -113,6 +118,8 @@ impl PodView {
             pod: self.name.clone(),
             uid: self.uid.clone(),
             start_time: String::new(),
+            address: self.address,
+            ready: self.ready == Some(true),
         }
     }
 }

@@ -37,6 +37,14 @@ pub struct Identity {
     pub uid: String,
     /// Start time, as the source reports it (RFC 3339).
     pub start_time: String,
+    /// The pod's address, as the Kubernetes watch sees it (`None` from
+    /// heartbeats, or before the pod has one).
+    #[serde(skip)]
+    pub address: Option<std::net::IpAddr>,
+    /// Whether the pod is Ready, as the Kubernetes watch sees it (`false`
+    /// from heartbeats: an answer is the stronger proof there).
+    #[serde(skip)]
+    pub ready: bool,
 }
 
 impl Identity {
@@ -354,6 +362,7 @@ mod tests {
             pod: "p".into(),
             uid: uid.into(),
             start_time: "t0".into(),
+            ..Identity::default()
         }
     }
 

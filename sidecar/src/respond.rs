@@ -27,6 +27,41 @@ use crate::status::{
 /// Time limit of one `/proc` scan plus the signals.
 pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Time limit of one lookup of a peer's name.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The addresses `host` resolves to now (none when it does not resolve in
+/// time).
+async fn resolve(host: &str) -> Vec<std::net::IpAddr> {
+    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, 0))).await {
+        Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Whether a new pod seen by the Kubernetes watch (no heartbeats) is there
+/// for a restarted torchrun: Ready, and, when the rank has a name
+/// (`has_name`) and the pod an address, that name resolving to the address
+/// (`resolved`). Restarting the agent while the name still leads to the
+/// dead pod (DNS lags behind a replacement, and may cache the old answer)
+/// would leave the new torchrun waiting on that address for its whole
+/// `read_timeout`, then exiting again.
+pub fn replacement_is_there(
+    new: &Identity,
+    has_name: bool,
+    resolved: Option<&[std::net::IpAddr]>,
+) -> bool {
+    if !new.ready {
+        return false;
+    }
+    match (has_name, new.address, resolved) {
+        (true, Some(ip), Some(addrs)) => addrs.contains(&ip),
+        (true, Some(_), None) => false,
+        // No name to check, or no address reported: Ready is all there is.
+        _ => true,
+    }
+}
+
 /// One loss, from suspicion to the end of the response.
 #[derive(Debug, Clone)]
 pub struct Episode {
@@ -44,6 +79,9 @@ pub struct Episode {
     pub confirmed_at: Option<Instant>,
     pub confirmed_wall: Option<SystemTime>,
     pub replacement_ready: bool,
+    /// Without heartbeats: the new pod the Kubernetes watch shows for the
+    /// rank, until it is Ready and the rank's name resolves to its address.
+    pub replacement: Option<Identity>,
     pub workers_stopped: bool,
     pub agent_killed: bool,
     pub no_replacement_reported: bool,
@@ -162,13 +200,18 @@ impl Responder {
             }
             (Source::Kubernetes, reason) => (
                 Confirmation::from_kubernetes(reason),
-                // A restarted container is the same pod at the same address;
-                // without heartbeats, a new Ready pod is all there is to see.
-                reason == LossReason::ContainerRestarted
-                    || (reason == LossReason::IdentityChanged && !self.heartbeats),
+                // A restarted container is the same pod at the same address.
+                reason == LossReason::ContainerRestarted,
             ),
             _ => (None, false),
         };
+        // Without heartbeats, a new pod is all there is to see: it must be
+        // Ready and the rank's name must lead to it (see `replacement_is_there`).
+        let replacement = (loss.source == Source::Kubernetes
+            && loss.reason == LossReason::IdentityChanged
+            && !self.heartbeats)
+            .then(|| peers.get(loss.rank).and_then(|p| p.identity.clone()))
+            .flatten();
         tracing::warn!(
             generation = loss.generation,
             rank = loss.rank,
@@ -193,6 +236,7 @@ impl Responder {
             confirmed_at: None,
             confirmed_wall: None,
             replacement_ready: false,
+            replacement,
             workers_stopped: false,
             agent_killed: false,
             no_replacement_reported: false,
@@ -209,6 +253,7 @@ impl Responder {
         if ready && let Some(ep) = self.episodes.get_mut(&loss.rank) {
             ep.replacement_ready = true;
         }
+        self.check_replacement(loss.rank).await;
         self.step(loss.rank, peers).await;
     }
 
@@ -268,8 +313,10 @@ impl Responder {
                         Source::Heartbeat => Confirmation::ReplacementAnswered,
                         Source::Kubernetes => Confirmation::Kubernetes(LossReason::IdentityChanged),
                     });
-                    if obs.source == Source::Heartbeat || !self.heartbeats {
+                    if obs.source == Source::Heartbeat {
                         ep.replacement_ready = true;
+                    } else if !self.heartbeats {
+                        ep.replacement = Some(identity.clone());
                     }
                 }
             }
@@ -278,6 +325,7 @@ impl Responder {
         if let Some(c) = confirm {
             self.confirm(obs.rank, c, now);
         }
+        self.check_replacement(obs.rank).await;
         self.step(obs.rank, peers).await;
     }
 
@@ -298,7 +346,40 @@ impl Responder {
                     self.confirm(rank, Confirmation::Outage, now);
                 }
             }
+            self.check_replacement(rank).await;
             self.step(rank, peers).await;
+        }
+    }
+
+    /// Without heartbeats: whether the new pod seen for `rank` is there for
+    /// a restarted torchrun to reach, once it is Ready, by resolving the
+    /// rank's name (at most [`RESOLVE_TIMEOUT`] per try, retried each tick).
+    async fn check_replacement(&mut self, rank: u32) {
+        let Some(ep) = self.episodes.get(&rank) else {
+            return;
+        };
+        let Some(new) = ep.replacement.clone() else {
+            return;
+        };
+        if ep.replacement_ready || ep.closed.is_some() || !new.ready {
+            return;
+        }
+        let host = self.shared.config.heartbeat.host_of(rank);
+        let resolved = match (&host, new.address) {
+            (Some(host), Some(_)) => Some(resolve(host).await),
+            _ => None,
+        };
+        let there = replacement_is_there(&new, host.is_some(), resolved.as_deref());
+        if let Some(ep) = self.episodes.get_mut(&rank)
+            && there
+        {
+            tracing::info!(
+                rank,
+                pod = %new.pod,
+                address = ?new.address,
+                "the replacement is Ready and the rank's name leads to it"
+            );
+            ep.replacement_ready = true;
         }
     }
 
@@ -764,5 +845,133 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             }
         }
         last = Some(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use std::net::IpAddr;
+
+    fn pod(ready: bool, address: Option<&str>) -> Identity {
+        Identity {
+            pod: "train-0".into(),
+            uid: "new".into(),
+            address: address.map(|a| a.parse().expect("ip")),
+            ready,
+            ..Identity::default()
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_there_when_ready_and_its_name_leads_to_it() {
+        let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
+        let new = pod(true, Some("10.1.2.3"));
+        // DNS already follows the new pod.
+        assert!(replacement_is_there(&new, true, Some(&[ip("10.1.2.3")])));
+        // DNS still answers with the dead pod, or with nothing yet.
+        assert!(!replacement_is_there(&new, true, Some(&[ip("10.9.9.9")])));
+        assert!(!replacement_is_there(&new, true, Some(&[])));
+        assert!(!replacement_is_there(&new, true, None));
+        // Not Ready: never, whatever DNS says.
+        let starting = pod(false, Some("10.1.2.3"));
+        assert!(!replacement_is_there(
+            &starting,
+            true,
+            Some(&[ip("10.1.2.3")])
+        ));
+        // Nothing to check the name against: Ready is all there is.
+        assert!(replacement_is_there(&new, false, None));
+        assert!(replacement_is_there(&pod(true, None), true, None));
+        assert!(!replacement_is_there(&pod(false, None), false, None));
+    }
+
+    /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the
+    /// agent is restarted only once the new pod 0 is Ready and pod 0's name
+    /// leads to its address, not when the watch first shows it.
+    #[tokio::test]
+    async fn without_heartbeats_the_agent_waits_for_the_name_to_lead_to_the_new_pod() {
+        use crate::env;
+        // Pod 0's name is 127.0.0.10: an address that "DNS" gives at once.
+        let config = Config::from_source(
+            [
+                (env::NNODES, "2"),
+                (env::NODE_RANK, "1"),
+                (env::PEER_HOSTS, "127.0.0.1{i}"),
+                (env::RDZV_HOST_RANK, "0"),
+                (env::ON_PEER_LOSS, "auto"),
+                (env::DETECTION, "kubernetes"),
+                (env::SELECTOR, "app=train"),
+                // Matches no process on this machine: nothing is signalled.
+                (env::AGENT_MATCH, "trainwire_agent=no-such-agent-7f3a9c"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), false);
+        let start = Instant::now();
+        let mut peers = Peers::new(config.nnodes, 1, 3, start);
+        let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
+            let obs = Observation {
+                rank: 0,
+                source: Source::Kubernetes,
+                evidence,
+                at: Instant::now(),
+            };
+            match peers.observe(obs.clone()) {
+                Some(loss) => responder.on_loss(&loss, peers).await,
+                None => responder.on_observation(&obs, peers).await,
+            }
+        };
+        let old = Identity {
+            uid: "old".into(),
+            ..pod(true, Some("10.9.9.9"))
+        };
+        feed(&mut peers, &mut responder, Evidence::Alive(old)).await;
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+        )
+        .await;
+        // (confirmed, replacement ready, workers stopped, agent killed)
+        let state = |r: &Responder| {
+            r.episodes().find(|e| e.rank == 0).map(|e| {
+                (
+                    e.confirmation.is_some(),
+                    e.replacement_ready,
+                    e.workers_stopped,
+                    e.agent_killed,
+                )
+            })
+        };
+        // Confirmed by Kubernetes: the workers are stopped, the agent waits.
+        assert_eq!(state(&responder), Some((true, false, true, false)));
+
+        // The new pod appears, not Ready yet; then Ready while the name
+        // still leads elsewhere (DNS behind); neither restarts the agent.
+        for step in [pod(false, Some("127.0.0.10")), pod(true, Some("10.1.2.3"))] {
+            feed(&mut peers, &mut responder, Evidence::Alive(step)).await;
+            assert_eq!(state(&responder), Some((true, false, true, false)));
+        }
+        // Ready at the address the name now gives.
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Alive(pod(true, Some("127.0.0.10"))),
+        )
+        .await;
+        assert_eq!(state(&responder), Some((true, true, true, true)));
+    }
+
+    #[tokio::test]
+    async fn resolving_a_name_that_does_not_exist_gives_nothing() {
+        assert!(resolve("no-such-peer-0.invalid").await.is_empty());
+        assert_eq!(
+            resolve("127.0.0.1").await,
+            vec![IpAddr::from([127, 0, 0, 1])]
+        );
     }
 }
