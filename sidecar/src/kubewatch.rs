@@ -582,4 +582,29 @@ mod tests {
         let p = pod(serde_json::json!({"metadata": {"name": "a-3", "uid": "u"}}));
         assert_eq!(p.rank, Some(3));
     }
+
+    /// The identity a pod gives carries its address and readiness: what a
+    /// replacement of the rendezvous host must show before the survivors'
+    /// agents are restarted (Kubernetes detection alone).
+    #[test]
+    fn identity_has_the_address_and_readiness() {
+        let ready = pod(serde_json::json!({
+            "metadata": {"name": "t-0", "uid": "u"},
+            "status": {"podIP": "10.244.1.7", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .identity();
+        assert_eq!(ready.address, Some([10, 244, 1, 7].into()));
+        assert!(ready.ready);
+        let v6 = pod(serde_json::json!({
+            "metadata": {"name": "t-0", "uid": "u"},
+            "status": {"podIP": "fd00::7", "conditions": [{"type": "Ready", "status": "False"}]}
+        }))
+        .identity();
+        assert_eq!(v6.address, "fd00::7".parse().ok());
+        assert!(!v6.ready);
+        let pending = pod(serde_json::json!({"metadata": {"name": "t-0", "uid": "u"}, "status": {"podIP": "not an ip"}}))
+            .identity();
+        assert_eq!(pending.address, None);
+        assert!(!pending.ready);
+    }
 }
