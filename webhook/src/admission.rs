@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use kube::core::admission::{AdmissionResponse, Operation};
 use kube::core::{GroupVersionKind, GroupVersionResource, Status};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -96,7 +96,9 @@ type Served<'a> = Request<&'a RawValue>;
 
 /// What one admission decided, for the log line and the metrics.
 struct Decision {
+    /// The response, without its patch (written by [`serialize`]).
     response: AdmissionResponse,
+    patch: Option<json_patch::Patch>,
     outcome: Outcome,
     /// The refusal or the reason the review was invalid.
     detail: Option<String>,
@@ -154,6 +156,7 @@ impl Admitter {
         use Operation as Op;
         let allowed = || Decision {
             response: allow(request),
+            patch: None,
             outcome: Outcome::allowed,
             detail: None,
         };
@@ -208,6 +211,7 @@ impl Admitter {
                         response.warnings = Some(vec![warning.clone()]);
                         Decision {
                             response,
+                            patch: None,
                             outcome: Outcome::allowed,
                             detail: Some(warning),
                         }
@@ -265,26 +269,19 @@ impl Admitter {
         match result {
             Ok(Ok(mutation::Outcome::NotManaged)) => Decision {
                 response: allow(request),
+                patch: None,
                 outcome: Outcome::allowed,
                 detail: None,
             },
             Ok(Ok(mutation::Outcome::Mutated(m))) => {
-                let base = allow(request);
+                let mut response = allow(request);
                 let patched = !m.patch.0.is_empty();
-                let response = if patched {
-                    match base.with_patch(m.patch) {
-                        Ok(r) => r,
-                        Err(e) => return internal_error(request, e.to_string()),
-                    }
-                } else {
-                    base
-                };
-                let mut response = response;
                 if !m.warnings.is_empty() {
                     response.warnings = Some(m.warnings);
                 }
                 Decision {
                     response,
+                    patch: patched.then_some(m.patch),
                     outcome: if patched {
                         Outcome::patched
                     } else {
@@ -312,7 +309,7 @@ impl Admitter {
         decision: Decision,
         started: Instant,
     ) -> Answer {
-        let body = serialize(&decision.response);
+        let body = serialize(&decision.response, decision.patch.as_ref());
         let elapsed = started.elapsed();
         let operation = metrics::Operation::from(&request.operation);
         self.metrics
@@ -390,7 +387,7 @@ impl Admitter {
             reason = %reason,
             "admission"
         );
-        Answer::Review(serialize(&response))
+        Answer::Review(serialize(&response, None))
     }
 }
 
@@ -420,60 +417,61 @@ fn allow(request: &Served<'_>) -> AdmissionResponse {
     response
 }
 
-/// The review sent back, serialised in one go. kube's `AdmissionResponse`
-/// writes `patch` as an array of numbers; Kubernetes' own form of a `[]byte`
-/// is a base64 string, which is also a third of the size, so the patch is
-/// written that way.
-#[derive(Serialize)]
-struct ReviewOut<'a> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    kind: &'static str,
-    response: ResponseOut<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ResponseOut<'a> {
-    uid: &'a str,
-    allowed: bool,
-    status: &'a Status,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<Base64<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "std::collections::HashMap::is_empty")]
-    audit_annotations: &'a std::collections::HashMap<String, String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warnings: Option<&'a Vec<String>>,
-}
-
-struct Base64<'a>(&'a [u8]);
-
-impl Serialize for Base64<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use base64::Engine as _;
-        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(self.0))
+/// The review sent back, written in one go into one buffer. kube's
+/// `AdmissionResponse` writes `patch` as an array of numbers; Kubernetes' own
+/// form of a `[]byte` is a base64 string, which is also a third of the size,
+/// so the patch is written that way: serialised into a reused per-thread
+/// buffer and base64-encoded straight into the answer (no intermediate
+/// string, and base64 text needs no escaping).
+fn serialize(response: &AdmissionResponse, patch: Option<&json_patch::Patch>) -> Vec<u8> {
+    use base64::Engine as _;
+    thread_local! {
+        static PATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-}
-
-fn serialize(response: &AdmissionResponse) -> Vec<u8> {
-    let review = ReviewOut {
-        api_version: API_VERSION,
-        kind: "AdmissionReview",
-        response: ResponseOut {
-            uid: &response.uid,
-            allowed: response.allowed,
-            status: &response.result,
-            patch: response.patch.as_deref().map(Base64),
-            patch_type: response.patch.as_ref().map(|_| "JSONPatch"),
-            audit_annotations: &response.audit_annotations,
-            warnings: response.warnings.as_ref(),
-        },
+    let write = |out: &mut Vec<u8>, patch_json: &[u8]| -> serde_json::Result<()> {
+        out.extend_from_slice(br#"{"apiVersion":""#);
+        out.extend_from_slice(API_VERSION.as_bytes());
+        out.extend_from_slice(br#"","kind":"AdmissionReview","response":{"uid":"#);
+        serde_json::to_writer(&mut *out, &response.uid)?;
+        out.extend_from_slice(if response.allowed {
+            br#","allowed":true,"status":"#
+        } else {
+            br#","allowed":false,"status":"#
+        });
+        serde_json::to_writer(&mut *out, &response.result)?;
+        if patch.is_some() {
+            out.extend_from_slice(br#","patch":""#);
+            let start = out.len();
+            let len = base64::encoded_len(patch_json.len(), true).unwrap_or(0);
+            out.resize(start + len, 0);
+            let written = base64::engine::general_purpose::STANDARD
+                .encode_slice(patch_json, &mut out[start..])
+                .unwrap_or(0);
+            out.truncate(start + written);
+            out.extend_from_slice(br#"","patchType":"JSONPatch""#);
+        }
+        if !response.audit_annotations.is_empty() {
+            out.extend_from_slice(br#","auditAnnotations":"#);
+            serde_json::to_writer(&mut *out, &response.audit_annotations)?;
+        }
+        if let Some(warnings) = &response.warnings {
+            out.extend_from_slice(br#","warnings":"#);
+            serde_json::to_writer(&mut *out, warnings)?;
+        }
+        out.extend_from_slice(b"}}");
+        Ok(())
     };
+    let written = PATCH.with_borrow_mut(|patch_json| {
+        patch_json.clear();
+        if let Some(patch) = patch {
+            serde_json::to_writer(&mut *patch_json, patch)?;
+        }
+        let mut out = Vec::with_capacity(256 + patch_json.len() * 4 / 3);
+        write(&mut out, patch_json).map(|()| out)
+    });
     // An AdmissionReview of strings, bools and numbers always serializes;
     // the fallback keeps the answer well-formed regardless.
-    serde_json::to_vec(&review).unwrap_or_else(|e| {
+    written.unwrap_or_else(|e| {
         format!(
             r#"{{"apiVersion":"{API_VERSION}","kind":"AdmissionReview","response":{{"uid":"","allowed":false,"status":{{"message":"cannot encode the answer: {e}"}}}}}}"#
         )
@@ -585,6 +583,7 @@ fn deny(request: &Served<'_>, refusal: &Refusal) -> Decision {
     response.result = Status::failure(&message, "Forbidden").with_code(403);
     Decision {
         response,
+        patch: None,
         outcome: Outcome::denied,
         detail: Some(message),
     }
@@ -596,6 +595,7 @@ fn invalid(request: &Served<'_>, reason: String) -> Decision {
     response.uid = request.uid.clone();
     Decision {
         response,
+        patch: None,
         outcome: Outcome::invalid,
         detail: Some(reason),
     }
@@ -608,6 +608,7 @@ fn internal_error(request: &Served<'_>, detail: String) -> Decision {
     response.result = Status::failure(&message, "InternalError").with_code(500);
     Decision {
         response,
+        patch: None,
         outcome: Outcome::denied,
         detail: Some(detail),
     }
