@@ -111,11 +111,26 @@ fn max_inflight(interval: Duration, timeout: Duration) -> usize {
 }
 
 /// While a peer is lost (missed `misses` beats in a row), it is also
-/// searched for this many times per interval, so that a replacement
-/// answering at its name is seen within a fraction of the interval (the
-/// rendezvous host's replacement is what the survivors' restart waits for).
-/// Misses are still counted once per interval.
-const LOST_PROBES_PER_INTERVAL: u32 = 4;
+/// searched for, so that a replacement answering at its name is seen soon
+/// after the name leads to it (the rendezvous host's replacement is what the
+/// survivors' restart waits for). Misses are still counted once per interval.
+///
+/// How often: every [`SEARCH_EVERY_PER_NODE`] × the world's size, within
+/// [`MIN_SEARCH_EVERY`] and a quarter interval. A small world searches every
+/// 50 ms; in a large one all the survivors together look the lost name up
+/// (each search probe resolves it) at most about 500 times a second, what
+/// one cluster DNS replica answers without notice.
+fn search_every(interval: Duration, nodes: u32) -> Duration {
+    let quarter = (interval / 4).max(MIN_SEARCH_EVERY);
+    SEARCH_EVERY_PER_NODE
+        .saturating_mul(nodes)
+        .clamp(MIN_SEARCH_EVERY, quarter)
+}
+
+/// The shortest time between two searches of a lost peer.
+const MIN_SEARCH_EVERY: Duration = Duration::from_millis(50);
+/// The search period per node of the world (see [`search_every`]).
+const SEARCH_EVERY_PER_NODE: Duration = Duration::from_millis(2);
 
 /// One probe in flight.
 type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
@@ -168,12 +183,13 @@ impl Tally {
 /// reported. So a dead peer is reported after about interval × misses, while
 /// an answer that takes longer than the interval (latency) is not a loss.
 ///
-/// Once the peer is lost, it is also searched for: a probe every quarter
-/// interval, each given one interval, in a set of its own. A probe stuck on
-/// the dead address ends within the interval, so these never pile up to a
-/// limit, and a replacement that answers at the name (a new address behind
-/// it) is seen within a quarter interval of answering, however long the
-/// regular probes still wait on the old address.
+/// Once the peer is lost, it is also searched for: a probe every
+/// [`search_every`] (50 ms in a small world, at most a quarter interval),
+/// each given one interval, in a set of its own. A probe stuck on the dead
+/// address ends within the interval, so these never pile up to a limit, and
+/// a replacement that answers at the name (a new address behind it) is seen
+/// within one search period of answering, however long the regular probes
+/// still wait on the old address.
 pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
     let timeout = config.heartbeat.timeout;
     let http = client(timeout);
@@ -188,9 +204,18 @@ pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
         let interval = config.heartbeat.interval;
         let max_inflight = max_inflight(interval, timeout);
         let lost_after = config.heartbeat.misses.max(1);
-        let search_every = (interval / LOST_PROBES_PER_INTERVAL).max(Duration::from_millis(50));
+        let search_every = search_every(interval, config.nnodes.max());
         let search_timeout = interval.min(timeout);
-        let max_searching = usize::try_from(LOST_PROBES_PER_INTERVAL).unwrap_or(4) + 1;
+        // One search probe may take `search_timeout`: enough room for one
+        // to start at every search tick.
+        let max_searching = usize::try_from(
+            search_timeout
+                .as_millis()
+                .div_ceil(search_every.as_millis().max(1)),
+        )
+        .unwrap_or(usize::MAX)
+        .clamp(2, 64)
+            + 1;
         tasks.spawn(async move {
             let mut ticker = tokio::time::interval(interval);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -364,10 +389,37 @@ mod tests {
             .expect("the prober runs")
     }
 
+    /// The search period of a lost peer: 50 ms in a small world, longer in
+    /// a large one (the survivors together resolve the name about 500 times
+    /// a second at most), never longer than a quarter interval, never
+    /// shorter than 50 ms, whatever the interval.
+    #[test]
+    fn a_lost_peer_is_searched_for_often_in_a_small_world_and_less_in_a_large_one() {
+        let s = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        assert_eq!(search_every(s, 2), ms(50));
+        assert_eq!(search_every(s, 25), ms(50));
+        assert_eq!(search_every(s, 64), ms(128));
+        assert_eq!(search_every(s, 1000), ms(250));
+        assert_eq!(search_every(s, u32::MAX), ms(250));
+        assert_eq!(search_every(ms(100), 2), ms(50));
+        assert_eq!(search_every(ms(1), 1000), ms(50));
+        assert_eq!(search_every(Duration::from_secs(10), 1000), ms(2000));
+        for nodes in [1, 2, 3, 100, 500, 5000] {
+            let every = search_every(s, nodes);
+            let world_rate = f64::from(nodes) / every.as_secs_f64();
+            assert!(
+                world_rate <= 500.0 || every == ms(250),
+                "{nodes} nodes searching every {every:?}: {world_rate} lookups/s"
+            );
+        }
+    }
+
     /// A peer that stops answering is probed once per interval until it
-    /// is lost (misses reached), then four times per interval, so that a
-    /// replacement answering at its name is seen within a quarter interval;
-    /// misses are still reported once per interval.
+    /// is lost (misses reached), then every search period (here a quarter
+    /// interval: 50 ms of a 200 ms interval), so that a replacement
+    /// answering at its name is seen soon; misses are still reported once
+    /// per interval.
     #[tokio::test]
     async fn a_lost_peer_is_probed_four_times_per_interval() {
         // A peer that answers every probe with 503 (a miss).
