@@ -206,6 +206,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
         return Ok(out);
     };
     let mut own: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut unknown = 0usize;
     for (key, value) in map {
         if !key.starts_with(PREFIX) {
             continue;
@@ -221,8 +222,17 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
         if KNOWN.contains(&key.as_str()) {
             own.insert(key.as_str(), value.as_str());
         } else if key != STATUS && !CONTROLLER_OWNED.contains(&key.as_str()) {
-            out.warnings.push(unknown_warning(key));
+            unknown += 1;
+            if unknown <= MAX_UNKNOWN_NAMED {
+                out.warnings.push(unknown_warning(key));
+            }
         }
+    }
+    if unknown > MAX_UNKNOWN_NAMED {
+        out.warnings.push(format!(
+            "{} more unknown {PREFIX}* annotations are ignored (see docs/annotations.md)",
+            unknown - MAX_UNKNOWN_NAMED
+        ));
     }
     for (&key, &raw) in &own {
         let v = raw.trim();
@@ -399,8 +409,22 @@ fn parse_nccl(raw: &str) -> Result<Vec<(String, String)>, Refusal> {
     Ok(out)
 }
 
+/// Unknown `trainwire.dev/*` annotations named one by one in warnings; the
+/// rest are counted in one.
+const MAX_UNKNOWN_NAMED: usize = 5;
+
+/// The longest unknown name a nearest known name is looked for (the edit
+/// distance costs its length times each known name's).
+const MAX_SUGGESTED_LEN: usize = 64;
+
 fn unknown_warning(key: &str) -> String {
     let suffix = key.strip_prefix(PREFIX).unwrap_or(key);
+    if suffix.len() > MAX_SUGGESTED_LEN {
+        let shown: String = key.chars().take(MAX_SUGGESTED_LEN).collect();
+        return format!(
+            "unknown annotation {shown}... is ignored; it is not a trainwire annotation (see docs/annotations.md)"
+        );
+    }
     let known = KNOWN
         .iter()
         .map(|k| (k, k.strip_prefix(PREFIX).unwrap_or(k)));
@@ -479,6 +503,34 @@ mod tests {
                 "unknown annotation trainwire.dev/zzzzzzzz is ignored; it is not a trainwire annotation (see docs/annotations.md)".to_string(),
             ]
         );
+    }
+
+    /// A workload with thousands of unknown `trainwire.dev/*` names (or
+    /// one very long one) gets a handful of warnings, quickly: five named,
+    /// the rest counted.
+    #[test]
+    fn many_unknown_annotations_are_counted_not_listed() {
+        let mut m = serde_json::Map::new();
+        for i in 0..20_000 {
+            m.insert(format!("trainwire.dev/x{i:05}"), json!("1"));
+        }
+        m.insert(format!("trainwire.dev/{}", "y".repeat(100_000)), json!("1"));
+        let started = std::time::Instant::now();
+        let a = parse(Some(&m)).unwrap_or_default();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(a.warnings.len(), MAX_UNKNOWN_NAMED + 1, "{:?}", a.warnings);
+        assert_eq!(
+            a.warnings.last().map(String::as_str),
+            Some(
+                "19996 more unknown trainwire.dev/* annotations are ignored (see docs/annotations.md)"
+            )
+        );
+        let long = unknown_warning(&format!("trainwire.dev/{}", "y".repeat(100_000)));
+        assert!(long.len() < 200, "{long}");
     }
 
     #[test]

@@ -98,14 +98,52 @@ impl From<crate::policy::Conflict> for Refusal {
 pub struct Ctx<'a> {
     pub profile: &'a Profile,
     pub warnings: Vec<String>,
+    /// Warnings left out past [`MAX_WARNINGS`] (their hashes, so that a
+    /// repeated one is counted once).
+    pub omitted_warnings: std::collections::HashSet<u64>,
     pub status: Status,
 }
 
+/// At most this many warnings are returned for one workload (a hostile
+/// object could otherwise ask for one per entry of a 20,000-entry list; the
+/// apiserver truncates long warning lists anyway); the rest are counted in
+/// one last warning.
+pub const MAX_WARNINGS: usize = 32;
+
 impl Ctx<'_> {
-    pub fn warn(&mut self, warning: String) {
-        if !self.warnings.contains(&warning) {
-            self.warnings.push(warning);
+    pub fn new(profile: &Profile) -> Ctx<'_> {
+        Ctx {
+            profile,
+            warnings: Vec::new(),
+            omitted_warnings: Default::default(),
+            status: Status::default(),
         }
+    }
+
+    pub fn warn(&mut self, warning: String) {
+        if self.warnings.contains(&warning) {
+            return;
+        }
+        if self.warnings.len() < MAX_WARNINGS {
+            self.warnings.push(warning);
+        } else {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            warning.hash(&mut h);
+            self.omitted_warnings.insert(h.finish());
+        }
+    }
+
+    /// The warnings, with the count of those left out.
+    pub fn into_warnings(self) -> Vec<String> {
+        let mut warnings = self.warnings;
+        if !self.omitted_warnings.is_empty() {
+            warnings.push(format!(
+                "{} more warnings are not shown",
+                self.omitted_warnings.len()
+            ));
+        }
+        warnings
     }
 }
 
@@ -208,11 +246,7 @@ fn run(
     let metadata = std::mem::take(workload.metadata_mut());
     let before = workload.clone();
     *workload.metadata_mut() = metadata;
-    let mut ctx = Ctx {
-        profile,
-        warnings: Vec::new(),
-        status: Status::default(),
-    };
+    let mut ctx = Ctx::new(profile);
     for w in &ann.warnings {
         ctx.warn(w.clone());
     }
@@ -256,7 +290,7 @@ fn run(
     };
     Ok(Admitted {
         patch,
-        warnings: ctx.warnings,
+        warnings: ctx.into_warnings(),
     })
 }
 

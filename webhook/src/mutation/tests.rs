@@ -1623,3 +1623,22 @@ fn host_network_pods_get_the_cluster_dns() {
         plain["spec"]["template"]["spec"].get("dnsPolicy")
     );
 }
+
+/// Warnings are capped: the first [`MAX_WARNINGS`] distinct ones, then one
+/// that counts the rest; duplicates are never repeated.
+#[test]
+fn warnings_are_capped_and_counted() {
+    let profile = crate::policy::Profile::default();
+    let mut ctx = Ctx::new(&profile);
+    for i in 0..1000 {
+        ctx.warn(format!("warning {i}"));
+        ctx.warn(format!("warning {i}"));
+    }
+    let warnings = ctx.into_warnings();
+    assert_eq!(warnings.len(), MAX_WARNINGS + 1);
+    assert_eq!(warnings[0], "warning 0");
+    assert_eq!(
+        warnings.last().map(String::as_str),
+        Some("968 more warnings are not shown")
+    );
+}
