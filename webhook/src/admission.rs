@@ -25,9 +25,19 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, AdmissionLabels, Kind, KindLabels, Metrics, Outcome};
-use crate::mutation::{self, Refusal, workload::Workload};
+use crate::mutation::{self, Refusal, workload, workload::Workload};
 use crate::policy::SharedPolicy;
 use crate::scale::{self, StatefulSetSource};
+
+/// A review body above this size is answered only while no other such one
+/// is (see [`Admitter::admit`]); real workloads' reviews are 5 to 50 KB.
+pub const LARGE_BODY_BYTES: usize = 256 * 1024;
+static LARGE_REVIEWS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
+/// An object above this size is outlined before it is read (see
+/// `Admitter::mutate`). Below it, even a list of the smallest entries takes
+/// a few MB once typed.
+pub const LARGE_OBJECT_BYTES: usize = 64 * 1024;
 
 /// The only AdmissionReview version spoken.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -108,6 +118,14 @@ impl Admitter {
     /// Answer one request body.
     pub async fn admit(&self, body: &[u8]) -> Answer {
         let started = Instant::now();
+        // Reviews far larger than a real workload's are answered one at a
+        // time: however many arrive at once, the memory they take is that of
+        // one (small ones never wait).
+        let _large = if body.len() > LARGE_BODY_BYTES {
+            LARGE_REVIEWS.acquire().await.ok()
+        } else {
+            None
+        };
         let envelope = match serde_json::from_slice::<Envelope<'_>>(body) {
             Ok(e) if e.kind == "AdmissionReview" && e.api_version == API_VERSION => e,
             // Not a well-formed review: find out why, on the slow path.
@@ -228,6 +246,27 @@ impl Admitter {
     /// number where a string belongs, ...) goes through `Value`, where the
     /// engine explains what is wrong with it.
     fn mutate(&self, request: &Served<'_>, object: &RawValue) -> Decision {
+        // A large object is outlined first: one not opted in is never read
+        // into the typed model, and one whose lists would take far more
+        // memory than any real pod is refused before it is read.
+        if object.get().len() > LARGE_OBJECT_BYTES {
+            match workload::Outline::of(object.get()) {
+                Some(workload::Outline::NotManaged) => {
+                    return Decision {
+                        response: allow(request),
+                        patch: None,
+                        outcome: Outcome::allowed,
+                        detail: None,
+                    };
+                }
+                Some(workload::Outline::Managed(sizes)) => {
+                    if let Err(refusal) = sizes.check(&request.kind.kind) {
+                        return deny(request, &refusal);
+                    }
+                }
+                None => {}
+            }
+        }
         let policy = self.policy.current();
         let result = match Workload::from_str(&request.kind.kind, object.get()) {
             Ok(workload) => {

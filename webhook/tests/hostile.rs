@@ -114,3 +114,82 @@ async fn a_review_at_the_body_limit_is_answered_in_bounded_time() {
     assert!(elapsed < Duration::from_secs(30), "took {elapsed:?}");
     assert!(grown < 1024.0, "peak RSS grew by {grown:.0} MiB");
 }
+
+/// The captured StatefulSet CREATE with the template's volumes replaced by
+/// `n` one-line `emptyDir` volumes (about 30 bytes of JSON each, 3.2 KB each
+/// once typed), as large as the body limit allows; with or without the
+/// opt-in annotation.
+fn review_with_volumes(opted_in: bool) -> (Value, Vec<u8>) {
+    let mut review = common::fixture("statefulset-create.json");
+    if !opted_in
+        && let Some(a) = review["request"]["object"]["metadata"]["annotations"].as_object_mut()
+    {
+        a.retain(|k, _| !k.starts_with("trainwire.dev/"));
+    }
+    let base = serde_json::to_vec(&review).expect("json").len();
+    let n = (MAX_BODY_BYTES - base) / r#"{"name":"v000000","emptyDir":{}},"#.len() - 100;
+    let volumes: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("v{i:06}"), "emptyDir": {}}))
+        .collect();
+    review["request"]["object"]["spec"]["template"]["spec"]["volumes"] = json!(volumes);
+    let body = serde_json::to_vec(&review).expect("json");
+    assert!(body.len() <= MAX_BODY_BYTES, "{} bytes", body.len());
+    assert!(body.len() > MAX_BODY_BYTES * 9 / 10, "{} bytes", body.len());
+    (review, body)
+}
+
+/// Post a review; the answer's `response`, the time and the growth of the
+/// peak RSS in MiB.
+async fn post(body: Vec<u8>) -> (Value, Duration, f64) {
+    let router = router(state());
+    let before = peak_rss_kib();
+    let started = Instant::now();
+    let response = router
+        .oneshot(
+            Request::post("/mutate")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body))
+                .expect("request"),
+        )
+        .await
+        .expect("answer");
+    assert_eq!(response.status(), StatusCode::OK);
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    let elapsed = started.elapsed();
+    let grown = peak_rss_kib().saturating_sub(before) as f64 / 1024.0;
+    let answer: Value = serde_json::from_slice(&bytes).expect("a review");
+    (answer["response"].clone(), elapsed, grown)
+}
+
+/// An opted-in StatefulSet with 130,000 volumes (typed, over 400 MB) is
+/// refused from a quick pass over its text, naming the count and the bound.
+#[tokio::test]
+async fn an_opted_in_template_with_a_hundred_thousand_volumes_is_refused_cheaply() {
+    let (_, body) = review_with_volumes(true);
+    let (response, elapsed, grown) = post(body).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("volumes; trainwire injects into pods of at most 1024"),
+        "{message}"
+    );
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert!(grown < 128.0, "peak RSS grew by {grown:.0} MiB");
+}
+
+/// The same StatefulSet without the opt-in annotation is not trainwire's:
+/// allowed untouched, never read into the typed model.
+#[tokio::test]
+async fn a_template_with_a_hundred_thousand_volumes_not_opted_in_passes_cheaply() {
+    let (_, body) = review_with_volumes(false);
+    let (response, elapsed, grown) = post(body).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
+    assert!(grown < 128.0, "peak RSS grew by {grown:.0} MiB");
+}

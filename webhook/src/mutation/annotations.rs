@@ -160,10 +160,53 @@ fn display(v: &Value) -> String {
 fn bad(annotation: &str, value: &str, reason: &str, accepted: &str) -> Refusal {
     Refusal::Annotation {
         annotation: annotation.to_string(),
-        value: value.to_string(),
+        value: shown(value),
         reason: reason.to_string(),
         accepted: accepted.to_string(),
     }
+}
+
+/// The longest annotation value quoted whole in a refusal.
+const MAX_SHOWN: usize = 200;
+
+/// A value as a refusal quotes it: whole when short, else its beginning and
+/// its size (a refusal is shown by kubectl and kept in the apiserver's audit
+/// log; a 200 KB value does not belong there).
+fn shown(value: &str) -> String {
+    if value.len() <= MAX_SHOWN {
+        return value.to_string();
+    }
+    let mut end = MAX_SHOWN;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &value[..end], value.len())
+}
+
+/// The most entries a list annotation (`volumes`, `nccl`) may have: far
+/// more than any job needs, and a bound on what one annotation makes the
+/// webhook inject.
+pub const MAX_LIST_ENTRIES: usize = 64;
+
+/// The non-empty entries of a comma-separated list annotation, refused past
+/// [`MAX_LIST_ENTRIES`].
+fn list_entries<'a>(key: &str, raw: &'a str, accepted: &str) -> Result<Vec<&'a str>, Refusal> {
+    let entries: Vec<&str> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .take(MAX_LIST_ENTRIES + 1)
+        .collect();
+    if entries.len() > MAX_LIST_ENTRIES {
+        let total = raw.split(',').filter(|e| !e.trim().is_empty()).count();
+        return Err(bad(
+            key,
+            raw,
+            &format!("{total} entries; at most {MAX_LIST_ENTRIES} are accepted"),
+            accepted,
+        ));
+    }
+    Ok(entries)
 }
 
 /// Parse one annotation with its contract type; a refusal names the
@@ -308,7 +351,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
 
 fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
     let mut out: Vec<SharedVolume> = Vec::new();
-    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in list_entries(VOLUMES, raw, VOLUME_FORMS)? {
         let mut parts = entry.split(':');
         let claim = parts.next().unwrap_or_default().trim();
         let path = parts.next().map(str::trim);
@@ -380,7 +423,7 @@ fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
 
 fn parse_nccl(raw: &str) -> Result<Vec<(String, String)>, Refusal> {
     let mut out: Vec<(String, String)> = Vec::new();
-    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in list_entries(NCCL, raw, NCCL_FORMS)? {
         let Some((k, v)) = entry.split_once('=') else {
             return Err(bad(
                 NCCL,
@@ -503,6 +546,34 @@ mod tests {
                 "unknown annotation trainwire.dev/zzzzzzzz is ignored; it is not a trainwire annotation (see docs/annotations.md)".to_string(),
             ]
         );
+    }
+
+    /// A list annotation of thousands of entries is refused with a short
+    /// message: the count, the limit, the value's beginning and size.
+    #[test]
+    fn list_annotations_are_bounded() {
+        let nccl: Vec<String> = (0..32_000).map(|i| format!("NCCL_X{i}=1")).collect();
+        let volumes: Vec<String> = (0..32_000).map(|i| format!("c{i}:/p{i}")).collect();
+        for (key, value) in [(NCCL, nccl.join(",")), (VOLUMES, volumes.join(","))] {
+            let err = parse(Some(&map(json!({ key: value })))).err();
+            let Some(Refusal::Annotation {
+                reason,
+                value: quoted,
+                ..
+            }) = &err
+            else {
+                panic!("{key}: {err:?}");
+            };
+            assert_eq!(reason, "32000 entries; at most 64 are accepted");
+            assert!(
+                quoted.len() < 300 && quoted.ends_with(" bytes)"),
+                "{quoted}"
+            );
+            let text = err.map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.len() < 1000, "{} characters", text.len());
+        }
+        let nccl: Vec<String> = (0..64).map(|i| format!("NCCL_X{i}=1")).collect();
+        assert!(parse(Some(&map(json!({ NCCL: nccl.join(",") })))).is_ok());
     }
 
     /// A workload with thousands of unknown `trainwire.dev/*` names (or

@@ -234,6 +234,9 @@ fn run(
     namespace: Option<&str>,
     profile: &Profile,
 ) -> Result<Admitted, Refusal> {
+    if let Some(spec) = workload.template().and_then(|t| t.spec.as_ref()) {
+        workload::Sizes::of(spec).check(workload.kind())?;
+    }
     let namespace = namespace
         .filter(|n| !n.is_empty())
         .or(workload.metadata().namespace.as_deref())

@@ -181,7 +181,38 @@ pub fn read(template: &PodTemplateSpec) -> Option<Status> {
         .annotations
         .as_ref()?
         .get(STATUS)?;
-    serde_json::from_str(raw).ok()
+    if raw.len() > MAX_STATUS_BYTES {
+        return None;
+    }
+    serde_json::from_str::<Status>(raw)
+        .ok()
+        .filter(|s| s.entries() <= MAX_STATUS_ENTRIES)
+}
+
+/// The largest status annotation read, and the most entries it may record:
+/// trainwire writes a few dozen (its own env, mounts and volumes, at most
+/// [`super::annotations::MAX_LIST_ENTRIES`] of each list annotation); a
+/// larger one was not written by trainwire, and is dropped like any other
+/// unreadable status (stripping against it would cost time in its size).
+pub const MAX_STATUS_BYTES: usize = 64 * 1024;
+pub const MAX_STATUS_ENTRIES: usize = 1024;
+
+impl Status {
+    /// How many entries the status records.
+    pub fn entries(&self) -> usize {
+        self.env.len()
+            + self.replaced_env.len()
+            + self.volume_mounts.len()
+            + self.resources.len()
+            + self.volumes.len()
+            + self.replaced_volumes.len()
+            + self.init_containers.len()
+            + self.tolerations.len()
+            + self.replaced_tolerations.len()
+            + self.node_selector.len()
+            + self.replaced_node_selector.len()
+            + self.fields.len()
+    }
 }
 
 /// Write the status annotation on the template.
@@ -925,5 +956,46 @@ mod prune_tests {
         fn text_pruning_equals_the_value_path_on_any_json(v in json_value()) {
             prop_assert_eq!(by_text(&v), by_value(&v));
         }
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    fn template_with(status: &str) -> PodTemplateSpec {
+        PodTemplateSpec {
+            metadata: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                annotations: Some([(STATUS.to_string(), status.to_string())].into()),
+                ..Default::default()
+            }),
+            spec: None,
+        }
+    }
+
+    /// A status recording more entries than trainwire ever writes, or
+    /// larger than it ever is, is not trainwire's: unreadable.
+    #[test]
+    fn oversized_statuses_are_unreadable() {
+        let mut status = Status {
+            version: VERSION.to_string(),
+            ..Status::default()
+        };
+        status.tolerations = (0..MAX_STATUS_ENTRIES)
+            .map(|i| format!("{i:012x}"))
+            .collect();
+        let at_limit = serde_json::to_string(&status).unwrap_or_default();
+        assert!(at_limit.len() <= MAX_STATUS_BYTES);
+        assert_eq!(read(&template_with(&at_limit)), Some(status.clone()));
+        status
+            .env
+            .insert("ONE_MORE".to_string(), "000000000000".to_string());
+        let over = serde_json::to_string(&status).unwrap_or_default();
+        assert_eq!(read(&template_with(&over)), None);
+        let huge = format!(
+            r#"{{"version":"{VERSION}","container":"{}"}}"#,
+            "x".repeat(MAX_STATUS_BYTES)
+        );
+        assert_eq!(read(&template_with(&huge)), None);
     }
 }

@@ -1642,3 +1642,78 @@ fn warnings_are_capped_and_counted() {
         Some("968 more warnings are not shown")
     );
 }
+
+/// The bounds on a template's lists hold whatever the object's size: a
+/// small object with 1,025 volumes is refused like a large one; 1,024 pass.
+#[test]
+fn templates_over_the_list_bounds_are_refused() {
+    let (mut obj, ns) = fixture("statefulset-create.json");
+    let volumes = |n: usize| -> Value {
+        json!(
+            (0..n)
+                .map(|i| json!({"name": format!("v{i}"), "emptyDir": {}}))
+                .collect::<Vec<_>>()
+        )
+    };
+    obj["spec"]["template"]["spec"]["volumes"] = volumes(workload::MAX_VOLUMES);
+    assert!(matches!(
+        mutate(&obj, Some(&ns), &Profile::default()),
+        Ok(Outcome::Mutated(_))
+    ));
+    obj["spec"]["template"]["spec"]["volumes"] = volumes(workload::MAX_VOLUMES + 1);
+    let text = obj.to_string();
+    assert_eq!(
+        mutate(&obj, Some(&ns), &Profile::default()).err(),
+        Some(Refusal::Workload(
+            "the StatefulSet's pod template has 1025 volumes; trainwire injects into pods of at most 1024".to_string()
+        ))
+    );
+    assert_eq!(
+        workload::Outline::of(&text),
+        Some(workload::Outline::Managed(workload::Sizes {
+            volumes: 1025,
+            containers: 1
+        }))
+    );
+    let containers: Vec<Value> = (0..=workload::MAX_CONTAINERS)
+        .map(|i| json!({"name": format!("c{i}"), "image": "x"}))
+        .collect();
+    obj["spec"]["template"]["spec"]["volumes"] = Value::Null;
+    obj["spec"]["template"]["spec"]["initContainers"] = json!(containers);
+    assert!(matches!(
+        mutate(&obj, Some(&ns), &Profile::default()),
+        Err(Refusal::Workload(m)) if m.contains("258 containers")
+    ));
+}
+
+/// The outline of a workload's text: not managed without the opt-in
+/// annotation or while being deleted; `None` for a shape it cannot read.
+#[test]
+fn outlines() {
+    use workload::{Outline, Sizes};
+    assert_eq!(Outline::of(r#"{"metadata":{}}"#), Some(Outline::NotManaged));
+    assert_eq!(
+        Outline::of(r#"{"metadata":{"annotations":{"trainwire.dev/inject":"true"}}}"#),
+        Some(Outline::Managed(Sizes::default()))
+    );
+    assert_eq!(
+        Outline::of(
+            r#"{"metadata":{"annotations":{"trainwire.dev/inject":"true"},"deletionTimestamp":"2026-01-01T00:00:00Z"}}"#
+        ),
+        Some(Outline::NotManaged)
+    );
+    assert_eq!(
+        Outline::of(
+            r#"{"metadata":{"annotations":{"trainwire.dev/inject":"true"}},"spec":{"template":{"spec":{"volumes":null,"containers":[{},{}],"ephemeralContainers":[{}]}}}}"#
+        ),
+        Some(Outline::Managed(Sizes {
+            volumes: 0,
+            containers: 3
+        }))
+    );
+    assert_eq!(
+        Outline::of(r#"{"spec":{"template":{"spec":{"volumes":7}}}}"#),
+        None
+    );
+    assert_eq!(Outline::of("not json"), None);
+}

@@ -627,3 +627,169 @@ fn quantities_as_strings(mut v: Value) -> Value {
     walk(&mut v, false);
     v
 }
+
+/// The most entries of each large list of a pod template trainwire works on.
+/// A k8s-openapi `Volume` takes 3.2 KB in memory and a `Container` 2.1 KB,
+/// from as little as 25 bytes of JSON: without a bound, a 4 MiB review of
+/// 150,000 one-line volumes would take over a gigabyte to read. No real pod
+/// comes near these numbers (the kubelet would not start it).
+pub const MAX_VOLUMES: usize = 1024;
+/// See [`MAX_VOLUMES`]: containers, init containers and ephemeral containers
+/// together.
+pub const MAX_CONTAINERS: usize = 256;
+
+/// The pod template's list sizes, and the refusal when one is over its bound.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub volumes: usize,
+    pub containers: usize,
+}
+
+impl Sizes {
+    pub fn of(spec: &PodSpec) -> Sizes {
+        Sizes {
+            volumes: spec.volumes.as_ref().map_or(0, Vec::len),
+            containers: spec.containers.len()
+                + spec.init_containers.as_ref().map_or(0, Vec::len)
+                + spec.ephemeral_containers.as_ref().map_or(0, Vec::len),
+        }
+    }
+
+    pub fn check(self, kind: &str) -> Result<(), Refusal> {
+        if self.volumes > MAX_VOLUMES {
+            return Err(Refusal::Workload(format!(
+                "the {kind}'s pod template has {} volumes; trainwire injects into pods of at most {MAX_VOLUMES}",
+                self.volumes
+            )));
+        }
+        if self.containers > MAX_CONTAINERS {
+            return Err(Refusal::Workload(format!(
+                "the {kind}'s pod template has {} containers (with init and ephemeral ones); trainwire injects into pods of at most {MAX_CONTAINERS}",
+                self.containers
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a quick pass over a workload's JSON text tells before it is read
+/// into the typed model (which costs memory in the size of its lists).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outline {
+    /// Not opted in (no `trainwire.dev/inject` annotation), or being
+    /// deleted: passed through untouched, never read further.
+    NotManaged,
+    /// Opted in, with these list sizes.
+    Managed(Sizes),
+}
+
+impl Outline {
+    /// `None` when the text does not have the expected shape (the typed
+    /// reading then says what is wrong with it).
+    pub fn of(object: &str) -> Option<Outline> {
+        use serde::de::IgnoredAny;
+
+        /// The length of a JSON array (`null`: 0), its elements skipped.
+        #[derive(Default)]
+        struct Count(usize);
+        impl<'de> Deserialize<'de> for Count {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = Count;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a list")
+                    }
+                    fn visit_unit<E>(self) -> Result<Count, E> {
+                        Ok(Count(0))
+                    }
+                    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                        self,
+                        mut seq: A,
+                    ) -> Result<Count, A::Error> {
+                        let mut n = 0usize;
+                        while seq.next_element::<IgnoredAny>()?.is_some() {
+                            n += 1;
+                        }
+                        Ok(Count(n))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+        /// Whether an annotations map has the opt-in key.
+        #[derive(Default)]
+        struct OptIn(bool);
+        impl<'de> Deserialize<'de> for OptIn {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = OptIn;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("a map")
+                    }
+                    fn visit_unit<E>(self) -> Result<OptIn, E> {
+                        Ok(OptIn(false))
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<OptIn, A::Error> {
+                        let mut found = false;
+                        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                            found |= key == super::annotations::INJECT;
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                        Ok(OptIn(found))
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase", default)]
+        struct Meta {
+            annotations: OptIn,
+            deletion_timestamp: Option<IgnoredAny>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase", default)]
+        struct Pod {
+            volumes: Count,
+            containers: Count,
+            init_containers: Count,
+            ephemeral_containers: Count,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(default)]
+        struct Template {
+            spec: Option<Pod>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(default)]
+        struct Spec {
+            template: Option<Template>,
+        }
+        #[derive(Deserialize)]
+        struct Object {
+            #[serde(default)]
+            metadata: Option<Meta>,
+            #[serde(default)]
+            spec: Option<Spec>,
+        }
+        let o: Object = serde_json::from_str(object).ok()?;
+        let meta = o.metadata.unwrap_or_default();
+        if !meta.annotations.0 || meta.deletion_timestamp.is_some() {
+            return Some(Outline::NotManaged);
+        }
+        let pod = o
+            .spec
+            .and_then(|s| s.template)
+            .and_then(|t| t.spec)
+            .unwrap_or_default();
+        Some(Outline::Managed(Sizes {
+            volumes: pod.volumes.0,
+            containers: pod.containers.0 + pod.init_containers.0 + pod.ephemeral_containers.0,
+        }))
+    }
+}
