@@ -193,3 +193,27 @@ async fn a_template_with_a_hundred_thousand_volumes_not_opted_in_passes_cheaply(
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
     assert!(grown < 128.0, "peak RSS grew by {grown:.0} MiB");
 }
+
+/// Fuzzing finds, kept: each answer is a refusal or a patch that applies to
+/// the object (`tests/data/fuzz/`; the file names say what was mutated).
+#[tokio::test]
+async fn fuzzed_reviews_get_a_refusal_or_a_patch_that_applies() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/data/fuzz") {
+        let path = entry.expect("entry").path();
+        let body = std::fs::read(&path).expect("read");
+        let review: Value = serde_json::from_slice(&body).expect("json");
+        let (response, _, _) = post(body).await;
+        if response["allowed"] == true {
+            // Panics if the patch does not apply.
+            common::apply_response_patch(&response, &review["request"]["object"]);
+        } else {
+            let message = response["status"]["message"].as_str().unwrap_or_default();
+            assert!(!message.is_empty(), "{}: {response}", path.display());
+            assert!(!message.contains("internal error"), "{}: {message}", path.display());
+        }
+        seen += 1;
+    }
+    assert!(seen > 0, "no fuzzed reviews in {}", dir.display());
+}

@@ -236,6 +236,7 @@ fn run(
 ) -> Result<Admitted, Refusal> {
     if let Some(spec) = workload.template().and_then(|t| t.spec.as_ref()) {
         workload::Sizes::of(spec).check(workload.kind())?;
+        workload::check_required(spec, workload.kind())?;
     }
     let namespace = namespace
         .filter(|n| !n.is_empty())

@@ -1717,3 +1717,52 @@ fn outlines() {
     );
     assert_eq!(Outline::of("not json"), None);
 }
+
+/// An entry the engine edits without a field Kubernetes requires (found by
+/// fuzzing: a re-injected object whose `/dev/shm` mount had lost its
+/// `mountPath` got a patch that replaced a member the object did not have)
+/// is refused, saying what is missing where.
+#[test]
+fn entries_without_required_fields_are_refused() {
+    let (obj, ns) = fixture("statefulset-create.json");
+    let cases = [
+        (
+            "/spec/template/spec/containers/0/volumeMounts",
+            json!([{"name": "trainwire-shm"}]),
+            "a volumeMount without mountPath (container \"trainer\", volumeMounts 0)",
+        ),
+        (
+            "/spec/template/spec/containers/0/volumeMounts",
+            json!([{"mountPath": "/x", "name": ""}]),
+            "a volumeMount without name (container \"trainer\", volumeMounts 0)",
+        ),
+        (
+            "/spec/template/spec/containers/0/env",
+            json!([{"value": "1"}]),
+            "an env entry without a name (container \"trainer\", env 0)",
+        ),
+        (
+            "/spec/template/spec/volumes",
+            json!([{"emptyDir": {}}]),
+            "a volume without a name (volumes 0)",
+        ),
+    ];
+    for (path, value, what) in cases {
+        let mut o = obj.clone();
+        if let Some(slot) = o.pointer_mut(path) {
+            *slot = value;
+        } else {
+            let (parent, key) = path.rsplit_once('/').unwrap_or_default();
+            o.pointer_mut(parent)
+                .and_then(Value::as_object_mut)
+                .map(|m| m.insert(key.to_string(), value));
+        }
+        assert_eq!(
+            mutate(&o, Some(&ns), &Profile::default()).err(),
+            Some(Refusal::Workload(format!(
+                "the StatefulSet's pod template has {what}; Kubernetes requires it"
+            ))),
+            "{path}"
+        );
+    }
+}

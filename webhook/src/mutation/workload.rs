@@ -793,3 +793,54 @@ impl Outline {
         }))
     }
 }
+
+/// Every entry of the lists the engine edits has the fields Kubernetes
+/// requires of it (a container's, an env var's and a volume's `name`, a
+/// mount's `name` and `mountPath`). The typed model reads an absent one as
+/// empty, and a patch that edited such an entry could name a member the
+/// object does not have; the apiserver's validation, which runs after
+/// admission, would refuse the object anyway. Refused here with what is
+/// missing where.
+pub fn check_required(spec: &PodSpec, kind: &str) -> Result<(), Refusal> {
+    let missing = |what: String| {
+        Err(Refusal::Workload(format!(
+            "the {kind}'s pod template has {what}; Kubernetes requires it"
+        )))
+    };
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for (i, c) in containers.enumerate() {
+        if c.name.is_empty() {
+            return missing(format!("a container without a name (container {i})"));
+        }
+        for (j, e) in c.env.iter().flatten().enumerate() {
+            if e.name.is_empty() {
+                return missing(format!(
+                    "an env entry without a name (container {:?}, env {j})",
+                    c.name
+                ));
+            }
+        }
+        for (j, m) in c.volume_mounts.iter().flatten().enumerate() {
+            if m.name.is_empty() || m.mount_path.is_empty() {
+                let field = if m.name.is_empty() {
+                    "name"
+                } else {
+                    "mountPath"
+                };
+                return missing(format!(
+                    "a volumeMount without {field} (container {:?}, volumeMounts {j})",
+                    c.name
+                ));
+            }
+        }
+    }
+    for (i, v) in spec.volumes.iter().flatten().enumerate() {
+        if v.name.is_empty() {
+            return missing(format!("a volume without a name (volumes {i})"));
+        }
+    }
+    Ok(())
+}
