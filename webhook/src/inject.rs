@@ -188,8 +188,10 @@ fn inject_object(
     match mutation::mutate(obj, Some(&namespace), &profile) {
         Ok(Outcome::NotManaged) => Injected::Unchanged,
         Ok(Outcome::Mutated(m)) => {
+            // Each result names its object by reference, not by a copy.
+            let reference = resource_ref(obj);
             for w in m.warnings {
-                warnings.push((format!("{who}: warning: {w}"), obj.clone()));
+                warnings.push((format!("{who}: warning: {w}"), reference.clone()));
             }
             if m.patch.0.is_empty() {
                 Injected::Unchanged
@@ -198,7 +200,7 @@ fn inject_object(
             }
         }
         Err(refusal) => {
-            refusals.push((format!("{who}: refused: {refusal}"), obj.clone()));
+            refusals.push((format!("{who}: refused: {refusal}"), resource_ref(obj)));
             Injected::Unchanged
         }
     }
@@ -434,7 +436,7 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
     };
     let mut infos = Vec::new();
     for (note, service) in notes {
-        infos.push((note, service.clone()));
+        infos.push((note, resource_ref(&service)));
         out.push(service);
     }
     let failed = !refusals.is_empty();
@@ -444,11 +446,11 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
         .cloned()
         .unwrap_or_default();
     for (severity, entries) in [("error", refusals), ("warning", warnings), ("info", infos)] {
-        for (message, obj) in entries {
+        for (message, reference) in entries {
             results.push(json!({
                 "message": message,
                 "severity": severity,
-                "resourceRef": resource_ref(&obj),
+                "resourceRef": reference,
             }));
         }
     }

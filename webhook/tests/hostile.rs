@@ -211,7 +211,11 @@ async fn fuzzed_reviews_get_a_refusal_or_a_patch_that_applies() {
         } else {
             let message = response["status"]["message"].as_str().unwrap_or_default();
             assert!(!message.is_empty(), "{}: {response}", path.display());
-            assert!(!message.contains("internal error"), "{}: {message}", path.display());
+            assert!(
+                !message.contains("internal error"),
+                "{}: {message}",
+                path.display()
+            );
         }
         seen += 1;
     }

@@ -282,22 +282,37 @@ fn complete(template: &PodTemplateSpec, status: &Status) -> bool {
     let Some(c) = spec.containers.iter().find(|c| c.name == status.container) else {
         return false;
     };
-    let env_ok = status
-        .env
-        .keys()
-        .all(|n| c.env.iter().flatten().any(|e| &e.name == n));
+    // Sets of what is there: linear in the lists, whatever the status holds.
+    use std::collections::HashSet;
+    let env: HashSet<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    let mounts: HashSet<&str> = c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.mount_path.as_str())
+        .collect();
+    let volumes: HashSet<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    let inits: HashSet<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|i| i.name.as_str())
+        .collect();
+    let env_ok = status.env.keys().all(|n| env.contains(n.as_str()));
     let mounts_ok = status
         .volume_mounts
         .keys()
-        .all(|p| c.volume_mounts.iter().flatten().any(|m| &m.mount_path == p));
-    let volumes_ok = status
-        .volumes
-        .keys()
-        .all(|n| spec.volumes.iter().flatten().any(|v| &v.name == n));
+        .all(|p| mounts.contains(p.as_str()));
+    let volumes_ok = status.volumes.keys().all(|n| volumes.contains(n.as_str()));
     let inits_ok = status
         .init_containers
         .keys()
-        .all(|n| spec.init_containers.iter().flatten().any(|i| &i.name == n));
+        .all(|n| inits.contains(n.as_str()));
     env_ok && mounts_ok && volumes_ok && inits_ok
 }
 
