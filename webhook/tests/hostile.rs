@@ -47,30 +47,8 @@ fn peak_rss_kib() -> u64 {
 /// Post the review, check it is patched, and return the elapsed time and
 /// the growth of the peak RSS in MiB.
 async fn admit(review: &Value, body: Vec<u8>) -> (Duration, f64) {
-    let router = router(state());
-    let before = peak_rss_kib();
-    let started = Instant::now();
-    let response = router
-        .oneshot(
-            Request::post("/mutate")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body))
-                .expect("request"),
-        )
-        .await
-        .expect("answer");
-    let status = response.status();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let elapsed = started.elapsed();
-    let grown = peak_rss_kib().saturating_sub(before) as f64 / 1024.0;
-    assert_eq!(status, StatusCode::OK);
-    let answer: Value = serde_json::from_slice(&bytes).expect("a review");
-    let response = &answer["response"];
+    let (response, elapsed, grown) = post(body).await;
+    let response = &response;
     assert_eq!(response["allowed"], true, "{response}");
     let patched = common::apply_response_patch(response, &review["request"]["object"]);
     let env = common::trainer(&patched)["env"]
