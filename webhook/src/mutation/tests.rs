@@ -1712,6 +1712,14 @@ fn outlines() {
         }))
     );
     assert_eq!(
+        Outline::of(r#"{"metadata":{"annotations":{"trainwire.dev/inject":"false"}}}"#),
+        Some(Outline::NotManaged)
+    );
+    assert_eq!(
+        Outline::of(r#"{"metadata":{"annotations":{"trainwire.dev/inject":"yes"}}}"#),
+        None
+    );
+    assert_eq!(
         Outline::of(r#"{"spec":{"template":{"spec":{"volumes":7}}}}"#),
         None
     );

@@ -717,9 +717,9 @@ impl Outline {
                 d.deserialize_any(V)
             }
         }
-        /// Whether an annotations map has the opt-in key.
+        /// The opt-in annotation's value, the others skipped.
         #[derive(Default)]
-        struct OptIn(bool);
+        struct OptIn(Option<Value>);
         impl<'de> Deserialize<'de> for OptIn {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 struct V;
@@ -729,18 +729,21 @@ impl Outline {
                         f.write_str("a map")
                     }
                     fn visit_unit<E>(self) -> Result<OptIn, E> {
-                        Ok(OptIn(false))
+                        Ok(OptIn(None))
                     }
                     fn visit_map<A: serde::de::MapAccess<'de>>(
                         self,
                         mut map: A,
                     ) -> Result<OptIn, A::Error> {
-                        let mut found = false;
+                        let mut value = None;
                         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                            found |= key == super::annotations::INJECT;
-                            map.next_value::<IgnoredAny>()?;
+                            if key == super::annotations::INJECT {
+                                value = Some(map.next_value::<Value>()?);
+                            } else {
+                                map.next_value::<IgnoredAny>()?;
+                            }
                         }
-                        Ok(OptIn(found))
+                        Ok(OptIn(value))
                     }
                 }
                 d.deserialize_any(V)
@@ -779,7 +782,15 @@ impl Outline {
         }
         let o: Object = serde_json::from_str(object).ok()?;
         let meta = o.metadata.unwrap_or_default();
-        if !meta.annotations.0 || meta.deletion_timestamp.is_some() {
+        // The opt-in read with the engine's own grammar; a value it refuses
+        // is left to the typed reading, which says so.
+        let inject: serde_json::Map<String, Value> = meta
+            .annotations
+            .0
+            .map(|v| (super::annotations::INJECT.to_string(), v))
+            .into_iter()
+            .collect();
+        if !super::annotations::opted_in(Some(&inject)).ok()? || meta.deletion_timestamp.is_some() {
             return Some(Outline::NotManaged);
         }
         let pod = o
