@@ -98,9 +98,9 @@ impl From<crate::policy::Conflict> for Refusal {
 pub struct Ctx<'a> {
     pub profile: &'a Profile,
     pub warnings: Vec<String>,
-    /// Warnings left out past [`MAX_WARNINGS`] (their hashes, so that a
-    /// repeated one is counted once).
-    pub omitted_warnings: std::collections::HashSet<u64>,
+    /// Warnings left out past [`MAX_WARNINGS`] (a set, so that a repeated
+    /// one is counted once).
+    pub omitted_warnings: std::collections::HashSet<String>,
     pub status: Status,
 }
 
@@ -127,10 +127,7 @@ impl Ctx<'_> {
         if self.warnings.len() < MAX_WARNINGS {
             self.warnings.push(warning);
         } else {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            warning.hash(&mut h);
-            self.omitted_warnings.insert(h.finish());
+            self.omitted_warnings.insert(warning);
         }
     }
 
