@@ -282,38 +282,39 @@ fn complete(template: &PodTemplateSpec, status: &Status) -> bool {
     let Some(c) = spec.containers.iter().find(|c| c.name == status.container) else {
         return false;
     };
-    // Sets of what is there: linear in the lists, whatever the status holds.
-    use std::collections::HashSet;
-    let env: HashSet<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    let mounts: HashSet<&str> = c
-        .volume_mounts
-        .iter()
-        .flatten()
-        .map(|m| m.mount_path.as_str())
-        .collect();
-    let volumes: HashSet<&str> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .map(|v| v.name.as_str())
-        .collect();
-    let inits: HashSet<&str> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|i| i.name.as_str())
-        .collect();
-    let env_ok = status.env.keys().all(|n| env.contains(n.as_str()));
-    let mounts_ok = status
-        .volume_mounts
-        .keys()
-        .all(|p| mounts.contains(p.as_str()));
-    let volumes_ok = status.volumes.keys().all(|n| volumes.contains(n.as_str()));
-    let inits_ok = status
-        .init_containers
-        .keys()
-        .all(|n| inits.contains(n.as_str()));
+    let env_ok = all_present(
+        status.env.keys(),
+        c.env.iter().flatten().map(|e| e.name.as_str()),
+    );
+    let mounts_ok = all_present(
+        status.volume_mounts.keys(),
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str()),
+    );
+    let volumes_ok = all_present(
+        status.volumes.keys(),
+        spec.volumes.iter().flatten().map(|v| v.name.as_str()),
+    );
+    let inits_ok = all_present(
+        status.init_containers.keys(),
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|i| i.name.as_str()),
+    );
     env_ok && mounts_ok && volumes_ok && inits_ok
+}
+
+/// Whether every one of `wanted` is among `present`: a set lookup, linear
+/// in both, whatever sizes a status and a template bring.
+fn all_present<'w, 'p>(
+    wanted: impl IntoIterator<Item = &'w String>,
+    present: impl Iterator<Item = &'p str>,
+) -> bool {
+    let present: std::collections::HashSet<&str> = present.collect();
+    wanted.into_iter().all(|w| present.contains(w.as_str()))
 }
 
 /// Undo an earlier injection recorded in `status`: remove the entries trainwire
