@@ -676,8 +676,8 @@ impl Sizes {
 /// into the typed model (which costs memory in the size of its lists).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outline {
-    /// Not opted in (no `trainwire.dev/inject` annotation), or being
-    /// deleted: passed through untouched, never read further.
+    /// Not opted in (no `trainwire.dev/inject: "true"`), or being deleted:
+    /// passed through untouched, never read further.
     NotManaged,
     /// Opted in, with these list sizes.
     Managed(Sizes),
