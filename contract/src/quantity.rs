@@ -88,6 +88,41 @@ impl Quantity {
         // value = digits / 10^frac.len() * multiplier, in nano-units.
         let digits: i128 = format!("{int}{frac}").parse().map_err(|_| too_big())?;
         let frac_len = u32::try_from(frac.len()).map_err(|_| too_big())?;
+        // An exponent scales by any power of ten, as long as the value
+        // fits: `0.01e20` is `1e18`. (`E` and `Ei` are exa and exbi.)
+        if !matches!(suffix, "E" | "Ei")
+            && let Some(exp) = suffix.strip_prefix(['e', 'E'])
+        {
+            let unsigned = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+            if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad(&format!("{suffix:?} is not a suffix")));
+            }
+            let e: i64 = exp.parse().map_err(|_| too_big())?;
+            // value = digits × 10^(e - frac.len()), in nano-units.
+            let scale = e + 9 - i64::from(frac_len);
+            let mut nanos = if digits == 0 {
+                0
+            } else if scale >= 0 {
+                u32::try_from(scale)
+                    .ok()
+                    .and_then(|s| pow(10, s))
+                    .and_then(|p| digits.checked_mul(p))
+                    .ok_or_else(too_big)?
+            } else {
+                match u32::try_from(-scale).ok().and_then(|s| pow(10, s)) {
+                    // Kubernetes rounds a value finer than 1n up.
+                    Some(p) => digits / p + i128::from(digits % p != 0),
+                    None => 1,
+                }
+            };
+            if nanos > i128::from(i64::MAX) * NANO {
+                return Err(too_big());
+            }
+            if negative {
+                nanos = -nanos;
+            }
+            return Ok(Quantity { nanos });
+        }
         let (mul_num, mul_den): (i128, i128) = match suffix {
             "" => (1, 1),
             "Ki" => (1 << 10, 1),
@@ -105,22 +140,6 @@ impl Quantity {
             "T" => (1_000_000_000_000, 1),
             "P" => (1_000_000_000_000_000, 1),
             "E" => (1_000_000_000_000_000_000, 1),
-            exp if exp.starts_with(['e', 'E']) => {
-                let digits = &exp[1..];
-                let unsigned = digits.strip_prefix(['+', '-']).unwrap_or(digits);
-                if unsigned.is_empty() || !unsigned.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(bad(&format!("{exp:?} is not a suffix")));
-                }
-                let e: i32 = digits.parse().map_err(|_| too_big())?;
-                if !(-18..=18).contains(&e) {
-                    return Err(too_big());
-                }
-                if e >= 0 {
-                    (pow(10, e.unsigned_abs()).ok_or_else(too_big)?, 1)
-                } else {
-                    (1, pow(10, e.unsigned_abs()).ok_or_else(too_big)?)
-                }
-            }
             other => return Err(bad(&format!("{other:?} is not a suffix"))),
         };
         let num = digits
@@ -306,6 +325,10 @@ mod tests {
     #[case("1e9", 1_000_000_000)]
     #[case("+1Gi", 1 << 30)]
     #[case("1000", 1000)]
+    #[case("1.5e3", 1500)]
+    // Any exponent, as long as the value fits (YAML reads `0.01e20` as 1e18).
+    #[case("0.01e20", 1_000_000_000_000_000_000)]
+    #[case("10000e-4", 1)]
     fn sizes(#[case] text: &str, #[case] bytes: u64) {
         assert_eq!(b(text), bytes);
     }
@@ -339,6 +362,11 @@ mod tests {
         let q: Quantity = "1.5Gi".parse().expect("q");
         assert_eq!(q.to_string(), "1536Mi");
         assert!("512Ki".parse::<ShmSize>().is_err());
+        // Finer than 1n is rounded up, as Kubernetes does, however fine.
+        let q: Quantity = "1e-40".parse().expect("q");
+        assert_eq!(q.nanos(), 1);
+        let q: Quantity = "0e99".parse().expect("q");
+        assert_eq!(q.nanos(), 0);
         assert_eq!("off".parse::<ShmSize>(), Ok(ShmSize::Off));
     }
 
