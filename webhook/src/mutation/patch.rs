@@ -197,13 +197,37 @@ impl Differ {
             return;
         }
         let anchors = align_by(left, right, &name);
+        self.aligned(
+            (left.len(), right.len()),
+            anchors,
+            |j| serde_json::to_value(&right[j]).unwrap_or(Value::Null),
+            |d, i, j| {
+                if left[i] != right[j] {
+                    d.here(&left[i], &right[j]);
+                }
+            },
+        );
+    }
+
+    /// Walk two lists aligned on `anchors` (pairs of indexes kept in place,
+    /// increasing in both) the way [`diff_array`] does: before each anchor,
+    /// `add` the right's new entries (`added(j)` is the JSON of the right's
+    /// `j`th) and remove the left's dropped ones; at it, `matched(i, j)`
+    /// diffs the pair with the pointer at its index.
+    fn aligned(
+        &mut self,
+        (left_len, right_len): (usize, usize),
+        anchors: Vec<(usize, usize)>,
+        mut added: impl FnMut(usize) -> Value,
+        mut matched: impl FnMut(&mut Differ, usize, usize),
+    ) {
         let (mut i, mut j, mut at) = (0usize, 0usize, 0usize);
         for (ai, aj) in anchors
             .into_iter()
-            .chain(std::iter::once((left.len(), right.len())))
+            .chain(std::iter::once((left_len, right_len)))
         {
             while j < aj {
-                let value = serde_json::to_value(&right[j]).unwrap_or(Value::Null);
+                let value = added(j);
                 self.pointer.push_back(at);
                 self.ops.push(PatchOperation::Add(AddOperation {
                     path: self.pointer.clone(),
@@ -221,12 +245,10 @@ impl Differ {
                 self.pointer.pop_back();
                 i += 1;
             }
-            if ai < left.len() && aj < right.len() {
-                if left[ai] != right[aj] {
-                    self.pointer.push_back(at);
-                    self.here(&left[ai], &right[aj]);
-                    self.pointer.pop_back();
-                }
+            if ai < left_len && aj < right_len {
+                self.pointer.push_back(at);
+                matched(self, ai, aj);
+                self.pointer.pop_back();
                 i += 1;
                 j += 1;
                 at += 1;
@@ -247,9 +269,9 @@ impl Differ {
     }
 
     /// A list at the current pointer whose elements are typed objects with
-    /// a name (containers): when both sides hold the same names in the same
-    /// order, each changed element is diffed by `element`; otherwise the
-    /// lists are diffed as JSON (aligned by identity).
+    /// a name (containers), aligned by name like [`Differ::keyed_list`]:
+    /// an added element is serialised whole, a changed one is diffed by
+    /// `element` (typed, so the parts it leaves alike are never serialised).
     pub fn named_list<T: Serialize + PartialEq>(
         &mut self,
         left: Vec<T>,
@@ -260,19 +282,37 @@ impl Differ {
         if left == right {
             return;
         }
-        let aligned =
-            left.len() == right.len() && left.iter().zip(&right).all(|(l, r)| name(l) == name(r));
-        if !aligned {
-            self.here(&left, &right);
-            return;
-        }
-        for (i, (l, r)) in left.into_iter().zip(right).enumerate() {
-            if l != r {
-                self.pointer.push_back(i);
-                element(self, l, r);
-                self.pointer.pop_back();
+        let anchors = align_by(&left, &right, &name);
+        let sizes = (left.len(), right.len());
+        let mut left: Vec<Option<T>> = left.into_iter().map(Some).collect();
+        let mut right: Vec<Option<T>> = right.into_iter().map(Some).collect();
+        let added: Vec<Value> = {
+            // The right's entries that no anchor keeps, serialised up front so
+            // that the walk below can take the anchored ones by value.
+            let mut kept = vec![false; sizes.1];
+            for &(_, j) in &anchors {
+                kept[j] = true;
             }
-        }
+            right
+                .iter()
+                .zip(kept)
+                .filter(|(_, kept)| !kept)
+                .map(|(r, _)| serde_json::to_value(r).unwrap_or(Value::Null))
+                .collect()
+        };
+        let mut added = added.into_iter();
+        self.aligned(
+            sizes,
+            anchors,
+            |_| added.next().unwrap_or(Value::Null),
+            |d, i, j| {
+                if let (Some(l), Some(r)) = (left[i].take(), right[j].take())
+                    && l != r
+                {
+                    element(d, l, r);
+                }
+            },
+        );
     }
 }
 
