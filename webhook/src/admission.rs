@@ -104,6 +104,128 @@ fn none<O>() -> Option<O> {
 /// A request as served.
 type Served<'a> = Request<&'a RawValue>;
 
+/// The review read in one pass, for a small body (see [`Admitter::admit`]):
+/// the same as [`Envelope`], except that the object of a StatefulSet or Job
+/// request is read straight into the typed workload.
+#[derive(Deserialize)]
+struct OnePass<'a> {
+    #[serde(rename = "apiVersion", borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(default, borrow)]
+    request: Option<TypedRequest<'a>>,
+}
+
+/// A request whose object, when `request.kind` (which the apiserver writes
+/// before the object) is a StatefulSet or a Job, is read as the typed
+/// workload; any other object is kept as JSON text in `request.object`.
+struct TypedRequest<'a> {
+    request: Served<'a>,
+    workload: Option<Workload>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for TypedRequest<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(TypedRequestVisitor(std::marker::PhantomData))
+    }
+}
+
+struct TypedRequestVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+impl<'de: 'a, 'a> serde::de::Visitor<'de> for TypedRequestVisitor<'a> {
+    type Value = TypedRequest<'a>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an AdmissionRequest")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error as _;
+        #[derive(Deserialize)]
+        #[serde(field_identifier, rename_all = "camelCase")]
+        enum Field {
+            Uid,
+            Kind,
+            Resource,
+            SubResource,
+            Name,
+            Namespace,
+            Operation,
+            DryRun,
+            Object,
+            OldObject,
+            #[serde(other)]
+            Other,
+        }
+        fn once<T, E: serde::de::Error>(
+            slot: &mut Option<T>,
+            value: T,
+            name: &'static str,
+        ) -> Result<(), E> {
+            if slot.replace(value).is_some() {
+                return Err(E::duplicate_field(name));
+            }
+            Ok(())
+        }
+        let (mut uid, mut kind, mut resource, mut operation) = (None, None, None, None);
+        let (mut sub_resource, mut name, mut namespace, mut dry_run) = (None, None, None, None);
+        let (mut object, mut old_object) = (None, None);
+        let mut workload = None;
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Uid => once(&mut uid, map.next_value()?, "uid")?,
+                Field::Kind => once(&mut kind, map.next_value::<GroupVersionKind>()?, "kind")?,
+                Field::Resource => once(&mut resource, map.next_value()?, "resource")?,
+                Field::SubResource => once(&mut sub_resource, map.next_value()?, "subResource")?,
+                Field::Name => once(&mut name, map.next_value()?, "name")?,
+                Field::Namespace => once(&mut namespace, map.next_value()?, "namespace")?,
+                Field::Operation => once(&mut operation, map.next_value()?, "operation")?,
+                Field::DryRun => once(&mut dry_run, map.next_value()?, "dryRun")?,
+                Field::OldObject => once(
+                    &mut old_object,
+                    map.next_value::<Option<&'a RawValue>>()?,
+                    "oldObject",
+                )?,
+                Field::Object => match kind
+                    .as_ref()
+                    .map(|k: &GroupVersionKind| (k.group.as_str(), k.kind.as_str()))
+                {
+                    Some(("apps", "StatefulSet")) | Some(("batch", "Job")) => {
+                        let kind = kind.as_ref().map(|k| k.kind.as_str()).unwrap_or_default();
+                        let typed = map.next_value_seed(workload::Typed(kind))?;
+                        once(&mut object, None, "object")?;
+                        workload = typed;
+                    }
+                    _ => once(
+                        &mut object,
+                        map.next_value::<Option<&'a RawValue>>()?,
+                        "object",
+                    )?,
+                },
+                Field::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(TypedRequest {
+            request: Request {
+                uid: uid.ok_or_else(|| A::Error::missing_field("uid"))?,
+                kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
+                resource: resource.ok_or_else(|| A::Error::missing_field("resource"))?,
+                sub_resource: sub_resource.flatten(),
+                name: name.unwrap_or_default(),
+                namespace: namespace.flatten(),
+                operation: operation.ok_or_else(|| A::Error::missing_field("operation"))?,
+                dry_run: dry_run.unwrap_or_default(),
+                object: object.flatten(),
+                old_object: old_object.flatten(),
+            },
+            workload,
+        })
+    }
+}
+
 /// What one admission decided, for the log line and the metrics.
 struct Decision {
     /// The response, without its patch (written by [`serialize`]).
@@ -126,6 +248,28 @@ impl Admitter {
         } else {
             None
         };
+        // One pass for a review of ordinary size: the object of a
+        // StatefulSet or Job is read straight into the typed workload. A
+        // larger one is outlined first (see `mutate`); a review the one pass
+        // cannot read (an object the typed model refuses, say) is read again
+        // below, where the answer says what is wrong.
+        if body.len() <= LARGE_OBJECT_BYTES
+            && let Ok(OnePass {
+                api_version,
+                kind,
+                request: Some(TypedRequest { request, workload }),
+            }) = serde_json::from_slice::<OnePass<'_>>(body)
+            && kind == "AdmissionReview"
+            && api_version == API_VERSION
+        {
+            let generate_name = workload
+                .as_ref()
+                .filter(|_| request.name.is_empty())
+                .and_then(|w| w.metadata().generate_name.clone());
+            let kind = kind_of(&request);
+            let decision = self.decide(&request, kind, workload).await;
+            return self.finish(&request, kind, decision, started, generate_name);
+        }
         let envelope = match serde_json::from_slice::<Envelope<'_>>(body) {
             Ok(e) if e.kind == "AdmissionReview" && e.api_version == API_VERSION => e,
             // Not a well-formed review: find out why, on the slow path.
@@ -139,8 +283,8 @@ impl Admitter {
             );
         };
         let kind = kind_of(&request);
-        let decision = self.decide(&request, kind).await;
-        self.finish(&request, kind, decision, started)
+        let decision = self.decide(&request, kind, None).await;
+        self.finish(&request, kind, decision, started, None)
     }
 
     /// Why a body is not a readable review: a 400 for a body that is not an
@@ -170,7 +314,14 @@ impl Admitter {
         self.answer_invalid(uid, reason, started)
     }
 
-    async fn decide(&self, request: &Served<'_>, kind: Kind) -> Decision {
+    /// `workload`: the request's object, already read as the typed
+    /// workload (then `request.object` is `None`).
+    async fn decide(
+        &self,
+        request: &Served<'_>,
+        kind: Kind,
+        workload: Option<Workload>,
+    ) -> Decision {
         use Operation as Op;
         let allowed = || Decision {
             response: allow(request),
@@ -184,6 +335,9 @@ impl Admitter {
         let object = request.object.filter(|o| o.get() != "null");
         match (kind, &request.operation, sub_resource) {
             (Kind::StatefulSet, Op::Create | Op::Update, None) | (Kind::Job, Op::Create, None) => {
+                if let Some(workload) = workload {
+                    return self.mutate_workload(request, workload);
+                }
                 let Some(object) = object else {
                     return invalid(
                         request,
@@ -267,31 +421,22 @@ impl Admitter {
                 None => {}
             }
         }
-        let policy = self.policy.current();
-        let result = match Workload::from_str(&request.kind.kind, object.get()) {
-            Ok(workload) => {
-                let namespace = request
-                    .namespace
-                    .clone()
-                    .or_else(|| workload.metadata().namespace.clone());
-                let profile = policy.profile_for(namespace.as_deref().unwrap_or_default());
-                std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    mutation::mutate_typed(workload, namespace.as_deref(), &profile)
-                }))
+        let Ok(workload) = Workload::from_str(&request.kind.kind, object.get()) else {
+            let value: Value = match serde_json::from_str(object.get()) {
+                Ok(v) => v,
+                Err(e) => return invalid(request, format!("request.object is not JSON: {e}")),
+            };
+            if let Err(reason) = object_matches_kind(request, &value) {
+                return invalid(request, reason);
             }
-            Err(_) => {
-                let value: Value = match serde_json::from_str(object.get()) {
-                    Ok(v) => v,
-                    Err(e) => return invalid(request, format!("request.object is not JSON: {e}")),
-                };
-                if let Err(reason) = object_matches_kind(request, &value) {
-                    return invalid(request, reason);
-                }
-                let namespace = request
-                    .namespace
-                    .as_deref()
-                    .or_else(|| value["metadata"]["namespace"].as_str());
-                let profile = policy.profile_for(namespace.unwrap_or_default());
+            let policy = self.policy.current();
+            let namespace = request
+                .namespace
+                .as_deref()
+                .or_else(|| value["metadata"]["namespace"].as_str());
+            let profile = policy.profile_for(namespace.unwrap_or_default());
+            return Self::decision_of(
+                request,
                 std::panic::catch_unwind(AssertUnwindSafe(|| {
                     mutation::mutate(&value, namespace, &profile).map(|o| match o {
                         mutation::Outcome::NotManaged => mutation::Outcome::NotManaged,
@@ -302,9 +447,33 @@ impl Admitter {
                             })
                         }
                     })
-                }))
-            }
+                })),
+            );
         };
+        self.mutate_workload(request, workload)
+    }
+
+    /// Run the engine on the typed workload.
+    fn mutate_workload(&self, request: &Served<'_>, workload: Workload) -> Decision {
+        let policy = self.policy.current();
+        let namespace = request
+            .namespace
+            .clone()
+            .or_else(|| workload.metadata().namespace.clone());
+        let profile = policy.profile_for(namespace.as_deref().unwrap_or_default());
+        Self::decision_of(
+            request,
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                mutation::mutate_typed(workload, namespace.as_deref(), &profile)
+            })),
+        )
+    }
+
+    /// The decision for what the engine answered (or a panic in it).
+    fn decision_of(
+        request: &Served<'_>,
+        result: std::thread::Result<Result<mutation::Outcome<mutation::Admitted>, Refusal>>,
+    ) -> Decision {
         match result {
             Ok(Ok(mutation::Outcome::NotManaged)) => Decision {
                 response: allow(request),
@@ -347,6 +516,7 @@ impl Admitter {
         kind: Kind,
         decision: Decision,
         started: Instant,
+        generate_name: Option<String>,
     ) -> Answer {
         let body = serialize(&decision.response, decision.patch.as_ref());
         let elapsed = started.elapsed();
@@ -364,11 +534,11 @@ impl Admitter {
             .get_or_create(&KindLabels { kind })
             .observe(elapsed.as_secs_f64());
         if tracing::enabled!(tracing::Level::INFO) {
-            let generate_name;
+            let fallback;
             let name = if request.name.is_empty() {
-                // Pods of Jobs have only generateName.
-                generate_name = request.object.and_then(generate_name_of);
-                generate_name.as_deref().unwrap_or_default()
+                // Pods of Jobs, and Jobs, may have only generateName.
+                fallback = generate_name.or_else(|| request.object.and_then(generate_name_of));
+                fallback.as_deref().unwrap_or_default()
             } else {
                 request.name.as_str()
             };

@@ -73,6 +73,65 @@ impl From<MetaLite> for ObjectMeta {
     }
 }
 
+/// Reads a workload of kind `.0` (`StatefulSet`, else `Job`) as
+/// [`Workload::from_str`] does, from any deserializer (an AdmissionReview's
+/// `request.object` read in the same pass as the review); `null` is `None`.
+/// An object of another apiVersion or kind is an error.
+pub struct Typed<'k>(pub &'k str);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Typed<'_> {
+    type Value = Option<Workload>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Workload>, D::Error> {
+        fn check<E: serde::de::Error>(
+            got: (Option<&str>, Option<&str>),
+            want: (&str, &str),
+        ) -> Result<(), E> {
+            let (api_version, kind) = got;
+            if api_version.is_some_and(|v| v != want.0) || kind.is_some_and(|k| k != want.1) {
+                return Err(E::custom(format!(
+                    "expected {} {}, got {} {}",
+                    want.0,
+                    want.1,
+                    api_version.unwrap_or("(no apiVersion)"),
+                    kind.unwrap_or("(no kind)")
+                )));
+            }
+            Ok(())
+        }
+        Ok(match self.0 {
+            "StatefulSet" => match Option::<ObjectLite<'_, StatefulSetSpec>>::deserialize(d)? {
+                None => None,
+                Some(o) => {
+                    check(
+                        (o.api_version.as_deref(), o.kind.as_deref()),
+                        ("apps/v1", "StatefulSet"),
+                    )?;
+                    Some(Workload::StatefulSet(Box::new(StatefulSet {
+                        metadata: o.metadata.into(),
+                        spec: o.spec,
+                        status: None,
+                    })))
+                }
+            },
+            _ => match Option::<ObjectLite<'_, JobSpec>>::deserialize(d)? {
+                None => None,
+                Some(o) => {
+                    check(
+                        (o.api_version.as_deref(), o.kind.as_deref()),
+                        ("batch/v1", "Job"),
+                    )?;
+                    Some(Workload::Job(Box::new(Job {
+                        metadata: o.metadata.into(),
+                        spec: o.spec,
+                        status: None,
+                    })))
+                }
+            },
+        })
+    }
+}
+
 /// What the rest of the engine needs to know about the workload.
 #[derive(Clone, Debug)]
 pub struct Shape {
@@ -160,50 +219,14 @@ impl Workload {
     /// without an intermediate `Value`. Of the metadata only what the engine
     /// reads is kept (name, namespace, generateName, annotations,
     /// deletionTimestamp): the rest (managedFields above all) is skipped,
-    /// never built; the engine never changes the workload's own metadata.
+    /// and so is `status`. See [`Typed`] for reading it inside a larger
+    /// document.
     pub fn from_str(kind: &str, json: &str) -> Result<Workload, serde_json::Error> {
-        fn check(
-            got: (Option<&str>, Option<&str>),
-            want: (&str, &str),
-        ) -> Result<(), serde_json::Error> {
-            let (api_version, kind) = got;
-            if api_version.is_some_and(|v| v != want.0) || kind.is_some_and(|k| k != want.1) {
-                return Err(serde::de::Error::custom(format!(
-                    "expected {} {}, got {} {}",
-                    want.0,
-                    want.1,
-                    api_version.unwrap_or("(no apiVersion)"),
-                    kind.unwrap_or("(no kind)")
-                )));
-            }
-            Ok(())
-        }
-        match kind {
-            "StatefulSet" => {
-                let o: ObjectLite<'_, StatefulSetSpec> = serde_json::from_str(json)?;
-                check(
-                    (o.api_version.as_deref(), o.kind.as_deref()),
-                    ("apps/v1", "StatefulSet"),
-                )?;
-                Ok(Workload::StatefulSet(Box::new(StatefulSet {
-                    metadata: o.metadata.into(),
-                    spec: o.spec,
-                    status: None,
-                })))
-            }
-            _ => {
-                let o: ObjectLite<'_, JobSpec> = serde_json::from_str(json)?;
-                check(
-                    (o.api_version.as_deref(), o.kind.as_deref()),
-                    ("batch/v1", "Job"),
-                )?;
-                Ok(Workload::Job(Box::new(Job {
-                    metadata: o.metadata.into(),
-                    spec: o.spec,
-                    status: None,
-                })))
-            }
-        }
+        use serde::de::DeserializeSeed as _;
+        let mut de = serde_json::Deserializer::from_str(json);
+        let workload = Typed(kind).deserialize(&mut de)?;
+        de.end()?;
+        workload.ok_or_else(|| serde::de::Error::custom(format!("expected a {kind}, got null")))
     }
 
     pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
