@@ -809,6 +809,78 @@ async fn the_one_pass_reading_answers_exactly_like_the_two_pass_one() {
     }
 }
 
+/// Every JSON pointer inside `v` (objects and arrays, leaves included).
+fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                out.push(p.clone());
+                pointers(x, p, out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                let p = format!("{at}/{i}");
+                out.push(p.clone());
+                pointers(x, p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+mod damaged {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// The two readings agree on reviews whose request has one member
+        /// replaced by a small JSON value (a string for a number, null, an
+        /// empty object, a mismatched kind...), StatefulSets and Jobs.
+        #[test]
+        fn the_two_readings_agree_on_damaged_reviews(
+            capture in prop::sample::select(vec![
+                "statefulset-create.json",
+                "statefulset-update-template.json",
+                "job-indexed-create.json",
+                "job-nonindexed-create.json",
+            ]),
+            pick in any::<prop::sample::Index>(),
+            value in prop_oneof![
+                Just(Value::Null),
+                Just(json!({})),
+                Just(json!([])),
+                Just(json!(true)),
+                any::<i64>().prop_map(|n| json!(n)),
+                "[a-zA-Z0-9/.:-]{0,12}".prop_map(Value::String),
+            ],
+        ) {
+            let mut review = common::fixture(capture);
+            let mut paths = Vec::new();
+            pointers(&review["request"], String::new(), &mut paths);
+            let path = paths[pick.index(paths.len())].clone();
+            if let Some(slot) = review["request"].pointer_mut(&path) {
+                *slot = value;
+            }
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            let (one_pass, two_pass) = runtime.block_on(async {
+                let state = state();
+                (
+                    post(&state, serde_json::to_vec(&review).expect("json")).await,
+                    post(&state, object_first(&review)).await,
+                )
+            });
+            prop_assert_eq!(one_pass.status, two_pass.status, "{}", path);
+            prop_assert_eq!(one_pass.text(), two_pass.text(), "{}", path);
+        }
+    }
+}
+
 #[tokio::test]
 async fn scale_guard_on_the_statefulset_created_paused() {
     let scale: Value = common::fixture("statefulset-scale-subresource.json");
