@@ -61,17 +61,19 @@ pub enum Answer {
     BadRequest(String),
 }
 
-/// The review as it is read: one pass over the body. The objects are kept
-/// as borrowed JSON text and read straight into the typed workload only
-/// when the request is one the engine handles.
+/// The review as it is read: `R` is the request, either
+/// [`Request<&RawValue>`] (the object kept as the JSON text it is in the
+/// body) or [`TypedRequest`] (a StatefulSet's or Job's object read as the
+/// typed workload in the same pass).
 #[derive(Deserialize)]
-struct Envelope<'a> {
+#[serde(bound(deserialize = "R: Deserialize<'de>"))]
+struct Envelope<'a, R> {
     #[serde(rename = "apiVersion", borrow)]
     api_version: Cow<'a, str>,
     #[serde(borrow)]
     kind: Cow<'a, str>,
-    #[serde(default, borrow)]
-    request: Option<Request<&'a RawValue>>,
+    #[serde(default = "none")]
+    request: Option<R>,
 }
 
 /// The fields of an `AdmissionRequest` the webhook reads; the objects are
@@ -103,19 +105,6 @@ fn none<O>() -> Option<O> {
 
 /// A request as served.
 type Served<'a> = Request<&'a RawValue>;
-
-/// The review read in one pass, for a small body (see [`Admitter::admit`]):
-/// the same as [`Envelope`], except that the object of a StatefulSet or Job
-/// request is read straight into the typed workload.
-#[derive(Deserialize)]
-struct OnePass<'a> {
-    #[serde(rename = "apiVersion", borrow)]
-    api_version: Cow<'a, str>,
-    #[serde(borrow)]
-    kind: Cow<'a, str>,
-    #[serde(default, borrow)]
-    request: Option<TypedRequest<'a>>,
-}
 
 /// A request whose object, when `request.kind` (which the apiserver writes
 /// before the object) is a StatefulSet or a Job, is read as the typed
@@ -254,11 +243,11 @@ impl Admitter {
         // cannot read (an object the typed model refuses, say) is read again
         // below, where the answer says what is wrong.
         if body.len() <= LARGE_OBJECT_BYTES
-            && let Ok(OnePass {
+            && let Ok(Envelope {
                 api_version,
                 kind,
                 request: Some(TypedRequest { request, workload }),
-            }) = serde_json::from_slice::<OnePass<'_>>(body)
+            }) = serde_json::from_slice::<Envelope<'_, TypedRequest<'_>>>(body)
             && kind == "AdmissionReview"
             && api_version == API_VERSION
         {
@@ -270,7 +259,7 @@ impl Admitter {
             let decision = self.decide(&request, kind, workload).await;
             return self.finish(&request, kind, decision, started, generate_name);
         }
-        let envelope = match serde_json::from_slice::<Envelope<'_>>(body) {
+        let envelope = match serde_json::from_slice::<Envelope<'_, Served<'_>>>(body) {
             Ok(e) if e.kind == "AdmissionReview" && e.api_version == API_VERSION => e,
             // Not a well-formed review: find out why, on the slow path.
             _ => return self.explain_unreadable(body, started),

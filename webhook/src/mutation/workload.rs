@@ -12,7 +12,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::mem::take;
 
-use k8s_openapi::api::apps::v1::StatefulSetSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -83,13 +82,18 @@ impl<'de> serde::de::DeserializeSeed<'de> for Typed<'_> {
     type Value = Option<Workload>;
 
     fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Option<Workload>, D::Error> {
-        fn check<E: serde::de::Error>(
-            got: (Option<&str>, Option<&str>),
+        /// The object as `S`'s kind, checked to be `want` (apiVersion, kind).
+        fn read<'de, S: Deserialize<'de>, D: serde::Deserializer<'de>>(
+            d: D,
             want: (&str, &str),
-        ) -> Result<(), E> {
-            let (api_version, kind) = got;
+            build: impl FnOnce(ObjectMeta, Option<S>) -> Workload,
+        ) -> Result<Option<Workload>, D::Error> {
+            let Some(o) = Option::<ObjectLite<'de, S>>::deserialize(d)? else {
+                return Ok(None);
+            };
+            let (api_version, kind) = (o.api_version.as_deref(), o.kind.as_deref());
             if api_version.is_some_and(|v| v != want.0) || kind.is_some_and(|k| k != want.1) {
-                return Err(E::custom(format!(
+                return Err(serde::de::Error::custom(format!(
                     "expected {} {}, got {} {}",
                     want.0,
                     want.1,
@@ -97,38 +101,24 @@ impl<'de> serde::de::DeserializeSeed<'de> for Typed<'_> {
                     kind.unwrap_or("(no kind)")
                 )));
             }
-            Ok(())
+            Ok(Some(build(o.metadata.into(), o.spec)))
         }
-        Ok(match self.0 {
-            "StatefulSet" => match Option::<ObjectLite<'_, StatefulSetSpec>>::deserialize(d)? {
-                None => None,
-                Some(o) => {
-                    check(
-                        (o.api_version.as_deref(), o.kind.as_deref()),
-                        ("apps/v1", "StatefulSet"),
-                    )?;
-                    Some(Workload::StatefulSet(Box::new(StatefulSet {
-                        metadata: o.metadata.into(),
-                        spec: o.spec,
-                        status: None,
-                    })))
-                }
-            },
-            _ => match Option::<ObjectLite<'_, JobSpec>>::deserialize(d)? {
-                None => None,
-                Some(o) => {
-                    check(
-                        (o.api_version.as_deref(), o.kind.as_deref()),
-                        ("batch/v1", "Job"),
-                    )?;
-                    Some(Workload::Job(Box::new(Job {
-                        metadata: o.metadata.into(),
-                        spec: o.spec,
-                        status: None,
-                    })))
-                }
-            },
-        })
+        match self.0 {
+            "StatefulSet" => read(d, ("apps/v1", "StatefulSet"), |metadata, spec| {
+                Workload::StatefulSet(Box::new(StatefulSet {
+                    metadata,
+                    spec,
+                    status: None,
+                }))
+            }),
+            _ => read(d, ("batch/v1", "Job"), |metadata, spec| {
+                Workload::Job(Box::new(Job {
+                    metadata,
+                    spec,
+                    status: None,
+                }))
+            }),
+        }
     }
 }
 
