@@ -219,7 +219,7 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for TypedRequestVisitor<'a> {
 struct Decision {
     /// The response, without its patch (written by [`serialize`]).
     response: AdmissionResponse,
-    patch: Option<json_patch::Patch>,
+    patch: Option<mutation::patch::Ops>,
     outcome: Outcome,
     /// The refusal or the reason the review was invalid.
     detail: Option<String>,
@@ -431,7 +431,7 @@ impl Admitter {
                         mutation::Outcome::NotManaged => mutation::Outcome::NotManaged,
                         mutation::Outcome::Mutated(m) => {
                             mutation::Outcome::Mutated(mutation::Admitted {
-                                patch: m.patch,
+                                patch: mutation::patch::Ops::from_patch(&m.patch),
                                 warnings: m.warnings,
                             })
                         }
@@ -472,7 +472,7 @@ impl Admitter {
             },
             Ok(Ok(mutation::Outcome::Mutated(m))) => {
                 let mut response = allow(request);
-                let patched = !m.patch.0.is_empty();
+                let patched = !m.patch.is_empty();
                 if !m.warnings.is_empty() {
                     response.warnings = Some(m.warnings);
                 }
@@ -621,7 +621,7 @@ fn allow(request: &Served<'_>) -> AdmissionResponse {
 /// so the patch is written that way: serialised into a reused per-thread
 /// buffer and base64-encoded straight into the answer (no intermediate
 /// string, and base64 text needs no escaping).
-fn serialize(response: &AdmissionResponse, patch: Option<&json_patch::Patch>) -> Vec<u8> {
+fn serialize(response: &AdmissionResponse, patch: Option<&mutation::patch::Ops>) -> Vec<u8> {
     use base64::Engine as _;
     thread_local! {
         static PATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -662,7 +662,7 @@ fn serialize(response: &AdmissionResponse, patch: Option<&json_patch::Patch>) ->
     let written = PATCH.with_borrow_mut(|patch_json| {
         patch_json.clear();
         if let Some(patch) = patch {
-            serde_json::to_writer(&mut *patch_json, patch)?;
+            patch.write_json(patch_json)?;
         }
         let mut out = Vec::with_capacity(256 + patch_json.len() * 4 / 3);
         write(&mut out, patch_json).map(|()| out)

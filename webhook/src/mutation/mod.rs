@@ -56,7 +56,7 @@ pub struct Mutation {
 /// The admission answer: the patch and the warnings, no output object.
 #[derive(Debug)]
 pub struct Admitted {
-    pub patch: json_patch::Patch,
+    pub patch: patch::Ops,
     pub warnings: Vec<String>,
 }
 
@@ -180,10 +180,11 @@ pub fn mutate(
     let ann = annotations::parse(ann_map)?;
     let workload = Workload::from_json(kind, object.clone())?;
     let admitted = run(workload, &ann, namespace, profile)?;
-    let object = if admitted.patch.0.is_empty() {
+    let patch = admitted.patch.to_patch();
+    let object = if patch.0.is_empty() {
         object.clone()
     } else {
-        patch::apply_checked(object, &admitted.patch).map_err(|e| {
+        patch::apply_checked(object, &patch).map_err(|e| {
             Refusal::Workload(format!(
                 "internal error: the patch does not apply to the input ({e}); please report it"
             ))
@@ -191,7 +192,7 @@ pub fn mutate(
     };
     Ok(Outcome::Mutated(Mutation {
         object,
-        patch: admitted.patch,
+        patch,
         warnings: admitted.warnings,
     }))
 }
@@ -285,7 +286,7 @@ fn run(
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
     *workload.metadata_mut() = Default::default();
     let patch = if same_inputs || status::same_but_hash(&before, &workload) {
-        json_patch::Patch(Vec::new())
+        patch::Ops::default()
     } else {
         workload::diff(before, workload)
     };

@@ -7,6 +7,9 @@
 //! know (a newer apiserver's fields): such a field is on neither side, so the
 //! patch never touches it, and it is kept.
 //!
+//! The patch is made as [`Ops`]: each value is written as JSON text once,
+//! from the typed value, and the answer copies that text as it is.
+//!
 //! [`diff`]: a JSON Patch from one value to another. Objects are compared key by
 //!   key; arrays are aligned by element identity (`name`, else `mountPath`,
 //!   else the whole value), so prepending an env var is one `add`, not a
@@ -19,36 +22,145 @@ use std::hash::{Hash, Hasher};
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+
+/// What an operation does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    Add,
+    Remove,
+    Replace,
+}
+
+/// One operation of a JSON Patch whose value (for `add` and `replace`) is
+/// already written as JSON text.
+#[derive(Clone, Debug)]
+pub struct Op {
+    pub kind: OpKind,
+    pub path: PointerBuf,
+    pub value: Option<Box<RawValue>>,
+}
+
+/// A JSON Patch as the engine makes it: each value written as JSON text
+/// once, where the typed value is, so that the answer copies it as it is
+/// (no `Value` tree is built for what the patch adds, nor walked again to
+/// write it). [`Ops::to_patch`] gives the `json_patch` form (offline
+/// `inject`, tests).
+#[derive(Clone, Debug, Default)]
+pub struct Ops(pub Vec<Op>);
+
+impl Ops {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The same patch with its values read back into `Value`s.
+    pub fn to_patch(&self) -> Patch {
+        Patch(
+            self.0
+                .iter()
+                .map(|op| {
+                    let path = op.path.clone();
+                    let value = || {
+                        op.value
+                            .as_deref()
+                            .and_then(|v| serde_json::from_str(v.get()).ok())
+                            .unwrap_or(Value::Null)
+                    };
+                    match op.kind {
+                        OpKind::Add => PatchOperation::Add(AddOperation {
+                            path,
+                            value: value(),
+                        }),
+                        OpKind::Remove => PatchOperation::Remove(RemoveOperation { path }),
+                        OpKind::Replace => PatchOperation::Replace(ReplaceOperation {
+                            path,
+                            value: value(),
+                        }),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// A patch of `add`, `remove` and `replace` operations, its values
+    /// written as JSON text (other operations are left out: the engine
+    /// makes none).
+    pub fn from_patch(patch: &Patch) -> Ops {
+        Ops(patch
+            .0
+            .iter()
+            .filter_map(|op| match op {
+                PatchOperation::Add(a) => Some(Op {
+                    kind: OpKind::Add,
+                    path: a.path.clone(),
+                    value: Some(raw(&a.value)),
+                }),
+                PatchOperation::Remove(r) => Some(Op {
+                    kind: OpKind::Remove,
+                    path: r.path.clone(),
+                    value: None,
+                }),
+                PatchOperation::Replace(r) => Some(Op {
+                    kind: OpKind::Replace,
+                    path: r.path.clone(),
+                    value: Some(raw(&r.value)),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Write the patch as JSON (what `json_patch` writes for the same
+    /// operations: `{"op":..,"path":..,"value":..}` each).
+    pub fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        out.push(b'[');
+        for (i, op) in self.0.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(match op.kind {
+                OpKind::Add => br#"{"op":"add","path":"#.as_slice(),
+                OpKind::Remove => br#"{"op":"remove","path":"#.as_slice(),
+                OpKind::Replace => br#"{"op":"replace","path":"#.as_slice(),
+            });
+            serde_json::to_writer(&mut *out, op.path.as_str())?;
+            if let Some(value) = &op.value {
+                out.extend_from_slice(br#","value":"#);
+                out.extend_from_slice(value.get().as_bytes());
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+        Ok(())
+    }
+}
+
+/// `value` as JSON text (a k8s-openapi type or a `Value` always serialises).
+fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| {
+        RawValue::from_string("null".to_string()).unwrap_or_else(|_| unreachable!())
+    })
+}
 
 /// A minimal JSON Patch that turns `left` into `right`.
 pub fn diff(left: &Value, right: &Value) -> Patch {
     let mut ops = Vec::new();
     let mut pointer = PointerBuf::new();
     diff_value(left, right, &mut pointer, &mut ops);
-    Patch(ops)
-}
-
-/// Append to `ops` the patch that turns `left` into `right`, both found at
-/// `pointer`.
-pub fn diff_into(
-    left: &Value,
-    right: &Value,
-    pointer: &mut PointerBuf,
-    ops: &mut Vec<PatchOperation>,
-) {
-    diff_value(left, right, pointer, ops);
+    Ops(ops).to_patch()
 }
 
 /// A diff of typed values, built level by level: parts that compare equal
 /// (`PartialEq` on the typed model, no allocation) are skipped, and only the
-/// parts that differ are turned into JSON and diffed with [`diff_into`]. Ops
+/// parts that differ are turned into JSON and diffed like [`diff`]. Ops
 /// come out in the order of the keys at each level, as [`diff`] gives them
 /// for the same change.
 #[derive(Default)]
 pub struct Differ {
     pointer: PointerBuf,
-    ops: Vec<PatchOperation>,
+    ops: Vec<Op>,
 }
 
 /// A member of an object level diffed by its own closure (a typed child
@@ -56,15 +168,24 @@ pub struct Differ {
 pub type Special<'a> = (&'static str, Box<dyn FnOnce(&mut Differ) + 'a>);
 
 impl Differ {
-    pub fn finish(self) -> Patch {
-        Patch(self.ops)
+    pub fn finish(self) -> Ops {
+        Ops(self.ops)
     }
 
-    fn at(&mut self, key: &str, op: impl FnOnce(PointerBuf) -> PatchOperation) {
+    /// An operation on member `key` of the current level.
+    fn at(&mut self, key: &str, kind: OpKind, value: Option<Box<RawValue>>) {
         self.pointer.push_back(key);
-        let path = self.pointer.clone();
-        self.ops.push(op(path));
+        self.here_op(kind, value);
         self.pointer.pop_back();
+    }
+
+    /// An operation at the current pointer.
+    fn here_op(&mut self, kind: OpKind, value: Option<Box<RawValue>>) {
+        self.ops.push(Op {
+            kind,
+            path: self.pointer.clone(),
+            value,
+        });
     }
 
     /// Member `key` of the object at the current level, given as JSON on
@@ -72,15 +193,8 @@ impl Differ {
     fn member_json(&mut self, key: &str, left: Option<&Value>, right: Option<&Value>) {
         match (left, right) {
             (None, None) => {}
-            (Some(_), None) => {
-                self.at(key, |path| PatchOperation::Remove(RemoveOperation { path }))
-            }
-            (None, Some(r)) => self.at(key, |path| {
-                PatchOperation::Add(AddOperation {
-                    path,
-                    value: r.clone(),
-                })
-            }),
+            (Some(_), None) => self.at(key, OpKind::Remove, None),
+            (None, Some(r)) => self.at(key, OpKind::Add, Some(raw(r))),
             (Some(l), Some(r)) => {
                 self.pointer.push_back(key);
                 diff_value(l, r, &mut self.pointer, &mut self.ops);
@@ -100,15 +214,8 @@ impl Differ {
     ) {
         match (left, right) {
             (None, None) => {}
-            (Some(_), None) => {
-                self.at(key, |path| PatchOperation::Remove(RemoveOperation { path }))
-            }
-            (None, Some(r)) => {
-                let value = serde_json::to_value(&r).unwrap_or(Value::Null);
-                self.at(key, |path| {
-                    PatchOperation::Add(AddOperation { path, value })
-                });
-            }
+            (Some(_), None) => self.at(key, OpKind::Remove, None),
+            (None, Some(r)) => self.at(key, OpKind::Add, Some(raw(&r))),
             (Some(l), Some(r)) if l == r => {}
             (Some(l), Some(r)) => {
                 self.pointer.push_back(key);
@@ -200,7 +307,7 @@ impl Differ {
         self.aligned(
             (left.len(), right.len()),
             anchors,
-            |j| serde_json::to_value(&right[j]).unwrap_or(Value::Null),
+            |j| raw(&right[j]),
             |d, i, j| {
                 if left[i] != right[j] {
                     d.here(&left[i], &right[j]);
@@ -218,7 +325,7 @@ impl Differ {
         &mut self,
         (left_len, right_len): (usize, usize),
         anchors: Vec<(usize, usize)>,
-        mut added: impl FnMut(usize) -> Value,
+        mut added: impl FnMut(usize) -> Box<RawValue>,
         mut matched: impl FnMut(&mut Differ, usize, usize),
     ) {
         let (mut i, mut j, mut at) = (0usize, 0usize, 0usize);
@@ -229,19 +336,14 @@ impl Differ {
             while j < aj {
                 let value = added(j);
                 self.pointer.push_back(at);
-                self.ops.push(PatchOperation::Add(AddOperation {
-                    path: self.pointer.clone(),
-                    value,
-                }));
+                self.here_op(OpKind::Add, Some(value));
                 self.pointer.pop_back();
                 j += 1;
                 at += 1;
             }
             while i < ai {
                 self.pointer.push_back(at);
-                self.ops.push(PatchOperation::Remove(RemoveOperation {
-                    path: self.pointer.clone(),
-                }));
+                self.here_op(OpKind::Remove, None);
                 self.pointer.pop_back();
                 i += 1;
             }
@@ -286,7 +388,7 @@ impl Differ {
         let sizes = (left.len(), right.len());
         let mut left: Vec<Option<T>> = left.into_iter().map(Some).collect();
         let mut right: Vec<Option<T>> = right.into_iter().map(Some).collect();
-        let added: Vec<Value> = {
+        let added: Vec<Box<RawValue>> = {
             // The right's entries that no anchor keeps, serialised up front so
             // that the walk below can take the anchored ones by value.
             let mut kept = vec![false; sizes.1];
@@ -297,14 +399,14 @@ impl Differ {
                 .iter()
                 .zip(kept)
                 .filter(|(_, kept)| !kept)
-                .map(|(r, _)| serde_json::to_value(r).unwrap_or(Value::Null))
+                .map(|(r, _)| raw(r))
                 .collect()
         };
         let mut added = added.into_iter();
         self.aligned(
             sizes,
             anchors,
-            |_| added.next().unwrap_or(Value::Null),
+            |_| added.next().unwrap_or_else(|| raw(&Value::Null)),
             |d, i, j| {
                 if let (Some(l), Some(r)) = (left[i].take(), right[j].take())
                     && l != r
@@ -316,20 +418,16 @@ impl Differ {
     }
 }
 
-fn diff_value(
-    left: &Value,
-    right: &Value,
-    pointer: &mut PointerBuf,
-    ops: &mut Vec<PatchOperation>,
-) {
+fn diff_value(left: &Value, right: &Value, pointer: &mut PointerBuf, ops: &mut Vec<Op>) {
     match (left, right) {
         (Value::Object(l), Value::Object(r)) => diff_object(l, r, pointer, ops),
         (Value::Array(l), Value::Array(r)) => diff_array(l, r, pointer, ops),
         _ if left == right => {}
-        _ => ops.push(PatchOperation::Replace(ReplaceOperation {
+        _ => ops.push(Op {
+            kind: OpKind::Replace,
             path: pointer.clone(),
-            value: right.clone(),
-        })),
+            value: Some(raw(right)),
+        }),
     }
 }
 
@@ -337,14 +435,16 @@ fn diff_object(
     left: &Map<String, Value>,
     right: &Map<String, Value>,
     pointer: &mut PointerBuf,
-    ops: &mut Vec<PatchOperation>,
+    ops: &mut Vec<Op>,
 ) {
     for key in left.keys() {
         if !right.contains_key(key) {
             pointer.push_back(key.as_str());
-            ops.push(PatchOperation::Remove(RemoveOperation {
+            ops.push(Op {
+                kind: OpKind::Remove,
                 path: pointer.clone(),
-            }));
+                value: None,
+            });
             pointer.pop_back();
         }
     }
@@ -352,10 +452,11 @@ fn diff_object(
         pointer.push_back(key.as_str());
         match left.get(key) {
             Some(lv) => diff_value(lv, rv, pointer, ops),
-            None => ops.push(PatchOperation::Add(AddOperation {
+            None => ops.push(Op {
+                kind: OpKind::Add,
                 path: pointer.clone(),
-                value: rv.clone(),
-            })),
+                value: Some(raw(rv)),
+            }),
         }
         pointer.pop_back();
     }
@@ -453,12 +554,7 @@ fn hash_value<H: Hasher>(v: &Value, state: &mut H) {
 /// `add`; and it costs O(n log n) time and O(n) memory for arrays of any
 /// size, which a hostile review (20,000 env entries) must not turn into a
 /// quadratic table.
-fn diff_array(
-    left: &[Value],
-    right: &[Value],
-    pointer: &mut PointerBuf,
-    ops: &mut Vec<PatchOperation>,
-) {
+fn diff_array(left: &[Value], right: &[Value], pointer: &mut PointerBuf, ops: &mut Vec<Op>) {
     if left == right {
         return;
     }
@@ -470,19 +566,22 @@ fn diff_array(
     {
         while j < aj {
             pointer.push_back(at);
-            ops.push(PatchOperation::Add(AddOperation {
+            ops.push(Op {
+                kind: OpKind::Add,
                 path: pointer.clone(),
-                value: right[j].clone(),
-            }));
+                value: Some(raw(&right[j])),
+            });
             pointer.pop_back();
             j += 1;
             at += 1;
         }
         while i < ai {
             pointer.push_back(at);
-            ops.push(PatchOperation::Remove(RemoveOperation {
+            ops.push(Op {
+                kind: OpKind::Remove,
                 path: pointer.clone(),
-            }));
+                value: None,
+            });
             pointer.pop_back();
             i += 1;
         }

@@ -1564,8 +1564,14 @@ proptest! {
             apply_edit(&mut after, e);
         }
         let (left, right) = (as_json(&before), as_json(&after));
-        let patch = workload::diff(before, after);
+        let ops = workload::diff(before, after);
+        let patch = ops.to_patch();
         prop_assert_eq!(apply_checked(&left, &patch), Ok(right), "{:?}", patch);
+        // The text the answer carries is that patch, as json_patch writes it.
+        let mut text = Vec::new();
+        ops.write_json(&mut text).expect("write");
+        let written: Value = serde_json::from_slice(&text).expect("the patch text is JSON");
+        prop_assert_eq!(written, serde_json::to_value(&patch).expect("json"));
     }
 }
 

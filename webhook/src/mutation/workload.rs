@@ -390,7 +390,7 @@ impl Workload {
 /// annotations, the containers' env, mounts and resources, the init
 /// containers, volumes and tolerations: those are taken apart; any other
 /// change is found by comparing what is left at each level.
-pub fn diff(before: Workload, after: Workload) -> json_patch::Patch {
+pub fn diff(before: Workload, after: Workload) -> patch::Ops {
     let mut d = patch::Differ::default();
     match (before, after) {
         (Workload::StatefulSet(b), Workload::StatefulSet(a)) => {
