@@ -139,9 +139,7 @@ impl Ops {
 
 /// `value` as JSON text (a k8s-openapi type or a `Value` always serialises).
 fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
-    serde_json::value::to_raw_value(value).unwrap_or_else(|_| {
-        RawValue::from_string("null".to_string()).unwrap_or_else(|_| unreachable!())
-    })
+    serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned())
 }
 
 /// A minimal JSON Patch that turns `left` into `right`.
@@ -406,7 +404,7 @@ impl Differ {
         self.aligned(
             sizes,
             anchors,
-            |_| added.next().unwrap_or_else(|| raw(&Value::Null)),
+            |_| added.next().unwrap_or_else(|| RawValue::NULL.to_owned()),
             |d, i, j| {
                 if let (Some(l), Some(r)) = (left[i].take(), right[j].take())
                     && l != r
