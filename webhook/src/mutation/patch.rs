@@ -144,10 +144,9 @@ fn raw<T: Serialize + ?Sized>(value: &T) -> Box<RawValue> {
 
 /// A minimal JSON Patch that turns `left` into `right`.
 pub fn diff(left: &Value, right: &Value) -> Patch {
-    let mut ops = Vec::new();
-    let mut pointer = PointerBuf::new();
-    diff_value(left, right, &mut pointer, &mut ops);
-    Ops(ops).to_patch()
+    let mut d = Differ::default();
+    d.json(left, right);
+    d.finish().to_patch()
 }
 
 /// A diff of typed values, built level by level: parts that compare equal
@@ -195,7 +194,7 @@ impl Differ {
             (None, Some(r)) => self.at(key, OpKind::Add, Some(raw(r))),
             (Some(l), Some(r)) => {
                 self.pointer.push_back(key);
-                diff_value(l, r, &mut self.pointer, &mut self.ops);
+                self.json(l, r);
                 self.pointer.pop_back();
             }
         }
@@ -241,7 +240,7 @@ impl Differ {
         let (Ok(l), Ok(r)) = (serde_json::to_value(left), serde_json::to_value(right)) else {
             return;
         };
-        diff_value(&l, &r, &mut self.pointer, &mut self.ops);
+        self.json(&l, &r);
     }
 
     /// An object level: `left` and `right` with the `specials` taken out of
@@ -261,7 +260,7 @@ impl Differ {
                 (Ok(Value::Object(l)), Ok(Value::Object(r))) => Some((l, r)),
                 // Not objects (cannot happen for a k8s-openapi struct): as JSON.
                 (Ok(l), Ok(r)) => {
-                    diff_value(&l, &r, &mut self.pointer, &mut self.ops);
+                    self.json(&l, &r);
                     None
                 }
                 _ => None,
@@ -315,10 +314,10 @@ impl Differ {
     }
 
     /// Walk two lists aligned on `anchors` (pairs of indexes kept in place,
-    /// increasing in both) the way [`diff_array`] does: before each anchor,
-    /// `add` the right's new entries (`added(j)` is the JSON of the right's
-    /// `j`th) and remove the left's dropped ones; at it, `matched(i, j)`
-    /// diffs the pair with the pointer at its index.
+    /// increasing in both), the one walk of every list diff: before each
+    /// anchor, `add` the right's new entries (`added(j)` is the JSON of the
+    /// right's `j`th) and remove the left's dropped ones; at it,
+    /// `matched(i, j)` diffs the pair with the pointer at its index.
     fn aligned(
         &mut self,
         (left_len, right_len): (usize, usize),
@@ -416,47 +415,57 @@ impl Differ {
     }
 }
 
-fn diff_value(left: &Value, right: &Value, pointer: &mut PointerBuf, ops: &mut Vec<Op>) {
-    match (left, right) {
-        (Value::Object(l), Value::Object(r)) => diff_object(l, r, pointer, ops),
-        (Value::Array(l), Value::Array(r)) => diff_array(l, r, pointer, ops),
-        _ if left == right => {}
-        _ => ops.push(Op {
-            kind: OpKind::Replace,
-            path: pointer.clone(),
-            value: Some(raw(right)),
-        }),
+impl Differ {
+    /// The JSON values at the current pointer: objects key by key, arrays
+    /// aligned by element identity (see [`Differ::json_array`]), anything
+    /// else replaced when it differs.
+    fn json(&mut self, left: &Value, right: &Value) {
+        match (left, right) {
+            (Value::Object(l), Value::Object(r)) => self.json_object(l, r),
+            (Value::Array(l), Value::Array(r)) => self.json_array(l, r),
+            _ if left == right => {}
+            _ => self.here_op(OpKind::Replace, Some(raw(right))),
+        }
     }
-}
 
-fn diff_object(
-    left: &Map<String, Value>,
-    right: &Map<String, Value>,
-    pointer: &mut PointerBuf,
-    ops: &mut Vec<Op>,
-) {
-    for key in left.keys() {
-        if !right.contains_key(key) {
-            pointer.push_back(key.as_str());
-            ops.push(Op {
-                kind: OpKind::Remove,
-                path: pointer.clone(),
-                value: None,
-            });
-            pointer.pop_back();
+    fn json_object(&mut self, left: &Map<String, Value>, right: &Map<String, Value>) {
+        for key in left.keys() {
+            if !right.contains_key(key) {
+                self.at(key, OpKind::Remove, None);
+            }
+        }
+        for (key, rv) in right {
+            match left.get(key) {
+                Some(lv) => {
+                    self.pointer.push_back(key.as_str());
+                    self.json(lv, rv);
+                    self.pointer.pop_back();
+                }
+                None => self.at(key, OpKind::Add, Some(raw(rv))),
+            }
         }
     }
-    for (key, rv) in right {
-        pointer.push_back(key.as_str());
-        match left.get(key) {
-            Some(lv) => diff_value(lv, rv, pointer, ops),
-            None => ops.push(Op {
-                kind: OpKind::Add,
-                path: pointer.clone(),
-                value: Some(raw(rv)),
-            }),
+
+    /// Align the two arrays on element identity, then remove, add and
+    /// recurse in one pass over the array as it is being edited.
+    ///
+    /// The alignment is a longest increasing subsequence of the identity
+    /// matches (the k-th occurrence of a key on the left pairs with its k-th
+    /// occurrence on the right): with unique keys (env names, mount paths,
+    /// container names) it is the longest common subsequence, so prepending
+    /// an env var is one `add`; and it costs O(n log n) time and O(n) memory
+    /// for arrays of any size, which a hostile review (20,000 env entries)
+    /// must not turn into a quadratic table.
+    fn json_array(&mut self, left: &[Value], right: &[Value]) {
+        if left == right {
+            return;
         }
-        pointer.pop_back();
+        self.aligned(
+            (left.len(), right.len()),
+            align(left, right),
+            |j| raw(&right[j]),
+            |d, i, j| d.json(&left[i], &right[j]),
+        );
     }
 }
 
@@ -538,58 +547,6 @@ fn hash_value<H: Hasher>(v: &Value, state: &mut H) {
             }
             state.write_usize(m.len());
             state.write_u64(sum);
-        }
-    }
-}
-
-/// Align the two arrays on element identity, then remove, add and recurse in
-/// one pass over the array as it is being edited.
-///
-/// The alignment is a longest increasing subsequence of the identity matches
-/// (the k-th occurrence of a key on the left pairs with its k-th occurrence
-/// on the right): with unique keys (env names, mount paths, container names)
-/// it is the longest common subsequence, so prepending an env var is one
-/// `add`; and it costs O(n log n) time and O(n) memory for arrays of any
-/// size, which a hostile review (20,000 env entries) must not turn into a
-/// quadratic table.
-fn diff_array(left: &[Value], right: &[Value], pointer: &mut PointerBuf, ops: &mut Vec<Op>) {
-    if left == right {
-        return;
-    }
-    let anchors = align(left, right);
-    let (mut i, mut j, mut at) = (0usize, 0usize, 0usize);
-    for (ai, aj) in anchors
-        .into_iter()
-        .chain(std::iter::once((left.len(), right.len())))
-    {
-        while j < aj {
-            pointer.push_back(at);
-            ops.push(Op {
-                kind: OpKind::Add,
-                path: pointer.clone(),
-                value: Some(raw(&right[j])),
-            });
-            pointer.pop_back();
-            j += 1;
-            at += 1;
-        }
-        while i < ai {
-            pointer.push_back(at);
-            ops.push(Op {
-                kind: OpKind::Remove,
-                path: pointer.clone(),
-                value: None,
-            });
-            pointer.pop_back();
-            i += 1;
-        }
-        if ai < left.len() && aj < right.len() {
-            pointer.push_back(at);
-            diff_value(&left[ai], &right[aj], pointer, ops);
-            pointer.pop_back();
-            i += 1;
-            j += 1;
-            at += 1;
         }
     }
 }
