@@ -204,7 +204,8 @@ fn one_label_server(args: &[String]) -> anyhow::Result<()> {
 /// `handlers [N [REVIEW]]`: the two handlers alone, without a server, in
 /// one loop on this thread: trainwire's `Admitter::admit` and [`one_label`]
 /// read from the body's bytes and written to the answer's, N times each
-/// (default 20,000), alternating in rounds of 1,000, so that the difference
+/// (default 20,000; rounded up to whole rounds), alternating in rounds of
+/// 1,000, so that the difference
 /// at the server can be told apart from the handlers' own. Pin it with
 /// `taskset -c 0`. REVIEW defaults to the captured `statefulset-create.json`.
 fn handlers(args: &[String]) -> anyhow::Result<()> {
@@ -212,11 +213,12 @@ fn handlers(args: &[String]) -> anyhow::Result<()> {
     use kube::core::admission::AdmissionReview;
     use trainwire_webhook::admission::{Admitter, Answer};
 
-    let n: usize = args
-        .first()
-        .map(|a| a.parse())
-        .transpose()?
-        .unwrap_or(20_000);
+    let n: usize = match args.first() {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("N is a number of reviews, got {a:?}"))?,
+        None => 20_000,
+    };
     let path = args.get(1).cloned().unwrap_or_else(|| {
         concat!(
             env!("CARGO_MANIFEST_DIR"),
