@@ -930,3 +930,40 @@ async fn scale_guard_on_the_statefulset_created_paused() {
         }
     }
 }
+
+/// `spec.ordinals.start` renumbers a StatefulSet's pods: no pod 0 hosts the
+/// rendezvous. Refused on CREATE and on an UPDATE that sets it on an
+/// injected StatefulSet, through the server's one-pass reading.
+#[tokio::test]
+async fn a_statefulset_whose_ordinals_do_not_start_at_zero_is_refused() {
+    let state = state();
+    for fixture in [
+        "statefulset-create.json",
+        "statefulset-update-template.json",
+    ] {
+        let review = common::fixture(fixture);
+        let name = review["request"]["name"]
+            .as_str()
+            .expect("name")
+            .to_string();
+        let body = with_request(review, |request| {
+            request["object"]["spec"]["ordinals"] = json!({"start": 3});
+        });
+        let reply = post(&state, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{fixture}: {}", reply.text());
+        let response = reply.json()["response"].clone();
+        assert_eq!(response["allowed"], false, "{fixture}: {response}");
+        assert_eq!(response["status"]["code"], 403, "{fixture}: {response}");
+        let message = response["status"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!(
+                "StatefulSet {name} has spec.ordinals.start 3, so its pods are {name}-3, {name}-4, ...; a torchrun world needs pod {name}-0"
+            )),
+            "{fixture}: {message}"
+        );
+        assert!(
+            message.ends_with("remove spec.ordinals or set start: 0"),
+            "{message}"
+        );
+    }
+}

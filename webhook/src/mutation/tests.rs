@@ -642,6 +642,8 @@ fn without(pointer: &str, key: &str) -> Value {
     without("/spec", "serviceName"),
     "StatefulSet llama-ft has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name llama-ft-0.<service>.trainwire-test.svc.<cluster domain> for the rendezvous"
 )]
+#[case(sts_fixture().0.pipe(|mut o| { o["spec"]["ordinals"] = json!({"start": 1}); o }),
+    "StatefulSet llama-ft has spec.ordinals.start 1, so its pods are llama-ft-1, llama-ft-2, ...; a torchrun world needs pod llama-ft-0 (the rendezvous host, llama-ft-0.llama-ft.trainwire-test.svc) and node ranks 0 to replicas-1, which trainwire reads from the pod index; remove spec.ordinals or set start: 0")]
 #[case(
     without("/metadata", "name"),
     "the StatefulSet has no metadata.name; trainwire needs a fixed name for the pods' DNS names (generateName is not supported)"
@@ -658,6 +660,22 @@ fn without(pointer: &str, key: &str) -> Value {
     "policy profile \"default\" rule etcdEndpoint: the etcd-v2 rendezvous backend needs an etcd endpoint and the policy gives none; use rdzv-backend c10d, or ask the platform team to set etcdEndpoint")]
 fn workload_refusals(#[case] obj: Value, #[case] message: &str) {
     assert_eq!(refusal(&obj, &Profile::default()), message);
+}
+
+/// `spec.ordinals` that keeps the first ordinal at 0 (the default) changes
+/// nothing trainwire relies on: pod 0 is still the rendezvous host.
+#[rstest]
+#[case(json!({}))]
+#[case(json!({"start": 0}))]
+fn ordinals_starting_at_zero_are_injected(#[case] ordinals: Value) {
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["ordinals"] = ordinals.clone();
+    let m = mutated(&obj, None, &Profile::default());
+    assert_eq!(
+        trainer_value(&m.object, "PET_RDZV_ENDPOINT").as_deref(),
+        Some("llama-ft-0.llama-ft.trainwire-test.svc.cluster.local:29500")
+    );
+    assert_eq!(m.object["spec"]["ordinals"], ordinals);
 }
 
 trait Pipe: Sized {

@@ -308,6 +308,22 @@ impl Workload {
                         "StatefulSet {name} has no spec.serviceName; trainwire needs a headless Service (clusterIP: None) selecting its pods and named in spec.serviceName, so that pod 0 has the DNS name {name}-0.<service>.{namespace}.svc.<cluster domain> for the rendezvous"
                     ))
                 })?;
+                // `spec.ordinals.start` (Kubernetes 1.27+, meant for moving a
+                // StatefulSet between clusters) renumbers the pods: there is
+                // no pod 0 to host the rendezvous, and the pod-index label the
+                // ranks are read from (the downward API cannot subtract)
+                // starts at `start`.
+                if let Some(start) = spec
+                    .ordinals
+                    .as_ref()
+                    .and_then(|o| o.start)
+                    .filter(|s| *s != 0)
+                {
+                    return Err(Refusal::Workload(format!(
+                        "StatefulSet {name} has spec.ordinals.start {start}, so its pods are {name}-{start}, {name}-{next}, ...; a torchrun world needs pod {name}-0 (the rendezvous host, {name}-0.{service}.{namespace}.svc) and node ranks 0 to replicas-1, which trainwire reads from the pod index; remove spec.ordinals or set start: 0",
+                        next = i64::from(start) + 1
+                    )));
+                }
                 Ok(Shape {
                     kind,
                     selector: selector_string(&spec.selector),
