@@ -74,6 +74,9 @@ pub struct Situation {
     pub since_confirmed: Duration,
     pub replacement_wait: Duration,
     pub no_replacement_reported: bool,
+    /// The replacement is up, but the lost peer's name still also leads to
+    /// the lost pod's address (this one): DNS still publishes the old pod.
+    pub name_leads_to_lost: Option<std::net::IpAddr>,
 }
 
 /// One step of the response.
@@ -162,9 +165,14 @@ pub fn decide(s: &Situation) -> Decision {
                     ),
                 );
             }
-            let waiting = Some(format!(
-                "the replacement of the rendezvous host (rank {rank}) to answer at its name"
-            ));
+            let waiting = Some(match s.name_leads_to_lost {
+                Some(old) => format!(
+                    "the name of the rendezvous host (rank {rank}) to stop leading to the lost pod's address {old}: the replacement is up, but a restarted torchrun could connect to the dead address and wait out its read_timeout (the old pod leaves the Service's DNS once it is deleted)"
+                ),
+                None => format!(
+                    "the replacement of the rendezvous host (rank {rank}) to answer at its name"
+                ),
+            });
             if !s.workers_stopped {
                 return decision(
                     Action::StopWorkers,
@@ -175,14 +183,17 @@ pub fn decide(s: &Situation) -> Decision {
                 );
             }
             if s.since_confirmed >= s.replacement_wait && !s.no_replacement_reported {
-                return decision(
-                    Action::ReportNoReplacement,
-                    waiting,
-                    format!(
+                let why = match s.name_leads_to_lost {
+                    Some(old) => format!(
+                        "the replacement of the rendezvous host (rank {rank}) is up, but after {}s its name still leads to the lost pod's address {old} as well; the GPUs stay free. The old pod is still published: delete it (kubectl delete pod --grace-period=0 --force) or let the policy's nodeFailure reclaim do it",
+                        s.replacement_wait.as_secs()
+                    ),
+                    None => format!(
                         "no replacement of the rendezvous host (rank {rank}) within {}s; the GPUs stay free",
                         s.replacement_wait.as_secs()
                     ),
-                );
+                };
+                return decision(Action::ReportNoReplacement, waiting, why);
             }
             decision(Action::Wait, waiting, "the workers are stopped")
         }
@@ -266,6 +277,7 @@ mod tests {
             since_confirmed: Duration::ZERO,
             replacement_wait: Duration::from_secs(600),
             no_replacement_reported: false,
+            name_leads_to_lost: None,
         }
     }
 
@@ -296,6 +308,13 @@ mod tests {
                                             s.workers_stopped = workers_stopped;
                                             s.agent_killed = agent_killed;
                                             s.since_confirmed = Duration::from_secs(since);
+                                            if !replacement_ready {
+                                                // Up, but DNS still has the old pod.
+                                                out.push(Situation {
+                                                    name_leads_to_lost: Some([10, 0, 0, 9].into()),
+                                                    ..s.clone()
+                                                });
+                                            }
                                             out.push(s);
                                         }
                                     }
@@ -395,6 +414,30 @@ mod tests {
             ..reported
         };
         assert_eq!(decide(&there).action, Action::KillAgent);
+        // The replacement answers, but the name still also leads to the lost
+        // pod: free the GPUs and wait, saying for what; never restart the
+        // agent into the dead address.
+        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        s.confirmation = Some(Confirmation::ReplacementAnswered);
+        s.name_leads_to_lost = Some([10, 0, 0, 9].into());
+        let d = decide(&s);
+        assert_eq!(d.action, Action::StopWorkers);
+        assert!(
+            d.waiting_for
+                .as_deref()
+                .is_some_and(|w| w.contains("to stop leading to the lost pod's address 10.0.0.9")),
+            "{d:?}"
+        );
+        s.workers_stopped = true;
+        assert_eq!(decide(&s).action, Action::Wait);
+        s.since_confirmed = Duration::from_secs(600);
+        let d = decide(&s);
+        assert_eq!(d.action, Action::ReportNoReplacement);
+        assert!(
+            d.why
+                .contains("still leads to the lost pod's address 10.0.0.9"),
+            "{d:?}"
+        );
         // A replacement that answers confirms and is there at once: one step.
         let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
         s.confirmation = Some(Confirmation::ReplacementAnswered);

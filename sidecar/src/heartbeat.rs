@@ -68,20 +68,33 @@ fn client(timeout: Duration) -> HttpClient {
         .build(connector)
 }
 
+/// A beat, with the address it came from (when the connection says).
+#[derive(Debug)]
+pub struct Answer {
+    pub beat: Beat,
+    pub from: Option<std::net::IpAddr>,
+}
+
 /// One probe: the peer's beat, or why there is none.
-async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<Beat, String> {
+async fn probe(client: &HttpClient, url: &str, timeout: Duration) -> Result<Answer, String> {
     let uri: hyper::Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
     let work = async {
         let resp = client.get(uri).await.map_err(|e| describe(&e))?;
         if !resp.status().is_success() {
             return Err(format!("HTTP {}", resp.status()));
         }
+        let from = resp
+            .extensions()
+            .get::<hyper_util::client::legacy::connect::HttpInfo>()
+            .map(|info| info.remote_addr().ip());
         let body = Limited::new(resp.into_body(), 64 * 1024)
             .collect()
             .await
             .map_err(|e| format!("reading the answer: {e}"))?
             .to_bytes();
-        serde_json::from_slice::<Beat>(&body).map_err(|e| format!("not a heartbeat: {e}"))
+        let beat =
+            serde_json::from_slice::<Beat>(&body).map_err(|e| format!("not a heartbeat: {e}"))?;
+        Ok(Answer { beat, from })
     };
     match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
@@ -133,7 +146,7 @@ const MIN_SEARCH_EVERY: Duration = Duration::from_millis(50);
 const SEARCH_EVERY_PER_NODE: Duration = Duration::from_millis(2);
 
 /// One probe in flight.
-type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Beat, String>> + Send>>;
+type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, String>> + Send>>;
 
 /// What the probes of one peer have shown since the last tick.
 struct Tally {
@@ -148,15 +161,18 @@ struct Tally {
 impl Tally {
     /// The evidence a finished probe gives, if any (an error is only kept
     /// for the next tick's miss).
-    fn judge(&mut self, result: Result<Beat, String>) -> Option<Evidence> {
+    fn judge(&mut self, result: Result<Answer, String>) -> Option<Evidence> {
         match result {
-            Ok(beat) if beat.rank == self.rank => {
+            Ok(Answer { beat, from }) if beat.rank == self.rank => {
                 self.answered = true;
                 self.missed_in_a_row = 0;
                 self.last_error = None;
-                Some(Evidence::Alive(beat.identity()))
+                Some(Evidence::Alive(Identity {
+                    address: from,
+                    ..beat.identity()
+                }))
             }
-            Ok(beat) => {
+            Ok(Answer { beat, .. }) => {
                 self.last_error = Some(format!(
                     "{} answered as rank {} (pod {}), not rank {}",
                     self.url, beat.rank, beat.pod, self.rank
@@ -540,6 +556,36 @@ mod tests {
             url_of(&c, 2).as_deref(),
             Some("http://job-2.job.ns.svc:29601/heartbeat")
         );
+    }
+
+    /// A beat says which address answered: the survivors compare it with
+    /// what the lost peer's name resolves to before restarting torchrun.
+    #[tokio::test]
+    async fn an_answer_carries_the_address_it_came_from() {
+        let (port, _, server) = fake_peer("127.0.0.30", || {
+            let body = r#"{"pod":"p-0","uid":"u","start_time":"t","rank":0,"generation":0}"#;
+            Some(
+                format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .into_bytes(),
+            )
+        })
+        .await;
+        let config = probing("127.0.0.3{i}", &port, &[]);
+        let (tx, mut rx) = mpsc::channel(16);
+        let prober = tokio::spawn(run(config, tx));
+        let obs = next(&mut rx).await;
+        prober.abort();
+        server.abort();
+        match obs.evidence {
+            Evidence::Alive(identity) => {
+                assert_eq!(identity.uid, "u");
+                assert_eq!(identity.address, Some([127, 0, 0, 30].into()));
+            }
+            other => panic!("expected an answer, got {other:?}"),
+        }
     }
 
     #[tokio::test]

@@ -39,27 +39,71 @@ async fn resolve(host: &str) -> Vec<std::net::IpAddr> {
     }
 }
 
-/// Whether a new pod seen by the Kubernetes watch (no heartbeats) is there
-/// for a restarted torchrun: Ready, and, when the rank has a name
-/// (`has_name`) and the pod an address, that name resolving to the address
-/// (`resolved`). Restarting the agent while the name still leads to the
-/// dead pod (DNS lags behind a replacement, and may cache the old answer)
-/// would leave the new torchrun waiting on that address for its whole
-/// `read_timeout`, then exiting again.
+/// Where the survivors look names up: the system's resolver (what torchrun
+/// in the trainer container uses too), or, in tests, a table.
+#[derive(Clone, Default)]
+enum Names {
+    #[default]
+    System,
+    #[cfg(test)]
+    Table(Arc<std::sync::Mutex<BTreeMap<String, Vec<std::net::IpAddr>>>>),
+}
+
+impl Names {
+    async fn resolve(&self, host: &str) -> Vec<std::net::IpAddr> {
+        match self {
+            Names::System => resolve(host).await,
+            #[cfg(test)]
+            Names::Table(table) => table
+                .lock()
+                .map(|t| t.get(host).cloned().unwrap_or_default())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Whether the new pod for a lost rank is there for a restarted torchrun:
+/// up (Ready in the Kubernetes watch, or answering heartbeats), and, when
+/// the rank has a name (`has_name`), that name (`resolved`) leading to the
+/// new pod's address and no longer to the lost pod's (`lost`). Restarting
+/// the agent while the name still leads to the dead pod (DNS lags behind a
+/// replacement and may cache the old answer; an Indexed Job's old pod stays
+/// published while it is Terminating, beside its replacement) would leave
+/// the new torchrun waiting on that address for its whole `read_timeout`,
+/// then exiting again.
 pub fn replacement_is_there(
     new: &Identity,
     has_name: bool,
     resolved: Option<&[std::net::IpAddr]>,
+    lost: Option<std::net::IpAddr>,
 ) -> bool {
     if !new.ready {
         return false;
     }
-    match (has_name, new.address, resolved) {
-        (true, Some(ip), Some(addrs)) => addrs.contains(&ip),
-        (true, Some(_), None) => false,
-        // No name to check, or no address reported: Ready is all there is.
-        _ => true,
+    if !has_name {
+        return true;
     }
+    let Some(addrs) = resolved else {
+        return new.address.is_none();
+    };
+    if name_leads_to_lost(new, addrs, lost).is_some() {
+        return false;
+    }
+    match new.address {
+        Some(ip) => addrs.contains(&ip),
+        // No address reported: Ready is all there is.
+        None => true,
+    }
+}
+
+/// The lost pod's address, when the name still leads to it and the new pod
+/// is elsewhere (a replacement may get the old address back).
+fn name_leads_to_lost(
+    new: &Identity,
+    addrs: &[std::net::IpAddr],
+    lost: Option<std::net::IpAddr>,
+) -> Option<std::net::IpAddr> {
+    lost.filter(|old| Some(*old) != new.address && addrs.contains(old))
 }
 
 /// One loss, from suspicion to the end of the response.
@@ -79,9 +123,13 @@ pub struct Episode {
     pub confirmed_at: Option<Instant>,
     pub confirmed_wall: Option<SystemTime>,
     pub replacement_ready: bool,
-    /// Without heartbeats: the new pod the Kubernetes watch shows for the
-    /// rank, until it is Ready and the rank's name resolves to its address.
+    /// The new pod seen for the rank (Ready in the Kubernetes watch, or
+    /// answering heartbeats), until the rank's name leads to it and no
+    /// longer to the lost pod.
     pub replacement: Option<Identity>,
+    /// The lost pod's address while the name still leads to it beside the
+    /// replacement's.
+    pub name_leads_to_lost: Option<std::net::IpAddr>,
     pub workers_stopped: bool,
     pub agent_killed: bool,
     pub no_replacement_reported: bool,
@@ -144,6 +192,7 @@ pub struct Responder {
     /// Whether heartbeats run: then only a heartbeat answer proves that the
     /// replacement answers at the peer's name.
     heartbeats: bool,
+    names: Names,
 }
 
 impl Responder {
@@ -158,6 +207,7 @@ impl Responder {
             shared,
             episodes: BTreeMap::new(),
             heartbeats,
+            names: Names::System,
         }
     }
 
@@ -196,7 +246,7 @@ impl Responder {
         // A lost identity already replaced (the replacement answered first).
         let (confirmation, ready) = match (loss.source, loss.reason) {
             (Source::Heartbeat, LossReason::IdentityChanged) => {
-                (Some(Confirmation::ReplacementAnswered), true)
+                (Some(Confirmation::ReplacementAnswered), false)
             }
             (Source::Kubernetes, reason) => (
                 Confirmation::from_kubernetes(reason),
@@ -205,13 +255,18 @@ impl Responder {
             ),
             _ => (None, false),
         };
-        // Without heartbeats, a new pod is all there is to see: it must be
-        // Ready and the rank's name must lead to it (see `replacement_is_there`).
-        let replacement = (loss.source == Source::Kubernetes
-            && loss.reason == LossReason::IdentityChanged
-            && !self.heartbeats)
+        // The new pod, when the loss is its appearance: answering heartbeats
+        // (up), or, without heartbeats, seen by the Kubernetes watch (it
+        // must be Ready). Either way the rank's name must lead to it and no
+        // longer to the lost pod (see `replacement_is_there`).
+        let replacement = (loss.reason == LossReason::IdentityChanged
+            && (loss.source == Source::Heartbeat || !self.heartbeats))
             .then(|| peers.get(loss.rank).and_then(|p| p.identity.clone()))
-            .flatten();
+            .flatten()
+            .map(|new| Identity {
+                ready: new.ready || loss.source == Source::Heartbeat,
+                ..new
+            });
         tracing::warn!(
             generation = loss.generation,
             rank = loss.rank,
@@ -237,6 +292,7 @@ impl Responder {
             confirmed_wall: None,
             replacement_ready: false,
             replacement,
+            name_leads_to_lost: None,
             workers_stopped: false,
             agent_killed: false,
             no_replacement_reported: false,
@@ -314,7 +370,11 @@ impl Responder {
                         Source::Kubernetes => Confirmation::Kubernetes(LossReason::IdentityChanged),
                     });
                     if obs.source == Source::Heartbeat {
-                        ep.replacement_ready = true;
+                        // It answers: it is up.
+                        ep.replacement = Some(Identity {
+                            ready: true,
+                            ..identity.clone()
+                        });
                     } else if !self.heartbeats {
                         ep.replacement = Some(identity.clone());
                     }
@@ -351,9 +411,9 @@ impl Responder {
         }
     }
 
-    /// Without heartbeats: whether the new pod seen for `rank` is there for
-    /// a restarted torchrun to reach, once it is Ready, by resolving the
-    /// rank's name (at most [`RESOLVE_TIMEOUT`] per try, retried each tick).
+    /// Whether the new pod seen for `rank` is there for a restarted torchrun
+    /// to reach, once it is up, by resolving the rank's name (at most
+    /// [`RESOLVE_TIMEOUT`] per try, retried each tick).
     async fn check_replacement(&mut self, rank: u32) {
         let Some(ep) = self.episodes.get(&rank) else {
             return;
@@ -364,20 +424,36 @@ impl Responder {
         if ep.replacement_ready || ep.closed.is_some() || !new.ready {
             return;
         }
+        let lost = ep.identity.as_ref().and_then(|i| i.address);
         let host = self.shared.config.heartbeat.host_of(rank);
-        let resolved = match (&host, new.address) {
-            (Some(host), Some(_)) => Some(resolve(host).await),
-            _ => None,
+        let resolved = match &host {
+            Some(host) => Some(self.names.resolve(host).await),
+            None => None,
         };
-        let there = replacement_is_there(&new, host.is_some(), resolved.as_deref());
-        if let Some(ep) = self.episodes.get_mut(&rank)
-            && there
-        {
+        let there = replacement_is_there(&new, host.is_some(), resolved.as_deref(), lost);
+        let stale = resolved
+            .as_deref()
+            .and_then(|addrs| name_leads_to_lost(&new, addrs, lost));
+        let Some(ep) = self.episodes.get_mut(&rank) else {
+            return;
+        };
+        if stale.is_some() && ep.name_leads_to_lost != stale {
+            tracing::warn!(
+                rank,
+                pod = %new.pod,
+                address = ?new.address,
+                lost = ?stale,
+                resolved = ?resolved,
+                "the replacement is up, but the rank's name still leads to the lost pod's address too: the agent is restarted once it no longer does"
+            );
+        }
+        ep.name_leads_to_lost = stale;
+        if there {
             tracing::info!(
                 rank,
                 pod = %new.pod,
                 address = ?new.address,
-                "the replacement is Ready and the rank's name leads to it"
+                "the replacement is up and the rank's name leads to it"
             );
             ep.replacement_ready = true;
         }
@@ -443,6 +519,7 @@ impl Responder {
                     .unwrap_or_default(),
                 replacement_wait: config.replacement_wait,
                 no_replacement_reported: ep.no_replacement_reported,
+                name_leads_to_lost: ep.name_leads_to_lost,
             };
             let d = decide::decide(&situation);
             let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
@@ -868,23 +945,68 @@ mod tests {
     fn a_replacement_is_there_when_ready_and_its_name_leads_to_it() {
         let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
         let new = pod(true, Some("10.1.2.3"));
+        let dead = Some(ip("10.9.9.9"));
         // DNS already follows the new pod.
-        assert!(replacement_is_there(&new, true, Some(&[ip("10.1.2.3")])));
+        assert!(replacement_is_there(
+            &new,
+            true,
+            Some(&[ip("10.1.2.3")]),
+            dead
+        ));
+        assert!(replacement_is_there(
+            &new,
+            true,
+            Some(&[ip("10.1.2.3")]),
+            None
+        ));
         // DNS still answers with the dead pod, or with nothing yet.
-        assert!(!replacement_is_there(&new, true, Some(&[ip("10.9.9.9")])));
-        assert!(!replacement_is_there(&new, true, Some(&[])));
-        assert!(!replacement_is_there(&new, true, None));
+        assert!(!replacement_is_there(
+            &new,
+            true,
+            Some(&[ip("10.9.9.9")]),
+            dead
+        ));
+        assert!(!replacement_is_there(&new, true, Some(&[]), dead));
+        assert!(!replacement_is_there(&new, true, None, dead));
+        // Both, in either order (an Indexed Job's old pod is published while
+        // it is Terminating): a restarted torchrun could pick the dead one.
+        for both in [
+            [ip("10.1.2.3"), ip("10.9.9.9")],
+            [ip("10.9.9.9"), ip("10.1.2.3")],
+        ] {
+            assert!(!replacement_is_there(&new, true, Some(&both), dead));
+            assert_eq!(name_leads_to_lost(&new, &both, dead), dead);
+        }
+        // The replacement got the lost pod's address back: nothing stale.
+        assert!(replacement_is_there(
+            &new,
+            true,
+            Some(&[ip("10.1.2.3")]),
+            Some(ip("10.1.2.3"))
+        ));
+        assert_eq!(
+            name_leads_to_lost(&new, &[ip("10.1.2.3")], Some(ip("10.1.2.3"))),
+            None
+        );
         // Not Ready: never, whatever DNS says.
         let starting = pod(false, Some("10.1.2.3"));
         assert!(!replacement_is_there(
             &starting,
             true,
-            Some(&[ip("10.1.2.3")])
+            Some(&[ip("10.1.2.3")]),
+            None
         ));
         // Nothing to check the name against: Ready is all there is.
-        assert!(replacement_is_there(&new, false, None));
-        assert!(replacement_is_there(&pod(true, None), true, None));
-        assert!(!replacement_is_there(&pod(false, None), false, None));
+        assert!(replacement_is_there(&new, false, None, dead));
+        assert!(replacement_is_there(&pod(true, None), true, None, dead));
+        assert!(!replacement_is_there(&pod(false, None), false, None, None));
+        // No address reported, the name still leads to the lost pod.
+        assert!(!replacement_is_there(
+            &pod(true, None),
+            true,
+            Some(&[ip("10.9.9.9")]),
+            dead
+        ));
     }
 
     /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the
@@ -963,6 +1085,114 @@ mod tests {
             Evidence::Alive(pod(true, Some("127.0.0.10"))),
         )
         .await;
+        assert_eq!(state(&responder), Some((true, true, true, true)));
+    }
+
+    /// Heartbeats, rendezvous host lost, and a replacement that answers at
+    /// pod 0's name while the name still also leads to the lost pod (an
+    /// Indexed Job's old pod stays published while Terminating): the workers
+    /// are stopped, /status says what is waited for, and the agent is
+    /// restarted only once the name leads to the new pod alone.
+    #[tokio::test]
+    async fn with_heartbeats_the_agent_waits_until_the_name_no_longer_leads_to_the_lost_pod() {
+        use crate::env;
+        let config = Config::from_source(
+            [
+                (env::NNODES, "2"),
+                (env::NODE_RANK, "1"),
+                (env::PEER_HOSTS, "train-{i}.train"),
+                (env::RDZV_HOST_RANK, "0"),
+                (env::ON_PEER_LOSS, "auto"),
+                (env::DETECTION, "heartbeat"),
+                // Matches no process on this machine: nothing is signalled.
+                (env::AGENT_MATCH, "trainwire_agent=no-such-agent-7f3a9c"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
+        let (dead, new) = (ip("10.9.9.9"), ip("10.1.2.3"));
+        let table = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let publish = |addrs: Vec<IpAddr>| {
+            table
+                .lock()
+                .expect("table")
+                .insert("train-0.train".to_string(), addrs);
+        };
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), true);
+        responder.names = Names::Table(table.clone());
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
+            let obs = Observation {
+                rank: 0,
+                source: Source::Heartbeat,
+                evidence,
+                at: Instant::now(),
+            };
+            match peers.observe(obs.clone()) {
+                Some(loss) => responder.on_loss(&loss, peers).await,
+                None => responder.on_observation(&obs, peers).await,
+            }
+        };
+        let beat = |uid: &str, from: IpAddr| Identity {
+            uid: uid.into(),
+            address: Some(from),
+            ..Identity::default()
+        };
+        publish(vec![dead]);
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Alive(beat("old", dead)),
+        )
+        .await;
+        for _ in 0..3 {
+            feed(
+                &mut peers,
+                &mut responder,
+                Evidence::Missed("no answer".into()),
+            )
+            .await;
+        }
+        // (confirmed, replacement ready, workers stopped, agent killed)
+        let state = |r: &Responder| {
+            r.episodes().find(|e| e.rank == 0).map(|e| {
+                (
+                    e.confirmation.is_some(),
+                    e.replacement_ready,
+                    e.workers_stopped,
+                    e.agent_killed,
+                )
+            })
+        };
+        assert_eq!(state(&responder), Some((false, false, false, false)));
+
+        // The replacement answers; the name leads to it and to the dead pod.
+        publish(vec![dead, new]);
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Alive(beat("new", new)),
+        )
+        .await;
+        assert_eq!(state(&responder), Some((true, false, true, false)));
+        let waiting = responder
+            .episodes()
+            .find(|e| e.rank == 0)
+            .and_then(|e| e.waiting_for.clone())
+            .unwrap_or_default();
+        assert!(
+            waiting.contains("to stop leading to the lost pod's address 10.9.9.9"),
+            "{waiting}"
+        );
+        // Time passes, the old pod is still published: still waiting.
+        responder.tick(Instant::now(), &peers).await;
+        assert_eq!(state(&responder), Some((true, false, true, false)));
+
+        // The old pod leaves DNS: the agent is restarted at the next look.
+        publish(vec![new]);
+        responder.tick(Instant::now(), &peers).await;
         assert_eq!(state(&responder), Some((true, true, true, true)));
     }
 

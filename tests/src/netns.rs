@@ -211,6 +211,13 @@ impl Network {
         self.rewrite_hosts()
     }
 
+    /// Make `name` resolve to `addr` as well, after the addresses it has
+    /// (DNS publishing two pods under one name).
+    pub fn add_host(&mut self, name: &str, addr: Ipv4Addr) -> Result<(), String> {
+        self.hosts.push((name.to_string(), addr));
+        self.rewrite_hosts()
+    }
+
     fn rewrite_hosts(&self) -> Result<(), String> {
         for node in &self.nodes {
             let path = self.etc(&node.ns).join("hosts");

@@ -341,7 +341,15 @@ struct Measured {
 }
 
 /// Runs one scenario; `lose_host` picks B (node 0, the rendezvous host) over A.
-fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
+/// `old_published`: when the name follows the replacement, it also keeps
+/// leading to the lost pod for that long (an Indexed Job's old pod stays in
+/// its headless Service's DNS while it is Terminating, beside its
+/// replacement), then to the replacement alone.
+fn scenario(
+    lose_host: bool,
+    responder: Responder,
+    old_published: Option<Duration>,
+) -> Result<Measured, String> {
     let mut c = Cluster::new(responder)?;
     let cold = Instant::now();
     c.start_node("n0", 0, Network::addr(10), true)?;
@@ -443,7 +451,24 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     c.start_node(label, rank, new_addr, false)?;
     c.note(format!("started the replacement {label} as node-{rank}"));
     std::thread::sleep(REPOINT_AFTER);
-    c.net.set_host(&pod_host(&rank.to_string()), new_addr)?;
+    let name = pod_host(&rank.to_string());
+    if let Some(both_for) = old_published {
+        c.net.add_host(&name, new_addr)?;
+        c.note(format!(
+            "node-{rank} now resolves to the dead address and to {new_addr}, for {both_for:?}"
+        ));
+        let exits = c.trainer(survivor).map(|t| t.kubelet.exits()).unwrap_or(0);
+        std::thread::sleep(both_for);
+        // Restarting torchrun now would send it to the dead address, first
+        // in the answer, for its whole read_timeout.
+        if c.trainer(survivor).map(|t| t.kubelet.exits()).unwrap_or(0) != exits {
+            return Err(format!(
+                "the survivor's trainer was restarted while node-{rank}'s name still led to the dead pod\n{}",
+                c.log.tail(250)
+            ));
+        }
+    }
+    c.net.set_host(&name, new_addr)?;
     c.note(format!("node-{rank} now resolves to {new_addr}"));
 
     if c.responder == Responder::Nobody && lose_host {
@@ -561,19 +586,19 @@ fn scenario(lose_host: bool, responder: Responder) -> Result<Measured, String> {
     })
 }
 
-fn run(test: &str, lose_host: bool) {
+fn run(test: &str, lose_host: bool, old_published: Option<Duration>) {
     if !torch::require_torch(test) || !netns::require_netns(test) {
         return;
     }
     let responder = responder();
     let started = Instant::now();
-    match scenario(lose_host, responder) {
+    match scenario(lose_host, responder, old_published) {
         Ok(m) => println!(
             "RECOVERY scenario={} responder={responder:?} resumed_from={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
-            if lose_host {
-                "B-lose-rendezvous-host"
-            } else {
-                "A-lose-other-node"
+            match (lose_host, old_published) {
+                (false, _) => "A-lose-other-node".to_string(),
+                (true, None) => "B-lose-rendezvous-host".to_string(),
+                (true, Some(d)) => format!("B-lose-rendezvous-host-old-published-{}s", d.as_secs()),
             },
             m.resumed_from,
             m.cut_to_detect
@@ -601,12 +626,31 @@ fn torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host() {
     run(
         "torchrun_resumes_after_losing_a_node_that_is_not_the_rendezvous_host",
         false,
+        None,
     );
 }
 
 #[test]
 fn torchrun_resumes_after_losing_the_rendezvous_host() {
-    run("torchrun_resumes_after_losing_the_rendezvous_host", true);
+    run(
+        "torchrun_resumes_after_losing_the_rendezvous_host",
+        true,
+        None,
+    );
+}
+
+/// The rendezvous host is lost and, for 10 s after its name follows the
+/// replacement, the name still also leads to the dead pod (first in the
+/// answer), as an Indexed Job's Terminating pod stays published beside its
+/// replacement: the survivor is restarted only once the dead address is
+/// gone, exactly once, and training resumes.
+#[test]
+fn the_survivor_waits_while_the_hosts_name_still_leads_to_the_dead_pod() {
+    run(
+        "the_survivor_waits_while_the_hosts_name_still_leads_to_the_dead_pod",
+        true,
+        Some(Duration::from_secs(10)),
+    );
 }
 
 /// A 5 s network blip of the rendezvous host (no freeze: its processes keep
