@@ -1009,6 +1009,57 @@ mod tests {
         ));
     }
 
+    /// Rank 1 of 2, `auto`, rank 0 the rendezvous host at `peer_hosts`,
+    /// detected by `detection` (with `more`); no agent to signal.
+    fn host_loss_config(peer_hosts: &str, detection: &str, more: &[(&str, &str)]) -> Config {
+        use crate::env;
+        let mut vars = vec![
+            (env::NNODES, "2"),
+            (env::NODE_RANK, "1"),
+            (env::PEER_HOSTS, peer_hosts),
+            (env::RDZV_HOST_RANK, "0"),
+            (env::ON_PEER_LOSS, "auto"),
+            (env::DETECTION, detection),
+            // Matches no process on this machine: nothing is signalled.
+            (env::AGENT_MATCH, "trainwire_agent=no-such-agent-7f3a9c"),
+        ];
+        vars.extend_from_slice(more);
+        Config::from_source(vars.as_slice()).expect("config")
+    }
+
+    /// One observation of rank 0 from `source`, through the peers' state
+    /// machine to the responder.
+    async fn feed(
+        peers: &mut Peers,
+        responder: &mut Responder,
+        source: Source,
+        evidence: Evidence,
+    ) {
+        let obs = Observation {
+            rank: 0,
+            source,
+            evidence,
+            at: Instant::now(),
+        };
+        match peers.observe(obs.clone()) {
+            Some(loss) => responder.on_loss(&loss, peers).await,
+            None => responder.on_observation(&obs, peers).await,
+        }
+    }
+
+    /// Rank 0's episode: (confirmed, replacement ready, workers stopped,
+    /// agent killed).
+    fn host_episode(r: &Responder) -> Option<(bool, bool, bool, bool)> {
+        r.episodes().find(|e| e.rank == 0).map(|e| {
+            (
+                e.confirmation.is_some(),
+                e.replacement_ready,
+                e.workers_stopped,
+                e.agent_killed,
+            )
+        })
+    }
+
     /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the
     /// agent is restarted only once the new pod 0 is Ready and pod 0's name
     /// leads to its address, not when the watch first shows it.
@@ -1016,36 +1067,16 @@ mod tests {
     async fn without_heartbeats_the_agent_waits_for_the_name_to_lead_to_the_new_pod() {
         use crate::env;
         // Pod 0's name is 127.0.0.10: an address that "DNS" gives at once.
-        let config = Config::from_source(
-            [
-                (env::NNODES, "2"),
-                (env::NODE_RANK, "1"),
-                (env::PEER_HOSTS, "127.0.0.1{i}"),
-                (env::RDZV_HOST_RANK, "0"),
-                (env::ON_PEER_LOSS, "auto"),
-                (env::DETECTION, "kubernetes"),
-                (env::SELECTOR, "app=train"),
-                // Matches no process on this machine: nothing is signalled.
-                (env::AGENT_MATCH, "trainwire_agent=no-such-agent-7f3a9c"),
-            ]
-            .as_slice(),
-        )
-        .expect("config");
+        let config = host_loss_config(
+            "127.0.0.1{i}",
+            "kubernetes",
+            &[(env::SELECTOR, "app=train")],
+        );
         let shared = Shared::new(config.clone());
         let mut responder = Responder::new(shared, EventSink::disabled(), false);
-        let start = Instant::now();
-        let mut peers = Peers::new(config.nnodes, 1, 3, start);
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
-            let obs = Observation {
-                rank: 0,
-                source: Source::Kubernetes,
-                evidence,
-                at: Instant::now(),
-            };
-            match peers.observe(obs.clone()) {
-                Some(loss) => responder.on_loss(&loss, peers).await,
-                None => responder.on_observation(&obs, peers).await,
-            }
+            feed(peers, responder, Source::Kubernetes, evidence).await
         };
         let old = Identity {
             uid: "old".into(),
@@ -1059,16 +1090,7 @@ mod tests {
         )
         .await;
         // (confirmed, replacement ready, workers stopped, agent killed)
-        let state = |r: &Responder| {
-            r.episodes().find(|e| e.rank == 0).map(|e| {
-                (
-                    e.confirmation.is_some(),
-                    e.replacement_ready,
-                    e.workers_stopped,
-                    e.agent_killed,
-                )
-            })
-        };
+        let state = host_episode;
         // Confirmed by Kubernetes: the workers are stopped, the agent waits.
         assert_eq!(state(&responder), Some((true, false, true, false)));
 
@@ -1095,21 +1117,7 @@ mod tests {
     /// restarted only once the name leads to the new pod alone.
     #[tokio::test]
     async fn with_heartbeats_the_agent_waits_until_the_name_no_longer_leads_to_the_lost_pod() {
-        use crate::env;
-        let config = Config::from_source(
-            [
-                (env::NNODES, "2"),
-                (env::NODE_RANK, "1"),
-                (env::PEER_HOSTS, "train-{i}.train"),
-                (env::RDZV_HOST_RANK, "0"),
-                (env::ON_PEER_LOSS, "auto"),
-                (env::DETECTION, "heartbeat"),
-                // Matches no process on this machine: nothing is signalled.
-                (env::AGENT_MATCH, "trainwire_agent=no-such-agent-7f3a9c"),
-            ]
-            .as_slice(),
-        )
-        .expect("config");
+        let config = host_loss_config("train-{i}.train", "heartbeat", &[]);
         let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
         let (dead, new) = (ip("10.9.9.9"), ip("10.1.2.3"));
         let table = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
@@ -1124,16 +1132,7 @@ mod tests {
         responder.names = Names::Table(table.clone());
         let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
-            let obs = Observation {
-                rank: 0,
-                source: Source::Heartbeat,
-                evidence,
-                at: Instant::now(),
-            };
-            match peers.observe(obs.clone()) {
-                Some(loss) => responder.on_loss(&loss, peers).await,
-                None => responder.on_observation(&obs, peers).await,
-            }
+            feed(peers, responder, Source::Heartbeat, evidence).await
         };
         let beat = |uid: &str, from: IpAddr| Identity {
             uid: uid.into(),
@@ -1156,16 +1155,7 @@ mod tests {
             .await;
         }
         // (confirmed, replacement ready, workers stopped, agent killed)
-        let state = |r: &Responder| {
-            r.episodes().find(|e| e.rank == 0).map(|e| {
-                (
-                    e.confirmation.is_some(),
-                    e.replacement_ready,
-                    e.workers_stopped,
-                    e.agent_killed,
-                )
-            })
-        };
+        let state = host_episode;
         assert_eq!(state(&responder), Some((false, false, false, false)));
 
         // The replacement answers; the name leads to it and to the dead pod.
