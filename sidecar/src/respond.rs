@@ -130,6 +130,8 @@ pub struct Episode {
     /// The lost pod's address while the name still leads to it beside the
     /// replacement's.
     pub name_leads_to_lost: Option<std::net::IpAddr>,
+    /// That was logged and sent as an Event (once per episode).
+    pub stale_name_reported: bool,
     pub workers_stopped: bool,
     pub agent_killed: bool,
     pub no_replacement_reported: bool,
@@ -293,6 +295,7 @@ impl Responder {
             replacement_ready: false,
             replacement,
             name_leads_to_lost: None,
+            stale_name_reported: false,
             workers_stopped: false,
             agent_killed: false,
             no_replacement_reported: false,
@@ -437,17 +440,25 @@ impl Responder {
         let Some(ep) = self.episodes.get_mut(&rank) else {
             return;
         };
-        if stale.is_some() && ep.name_leads_to_lost != stale {
-            tracing::warn!(
-                rank,
-                pod = %new.pod,
-                address = ?new.address,
-                lost = ?stale,
-                resolved = ?resolved,
-                "the replacement is up, but the rank's name still leads to the lost pod's address too: the agent is restarted once it no longer does"
-            );
-        }
         ep.name_leads_to_lost = stale;
+        if let Some(old) = stale
+            && !ep.stale_name_reported
+        {
+            ep.stale_name_reported = true;
+            let note = format!(
+                "the replacement of rank {rank} ({}) is up, but the rank's name still leads to the lost pod's address {old} too (resolved: {}); a torchrun restarted now could connect to the dead address, so the agent is restarted once the name no longer does. The lost pod is still published (a Terminating pod of a Service with publishNotReadyAddresses): deleting it, or the policy's nodeFailure reclaim, ends the wait",
+                new.pod,
+                resolved
+                    .iter()
+                    .flatten()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            tracing::warn!(rank, lost = %old, "{note}");
+            self.events
+                .publish(true, "NameLeadsToLostPod", "wait", note);
+        }
         if there {
             tracing::info!(
                 rank,
@@ -1176,6 +1187,11 @@ mod tests {
             waiting.contains("to stop leading to the lost pod's address 10.9.9.9"),
             "{waiting}"
         );
+        let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
+        assert!(
+            episode(&responder)
+                .is_some_and(|e| e.stale_name_reported && e.name_leads_to_lost == Some(dead))
+        );
         // Time passes, the old pod is still published: still waiting.
         responder.tick(Instant::now(), &peers).await;
         assert_eq!(state(&responder), Some((true, false, true, false)));
@@ -1184,6 +1200,7 @@ mod tests {
         publish(vec![new]);
         responder.tick(Instant::now(), &peers).await;
         assert_eq!(state(&responder), Some((true, true, true, true)));
+        assert!(episode(&responder).is_some_and(|e| e.name_leads_to_lost.is_none()));
     }
 
     #[tokio::test]
