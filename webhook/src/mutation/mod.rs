@@ -284,6 +284,9 @@ fn run(
     // or a recomputation that changes nothing but the recorded hash/version:
     // no change at all, so no rollout of the pods.
     let same_inputs = complete && previous.as_ref().is_some_and(|p| p.hash == hash);
+    if !same_inputs && let Some(prev) = &previous {
+        workload::warn_held_back_resize(&mut ctx, &workload, &prev.nnodes);
+    }
     *workload.metadata_mut() = Default::default();
     let patch = if same_inputs || status::same_but_hash(&before, &workload) {
         patch::Ops::default()

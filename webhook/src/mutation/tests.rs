@@ -678,6 +678,44 @@ fn ordinals_starting_at_zero_are_injected(#[case] ordinals: Value) {
     assert_eq!(m.object["spec"]["ordinals"], ordinals);
 }
 
+/// A resize that the StatefulSet's update strategy does not roll out to
+/// every pod leaves agents that disagree on the world size: warned.
+#[rstest]
+#[case::on_delete(json!({"type": "OnDelete"}), 3, true)]
+#[case::partition(json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 1}}), 3, true)]
+#[case::rolling(json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}), 3, false)]
+#[case::on_delete_same_size(json!({"type": "OnDelete"}), 2, false)]
+fn a_resize_held_back_by_the_update_strategy_is_warned(
+    #[case] strategy: Value,
+    #[case] replicas: i64,
+    #[case] warned: bool,
+) {
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["updateStrategy"] = strategy;
+    let injected = mutated(&obj, None, &Profile::default()).object;
+    let mut update = injected.clone();
+    update["spec"]["replicas"] = json!(replicas);
+    // A real change besides, so that the same size still re-injects.
+    update["spec"]["template"]["spec"]["containers"][0]["image"] = json!("trainer:v2");
+    let m = mutated(&update, None, &Profile::default());
+    let expected = "StatefulSet llama-ft: world size 2 -> 3, but ";
+    assert_eq!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        warned,
+        "{:?}",
+        m.warnings
+    );
+    if warned {
+        assert!(
+            m.warnings.iter().any(|w| w.ends_with(
+                "on PET_NNODES 2 until deleted; a world needs one size: delete those pods"
+            )),
+            "{:?}",
+            m.warnings
+        );
+    }
+}
+
 trait Pipe: Sized {
     fn pipe(self, f: impl FnOnce(Self) -> Self) -> Self {
         f(self)

@@ -122,6 +122,46 @@ impl<'de> serde::de::DeserializeSeed<'de> for Typed<'_> {
     }
 }
 
+/// A StatefulSet whose world size changes on this UPDATE while its update
+/// strategy keeps running pods on their old template (`OnDelete`, or a
+/// `rollingUpdate.partition` above 0): those pods keep the old
+/// `PET_NNODES` and new ones get the new size, and agents that disagree on
+/// the size never form one world. Warned, not refused: the user may be
+/// about to delete the pods.
+pub fn warn_held_back_resize(ctx: &mut Ctx<'_>, workload: &Workload, old_nnodes: &str) {
+    let Workload::StatefulSet(s) = workload else {
+        return;
+    };
+    let new_nnodes = ctx.status.nnodes.clone();
+    if old_nnodes.is_empty() || new_nnodes.is_empty() || old_nnodes == new_nnodes {
+        return;
+    }
+    let Some(strategy) = s
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.update_strategy.as_ref())
+    else {
+        return;
+    };
+    let (held_back, which) = match strategy.type_.as_deref() {
+        Some("OnDelete") => (
+            "updateStrategy OnDelete".to_string(),
+            "running pods".to_string(),
+        ),
+        _ => match strategy.rolling_update.as_ref().and_then(|r| r.partition) {
+            Some(p) if p > 0 => (
+                format!("rollingUpdate.partition {p}"),
+                format!("pods below ordinal {p}"),
+            ),
+            _ => return,
+        },
+    };
+    let name = s.metadata.name.as_deref().unwrap_or_default();
+    ctx.warn(format!(
+        "StatefulSet {name}: world size {old_nnodes} -> {new_nnodes}, but {held_back} keeps {which} on PET_NNODES {old_nnodes} until deleted; a world needs one size: delete those pods"
+    ));
+}
+
 /// What the rest of the engine needs to know about the workload.
 #[derive(Clone, Debug)]
 pub struct Shape {
