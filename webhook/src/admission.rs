@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | `apps/v1 StatefulSet` CREATE/UPDATE | the engine's patch and warnings, or a denial with its message |
 //! | `batch/v1 Job` CREATE | the same |
-//! | `batch/v1 Job` UPDATE | allowed unchanged (a Job's template is immutable) |
+//! | `batch/v1 Job` UPDATE | allowed unchanged (a Job's template is immutable), with a warning when its `parallelism` leaves the injected world size |
 //! | `statefulsets/scale` UPDATE | the [scale guard](crate::scale) |
 //! | anything else (Pods, Deployments, status, DELETE) | allowed unchanged |
 //! | a review without a readable `request`, or whose object does not match its kind | `invalid` (code 400, the reason in `status.message`), with the uid when it could be read |
@@ -368,18 +368,20 @@ impl Admitter {
                             .scale_guard_unknown
                             .get_or_create(&crate::metrics::ScaleGuardLabels { reason })
                             .inc();
-                        let mut response = allow(request);
-                        response.warnings = Some(vec![warning.clone()]);
-                        Decision {
-                            response,
-                            patch: None,
-                            outcome: Outcome::allowed,
-                            detail: Some(warning),
-                        }
+                        allow_with_warning(request, warning)
                     }
                     scale::Verdict::Refuse(refusal) => deny(request, &refusal),
                 }
             }
+            // A Job's template is immutable: let the UPDATE through, but say
+            // when its parallelism leaves the injected world size.
+            (Kind::Job, Op::Update, None) => match &workload {
+                Some(Workload::Job(job)) => match scale::job_size_warning(job) {
+                    Some(warning) => allow_with_warning(request, warning),
+                    None => allowed(),
+                },
+                _ => allowed(),
+            },
             _ => allowed(),
         }
     }
@@ -772,6 +774,18 @@ fn replicas_of(scale: &RawValue) -> Result<i32, String> {
             .and_then(|r| i32::try_from(r).ok())
             .filter(|r| *r >= 0)
             .ok_or_else(|| format!("Scale spec.replicas is {v}; expected a non-negative integer")),
+    }
+}
+
+/// Allowed unchanged, with one admission warning (kubectl prints it).
+fn allow_with_warning(request: &Served<'_>, warning: String) -> Decision {
+    let mut response = allow(request);
+    response.warnings = Some(vec![warning.clone()]);
+    Decision {
+        response,
+        patch: None,
+        outcome: Outcome::allowed,
+        detail: Some(warning),
     }
 }
 

@@ -163,6 +163,36 @@ pub fn scale_allowed(
     )))
 }
 
+/// A warning for an UPDATE of an injected Job whose `parallelism` no
+/// longer fits the world size its pods were injected with (a `kubectl
+/// patch`, Kueue's partial admission): a Job's template cannot be
+/// re-injected, so the pods keep `PET_NNODES` and the world waits for
+/// nodes that do not run, or runs nodes it has no rank for. `None` while
+/// suspended or at parallelism 0 (nothing runs), or when the size fits.
+pub fn job_size_warning(job: &k8s_openapi::api::batch::v1::Job) -> Option<String> {
+    let spec = job.spec.as_ref()?;
+    if spec.suspend == Some(true) {
+        return None;
+    }
+    let parallelism = u32::try_from(spec.parallelism.unwrap_or(1)).ok()?;
+    if parallelism == 0 {
+        return None;
+    }
+    let status = status::read(&spec.template)?;
+    let world = status.nnodes.parse::<Nnodes>().ok()?;
+    if world.covers(parallelism) {
+        return None;
+    }
+    let name = job.metadata.name.as_deref().unwrap_or_default();
+    let injected = match world {
+        Nnodes::Fixed(n) => format!("PET_NNODES={n}"),
+        Nnodes::Elastic { min, max } => format!("the elastic world {min}:{max}"),
+    };
+    Some(format!(
+        "Job {name}: parallelism {parallelism} does not fit {injected} its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+    ))
+}
+
 /// The watch cache of StatefulSets the guard (and the reconciler) read.
 #[derive(Clone)]
 pub struct StatefulSetCache {
@@ -453,5 +483,69 @@ mod tests {
             cache.lookup("ml", "train"),
             Lookup::Unknown(Unknown::not_synced, _)
         ));
+    }
+    /// A Job injected with `nnodes` (or not injected: `None`), at
+    /// `parallelism`, suspended or not.
+    fn job(
+        nnodes: Option<&str>,
+        parallelism: i32,
+        suspend: bool,
+    ) -> k8s_openapi::api::batch::v1::Job {
+        use k8s_openapi::api::batch::v1::{Job, JobSpec};
+        let annotations = nnodes.map(|n| {
+            let status = Status {
+                nnodes: n.to_string(),
+                ..Default::default()
+            };
+            std::collections::BTreeMap::from([(
+                crate::mutation::annotations::STATUS.to_string(),
+                serde_json::to_string(&status).expect("json"),
+            )])
+        });
+        Job {
+            metadata: ObjectMeta {
+                name: Some("bert".into()),
+                ..Default::default()
+            },
+            spec: Some(JobSpec {
+                parallelism: Some(parallelism),
+                suspend: Some(suspend),
+                template: PodTemplateSpec {
+                    metadata: Some(ObjectMeta {
+                        annotations,
+                        ..Default::default()
+                    }),
+                    spec: None,
+                },
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    #[test]
+    fn a_job_whose_parallelism_leaves_its_world_is_warned() {
+        let warned =
+            |nnodes, parallelism, suspend| job_size_warning(&job(nnodes, parallelism, suspend));
+        assert_eq!(
+            warned(Some("4"), 2, false).as_deref(),
+            Some(
+                "Job bert: parallelism 2 does not fit PET_NNODES=4 its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+            )
+        );
+        assert!(
+            warned(Some("2:4"), 5, false)
+                .is_some_and(|w| w.contains("does not fit the elastic world 2:4"))
+        );
+        assert!(warned(Some("2:4"), 1, false).is_some());
+        // Fits, nothing runs, or not trainwire's.
+        assert_eq!(warned(Some("4"), 4, false), None);
+        assert_eq!(warned(Some("2:4"), 3, false), None);
+        assert_eq!(warned(Some("4"), 2, true), None);
+        assert_eq!(warned(Some("4"), 0, false), None);
+        assert_eq!(warned(None, 2, false), None);
+        assert_eq!(warned(Some(""), 2, false), None);
+        // Every warning fits what the apiserver passes on whole.
+        assert!(warned(Some("2:4"), 5, false).is_some_and(|w| w.len() <= 256));
     }
 }

@@ -967,3 +967,44 @@ async fn a_statefulset_whose_ordinals_do_not_start_at_zero_is_refused() {
         );
     }
 }
+
+/// A Job's template is immutable, so an UPDATE of an injected Job is let
+/// through untouched; when it moves `parallelism` off the injected world
+/// size (a `kubectl patch`, Kueue's partial admission) it says so.
+#[tokio::test]
+async fn a_job_update_that_leaves_its_world_size_is_warned() {
+    let state = state();
+    let create = common::fixture("job-indexed-create.json");
+    let reply = post(&state, serde_json::to_vec(&create).expect("json")).await;
+    let injected =
+        common::apply_response_patch(&reply.json()["response"], &create["request"]["object"]);
+    let name = injected["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let parallelism = injected["spec"]["parallelism"]
+        .as_i64()
+        .expect("parallelism");
+    for (new, warned) in [(parallelism, false), (parallelism + 1, true)] {
+        let body = with_request(common::fixture("job-update-label.json"), |request| {
+            request["name"] = json!(name);
+            request["object"] = injected.clone();
+            request["object"]["spec"]["parallelism"] = json!(new);
+        });
+        let reply = post(&state, body).await;
+        let response = &reply.json()["response"];
+        assert_eq!(response["allowed"], true, "{response}");
+        assert!(response.get("patch").is_none(), "{response}");
+        let expected = format!(
+            "Job {name}: parallelism {new} does not fit PET_NNODES={parallelism} its pods were injected with"
+        );
+        let warnings = response["warnings"].as_array().cloned().unwrap_or_default();
+        assert_eq!(
+            warnings
+                .iter()
+                .any(|w| w.as_str().is_some_and(|w| w.starts_with(&expected))),
+            warned,
+            "parallelism {new}: {response}"
+        );
+    }
+}
