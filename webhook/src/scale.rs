@@ -335,13 +335,33 @@ mod tests {
     use k8s_openapi::api::core::v1::PodTemplateSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn sts(status: Option<&str>) -> Lookup {
+    /// A pod template whose status annotation is `status` (none: `None`).
+    fn template(status: Option<&str>) -> PodTemplateSpec {
         let annotations = status.map(|s| {
             std::collections::BTreeMap::from([(
                 crate::mutation::annotations::STATUS.to_string(),
                 s.to_string(),
             )])
         });
+        PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                annotations,
+                ..Default::default()
+            }),
+            spec: None,
+        }
+    }
+
+    /// The status annotation of a world of `nnodes`.
+    fn status_of(nnodes: &str) -> String {
+        let status = Status {
+            nnodes: nnodes.to_string(),
+            ..Default::default()
+        };
+        serde_json::to_string(&status).expect("json")
+    }
+
+    fn sts(status: Option<&str>) -> Lookup {
         Lookup::Found(Arc::new(StatefulSet {
             metadata: ObjectMeta {
                 name: Some("train".into()),
@@ -349,13 +369,7 @@ mod tests {
                 ..Default::default()
             },
             spec: Some(StatefulSetSpec {
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        annotations,
-                        ..Default::default()
-                    }),
-                    spec: None,
-                },
+                template: template(status),
                 ..Default::default()
             }),
             status: None,
@@ -363,11 +377,7 @@ mod tests {
     }
 
     fn injected(nnodes: &str) -> Lookup {
-        let status = Status {
-            nnodes: nnodes.to_string(),
-            ..Default::default()
-        };
-        sts(Some(&serde_json::to_string(&status).expect("json")))
+        sts(Some(&status_of(nnodes)))
     }
 
     fn verdict(lookup: Lookup, new: i32, old: Option<i32>) -> &'static str {
@@ -492,16 +502,6 @@ mod tests {
         suspend: bool,
     ) -> k8s_openapi::api::batch::v1::Job {
         use k8s_openapi::api::batch::v1::{Job, JobSpec};
-        let annotations = nnodes.map(|n| {
-            let status = Status {
-                nnodes: n.to_string(),
-                ..Default::default()
-            };
-            std::collections::BTreeMap::from([(
-                crate::mutation::annotations::STATUS.to_string(),
-                serde_json::to_string(&status).expect("json"),
-            )])
-        });
         Job {
             metadata: ObjectMeta {
                 name: Some("bert".into()),
@@ -510,13 +510,7 @@ mod tests {
             spec: Some(JobSpec {
                 parallelism: Some(parallelism),
                 suspend: Some(suspend),
-                template: PodTemplateSpec {
-                    metadata: Some(ObjectMeta {
-                        annotations,
-                        ..Default::default()
-                    }),
-                    spec: None,
-                },
+                template: template(nnodes.map(status_of).as_deref()),
                 ..Default::default()
             }),
             status: None,
