@@ -141,6 +141,8 @@ pub struct Config {
     /// Rank of the pod that runs the c10d store; `None` when the store is
     /// outside the world (etcd-v2).
     pub rdzv_host_rank: Option<u32>,
+    /// Port of the rendezvous store on the rendezvous host, when known.
+    pub rdzv_port: Option<u16>,
     pub health_port: u16,
     pub bind_address: IpAddr,
     pub checkpoint: Option<CheckpointConfig>,
@@ -345,6 +347,7 @@ impl Config {
                 accepted: "a host pattern such as <name>-{i}.<service>.<namespace>.svc.cluster.local",
             });
         }
+        let rdzv_port = var::<S, crate::Port>(src, env::RDZV_PORT)?.map(crate::Port::get);
         let health_port = var::<S, crate::Port>(src, env::HEALTH_PORT)?
             .map_or(env::DEFAULT_HEALTH_PORT, crate::Port::get);
         let bind_address: IpAddr = match src.get(env::BIND_ADDRESS) {
@@ -435,6 +438,7 @@ impl Config {
             nnodes,
             selector,
             rdzv_host_rank,
+            rdzv_port,
             health_port,
             bind_address,
             checkpoint,
@@ -596,6 +600,17 @@ mod tests {
         assert_eq!(c.rdzv_host_rank, None);
         let e = cfg(&[(env::RDZV_HOST_RANK, "7")]).expect_err("beyond the world");
         assert!(e.to_string().contains("or none"), "{e}");
+    }
+
+    #[test]
+    fn rendezvous_port_is_optional() {
+        assert_eq!(cfg(&[]).expect("default").rdzv_port, None);
+        let c = cfg(&[(env::RDZV_PORT, "29500")]).expect("a port");
+        assert_eq!(c.rdzv_port, Some(29500));
+        let e = cfg(&[(env::RDZV_PORT, "0")])
+            .expect_err("not a port")
+            .to_string();
+        assert!(e.contains("TRAINWIRE_RDZV_PORT"), "{e}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub const PEER_HOSTS: &str = "TRAINWIRE_PEER_HOSTS";
 /// Rank of the rendezvous host (the pod that runs the c10d store): `0`, or
 /// `none` when the store is outside the world (etcd-v2).
 pub const RDZV_HOST_RANK: &str = "TRAINWIRE_RDZV_HOST_RANK";
+/// Port of the rendezvous store on the rendezvous host (c10d, static); the
+/// survivors restart their agent only once a replacement host's store
+/// accepts connections there. Unset: not checked (etcd-v2, older webhooks).
+pub const RDZV_PORT: &str = "TRAINWIRE_RDZV_PORT";
 /// Port of the sidecar's plain-HTTP endpoints (`/healthz`, `/readyz`,
 /// `/status`, `/metrics`, and the heartbeat endpoint peers probe).
 pub const HEALTH_PORT: &str = "TRAINWIRE_HEALTH_PORT";
@@ -93,6 +97,7 @@ pub const ALL: &[&str] = &[
     SELECTOR,
     PEER_HOSTS,
     RDZV_HOST_RANK,
+    RDZV_PORT,
     HEALTH_PORT,
     BIND_ADDRESS,
     CHECKPOINT_DIR,

@@ -77,6 +77,10 @@ pub struct Situation {
     /// The replacement is up, but the lost peer's name still also leads to
     /// the lost pod's address (this one): DNS still publishes the old pod.
     pub name_leads_to_lost: Option<std::net::IpAddr>,
+    /// The replacement of the rendezvous host is up and its name leads to
+    /// it, but its rendezvous store there does not accept connections yet
+    /// (its torchrun is not up: a large image still pulling, say).
+    pub store_closed: Option<std::net::SocketAddr>,
 }
 
 /// One step of the response.
@@ -165,11 +169,14 @@ pub fn decide(s: &Situation) -> Decision {
                     ),
                 );
             }
-            let waiting = Some(match s.name_leads_to_lost {
-                Some(old) => format!(
+            let waiting = Some(match (s.name_leads_to_lost, s.store_closed) {
+                (Some(old), _) => format!(
                     "the name of the rendezvous host (rank {rank}) to stop leading to the lost pod's address {old}: the replacement is up, but a restarted torchrun could connect to the dead address and wait out its read_timeout (the old pod leaves the Service's DNS once it is deleted)"
                 ),
-                None => format!(
+                (None, Some(store)) => format!(
+                    "the rendezvous store of the replacement of rank {rank} to accept connections at {store}: its sidecar answers, its torchrun is not up yet, and a torchrun restarted now would wait for it for at most its read_timeout, then exit again"
+                ),
+                (None, None) => format!(
                     "the replacement of the rendezvous host (rank {rank}) to answer at its name"
                 ),
             });
@@ -183,12 +190,16 @@ pub fn decide(s: &Situation) -> Decision {
                 );
             }
             if s.since_confirmed >= s.replacement_wait && !s.no_replacement_reported {
-                let why = match s.name_leads_to_lost {
-                    Some(old) => format!(
+                let why = match (s.name_leads_to_lost, s.store_closed) {
+                    (Some(old), _) => format!(
                         "the replacement of the rendezvous host (rank {rank}) is up, but after {}s its name still leads to the lost pod's address {old} as well; the GPUs stay free. The old pod is still published: delete it (kubectl delete pod --grace-period=0 --force) or let the policy's nodeFailure reclaim do it",
                         s.replacement_wait.as_secs()
                     ),
-                    None => format!(
+                    (None, Some(store)) => format!(
+                        "the replacement of the rendezvous host (rank {rank}) is up, but its rendezvous store at {store} has not accepted connections within {}s; the GPUs stay free. Look at its trainer container (an image pull, a crash loop)",
+                        s.replacement_wait.as_secs()
+                    ),
+                    (None, None) => format!(
                         "no replacement of the rendezvous host (rank {rank}) within {}s; the GPUs stay free",
                         s.replacement_wait.as_secs()
                     ),
@@ -278,6 +289,7 @@ mod tests {
             replacement_wait: Duration::from_secs(600),
             no_replacement_reported: false,
             name_leads_to_lost: None,
+            store_closed: None,
         }
     }
 
@@ -312,6 +324,13 @@ mod tests {
                                                 // Up, but DNS still has the old pod.
                                                 out.push(Situation {
                                                     name_leads_to_lost: Some([10, 0, 0, 9].into()),
+                                                    ..s.clone()
+                                                });
+                                                // Up, its store not yet.
+                                                out.push(Situation {
+                                                    store_closed: Some(
+                                                        ([10, 0, 0, 5], 29500).into(),
+                                                    ),
                                                     ..s.clone()
                                                 });
                                             }
@@ -436,6 +455,19 @@ mod tests {
         assert!(
             d.why
                 .contains("still leads to the lost pod's address 10.0.0.9"),
+            "{d:?}"
+        );
+        // Up and named, its store not listening yet: wait, saying for what.
+        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        s.confirmation = Some(Confirmation::ReplacementAnswered);
+        s.workers_stopped = true;
+        s.store_closed = Some(([10, 0, 0, 5], 29500).into());
+        let d = decide(&s);
+        assert_eq!(d.action, Action::Wait);
+        assert!(
+            d.waiting_for
+                .as_deref()
+                .is_some_and(|w| w.contains("to accept connections at 10.0.0.5:29500")),
             "{d:?}"
         );
         // A replacement that answers confirms and is there at once: one step.

@@ -39,6 +39,18 @@ async fn resolve(host: &str) -> Vec<std::net::IpAddr> {
     }
 }
 
+/// Time limit of one connection attempt to a replacement's rendezvous store.
+pub const STORE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Whether something accepts TCP connections at `addr` now (the connection
+/// is closed at once; torchrun's store takes that as a client gone).
+async fn accepts(addr: std::net::SocketAddr) -> bool {
+    matches!(
+        tokio::time::timeout(STORE_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
 /// Where the survivors look names up: the system's resolver (what torchrun
 /// in the trainer container uses too), or, in tests, a table.
 #[derive(Clone, Default)]
@@ -132,6 +144,9 @@ pub struct Episode {
     pub name_leads_to_lost: Option<std::net::IpAddr>,
     /// That was logged and sent as an Event (once per episode).
     pub stale_name_reported: bool,
+    /// The replacement host's rendezvous store, while it does not accept
+    /// connections yet.
+    pub store_closed: Option<std::net::SocketAddr>,
     pub workers_stopped: bool,
     pub agent_killed: bool,
     pub no_replacement_reported: bool,
@@ -296,6 +311,7 @@ impl Responder {
             replacement,
             name_leads_to_lost: None,
             stale_name_reported: false,
+            store_closed: None,
             workers_stopped: false,
             agent_killed: false,
             no_replacement_reported: false,
@@ -433,14 +449,41 @@ impl Responder {
             Some(host) => Some(self.names.resolve(host).await),
             None => None,
         };
-        let there = replacement_is_there(&new, host.is_some(), resolved.as_deref(), lost);
+        let mut there = replacement_is_there(&new, host.is_some(), resolved.as_deref(), lost);
         let stale = resolved
             .as_deref()
             .and_then(|addrs| name_leads_to_lost(&new, addrs, lost));
+        // The rendezvous host's replacement must also run its store: its
+        // sidecar starts first and answers while a large trainer image may
+        // still be pulling, and a torchrun restarted before the store
+        // listens waits for it for at most its read_timeout, then exits.
+        let store = match (there, self.shared.config.rdzv_port) {
+            (true, Some(port)) if Some(rank) == self.shared.config.rdzv_host_rank => new
+                .address
+                .or_else(|| resolved.as_deref().and_then(|a| a.first().copied()))
+                .map(|ip| std::net::SocketAddr::new(ip, port)),
+            _ => None,
+        };
+        let mut store_closed = None;
+        if let Some(store) = store
+            && !accepts(store).await
+        {
+            there = false;
+            store_closed = Some(store);
+        }
         let Some(ep) = self.episodes.get_mut(&rank) else {
             return;
         };
         ep.name_leads_to_lost = stale;
+        if store_closed.is_some() && ep.store_closed.is_none() {
+            tracing::info!(
+                rank,
+                pod = %new.pod,
+                store = ?store_closed,
+                "the replacement answers, but its rendezvous store does not accept connections yet: the agent is restarted once it does"
+            );
+        }
+        ep.store_closed = store_closed;
         if let Some(old) = stale
             && !ep.stale_name_reported
         {
@@ -531,6 +574,7 @@ impl Responder {
                 replacement_wait: config.replacement_wait,
                 no_replacement_reported: ep.no_replacement_reported,
                 name_leads_to_lost: ep.name_leads_to_lost,
+                store_closed: ep.store_closed,
             };
             let d = decide::decide(&situation);
             let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
@@ -1201,6 +1245,82 @@ mod tests {
         responder.tick(Instant::now(), &peers).await;
         assert_eq!(state(&responder), Some((true, true, true, true)));
         assert!(episode(&responder).is_some_and(|e| e.name_leads_to_lost.is_none()));
+    }
+
+    /// Heartbeats, rendezvous host lost, its replacement answers at pod 0's
+    /// name while its trainer (torchrun, which runs the store) is not up
+    /// yet: the agent is restarted only once the store accepts connections.
+    #[tokio::test]
+    async fn the_agent_waits_for_the_replacements_store_to_listen() {
+        use crate::env;
+        // A port nothing listens on, then the replacement's store on it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+            .to_string();
+        let config = host_loss_config("train-{i}.train", "heartbeat", &[(env::RDZV_PORT, &port)]);
+        let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
+        let (dead, new) = (ip("10.9.9.9"), ip("127.0.0.1"));
+        let table = Arc::new(std::sync::Mutex::new(BTreeMap::from([(
+            "train-0.train".to_string(),
+            vec![dead],
+        )])));
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), true);
+        responder.names = Names::Table(table.clone());
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
+            feed(peers, responder, Source::Heartbeat, evidence).await
+        };
+        let beat = |uid: &str, from: IpAddr| Identity {
+            uid: uid.into(),
+            address: Some(from),
+            ..Identity::default()
+        };
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Alive(beat("old", dead)),
+        )
+        .await;
+        for _ in 0..3 {
+            feed(
+                &mut peers,
+                &mut responder,
+                Evidence::Missed("no answer".into()),
+            )
+            .await;
+        }
+        // The name follows the replacement, whose sidecar answers; its
+        // store does not listen yet.
+        table
+            .lock()
+            .expect("table")
+            .insert("train-0.train".to_string(), vec![new]);
+        feed(
+            &mut peers,
+            &mut responder,
+            Evidence::Alive(beat("new", new)),
+        )
+        .await;
+        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
+        let store: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        assert!(episode(&responder).is_some_and(|e| {
+            e.store_closed == Some(store)
+                && e.waiting_for
+                    .as_deref()
+                    .is_some_and(|w| w.contains("to accept connections"))
+        }));
+        responder.tick(Instant::now(), &peers).await;
+        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+
+        // torchrun is up in the replacement: its store listens.
+        let _store = std::net::TcpListener::bind(store).expect("bind the store's port");
+        responder.tick(Instant::now(), &peers).await;
+        assert_eq!(host_episode(&responder), Some((true, true, true, true)));
+        assert!(episode(&responder).is_some_and(|e| e.store_closed.is_none()));
     }
 
     #[tokio::test]

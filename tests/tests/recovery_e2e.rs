@@ -173,6 +173,7 @@ impl Cluster {
                     (tw::NNODES, self.nnodes.clone()),
                     (tw::PEER_HOSTS, pod_host("{i}")),
                     (tw::RDZV_HOST_RANK, "0".to_string()),
+                    (tw::RDZV_PORT, RDZV_PORT.to_string()),
                     (tw::HEALTH_PORT, tw::DEFAULT_HEALTH_PORT.to_string()),
                     (tw::BIND_ADDRESS, "0.0.0.0".to_string()),
                     (

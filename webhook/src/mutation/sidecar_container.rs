@@ -192,6 +192,11 @@ pub fn inject(
             "0"
         },
     ));
+    // Where pod 0's store listens: a replacement host is there for the
+    // survivors' restarted torchrun only once it accepts connections.
+    if let Some(port) = ctx.status.rdzv_port {
+        vars.push(plain(env::RDZV_PORT, port.to_string()));
+    }
     vars.push(plain(
         env::HEALTH_PORT,
         env::DEFAULT_HEALTH_PORT.to_string(),
