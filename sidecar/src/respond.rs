@@ -1115,6 +1115,35 @@ mod tests {
         })
     }
 
+    /// A heartbeat answer of pod `uid` from `from`.
+    fn beat(uid: &str, from: IpAddr) -> Identity {
+        Identity {
+            uid: uid.into(),
+            address: Some(from),
+            ..Identity::default()
+        }
+    }
+
+    /// A survivor on heartbeats that looks names up in `table`, whose rank
+    /// 0 answered once from `dead`, then missed three beats: lost, not yet
+    /// confirmed.
+    async fn lost_host_on_heartbeats(
+        config: &Config,
+        table: &Arc<std::sync::Mutex<BTreeMap<String, Vec<IpAddr>>>>,
+        dead: IpAddr,
+    ) -> (Responder, Peers) {
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), true);
+        responder.names = Names::Table(table.clone());
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        let evidence = std::iter::once(Evidence::Alive(beat("old", dead)))
+            .chain((0..3).map(|_| Evidence::Missed("no answer".into())));
+        for e in evidence {
+            feed(&mut peers, &mut responder, Source::Heartbeat, e).await;
+        }
+        (responder, peers)
+    }
+
     /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the
     /// agent is restarted only once the new pod 0 is Ready and pod 0's name
     /// leads to its address, not when the watch first shows it.
@@ -1182,33 +1211,11 @@ mod tests {
                 .expect("table")
                 .insert("train-0.train".to_string(), addrs);
         };
-        let shared = Shared::new(config.clone());
-        let mut responder = Responder::new(shared, EventSink::disabled(), true);
-        responder.names = Names::Table(table.clone());
-        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        publish(vec![dead]);
+        let (mut responder, mut peers) = lost_host_on_heartbeats(&config, &table, dead).await;
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
             feed(peers, responder, Source::Heartbeat, evidence).await
         };
-        let beat = |uid: &str, from: IpAddr| Identity {
-            uid: uid.into(),
-            address: Some(from),
-            ..Identity::default()
-        };
-        publish(vec![dead]);
-        feed(
-            &mut peers,
-            &mut responder,
-            Evidence::Alive(beat("old", dead)),
-        )
-        .await;
-        for _ in 0..3 {
-            feed(
-                &mut peers,
-                &mut responder,
-                Evidence::Missed("no answer".into()),
-            )
-            .await;
-        }
         // (confirmed, replacement ready, workers stopped, agent killed)
         let state = host_episode;
         assert_eq!(state(&responder), Some((false, false, false, false)));
@@ -1266,32 +1273,10 @@ mod tests {
             "train-0.train".to_string(),
             vec![dead],
         )])));
-        let shared = Shared::new(config.clone());
-        let mut responder = Responder::new(shared, EventSink::disabled(), true);
-        responder.names = Names::Table(table.clone());
-        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        let (mut responder, mut peers) = lost_host_on_heartbeats(&config, &table, dead).await;
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
             feed(peers, responder, Source::Heartbeat, evidence).await
         };
-        let beat = |uid: &str, from: IpAddr| Identity {
-            uid: uid.into(),
-            address: Some(from),
-            ..Identity::default()
-        };
-        feed(
-            &mut peers,
-            &mut responder,
-            Evidence::Alive(beat("old", dead)),
-        )
-        .await;
-        for _ in 0..3 {
-            feed(
-                &mut peers,
-                &mut responder,
-                Evidence::Missed("no answer".into()),
-            )
-            .await;
-        }
         // The name follows the replacement, whose sidecar answers; its
         // store does not listen yet.
         table
