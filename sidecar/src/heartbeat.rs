@@ -70,9 +70,9 @@ fn client(timeout: Duration) -> HttpClient {
 
 /// A beat, with the address it came from (when the connection says).
 #[derive(Debug)]
-pub struct Answer {
-    pub beat: Beat,
-    pub from: Option<std::net::IpAddr>,
+struct Answer {
+    beat: Beat,
+    from: Option<std::net::IpAddr>,
 }
 
 /// One probe: the peer's beat, or why there is none.
@@ -382,6 +382,17 @@ mod tests {
         (port, requests, server)
     }
 
+    /// The HTTP answer of rank 0's sidecar, pod `uid`.
+    fn beat_reply(uid: &str) -> Vec<u8> {
+        let body =
+            format!(r#"{{"pod":"p-0","uid":"{uid}","start_time":"t","rank":0,"generation":0}}"#);
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
     /// Rank 1 of 2 probing rank 0 at `pattern` (which names the fake peer's
     /// address), every 200 ms, lost after 3 misses.
     fn probing(pattern: &str, port: &str, more: &[(&str, &str)]) -> Config {
@@ -498,14 +509,7 @@ mod tests {
         let replaced = Arc::new(AtomicBool::new(false));
         let flag = replaced.clone();
         let (port, _, server) = fake_peer("127.0.0.20", move || {
-            flag.load(Ordering::SeqCst).then(|| {
-                let body = r#"{"pod":"p-0","uid":"new","start_time":"t","rank":0,"generation":0}"#;
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .into_bytes()
-            })
+            flag.load(Ordering::SeqCst).then(|| beat_reply("new"))
         })
         .await;
         // Rank 0: 127.0.0.20; regular probes wait long on the silent address.
@@ -562,17 +566,7 @@ mod tests {
     /// what the lost peer's name resolves to before restarting torchrun.
     #[tokio::test]
     async fn an_answer_carries_the_address_it_came_from() {
-        let (port, _, server) = fake_peer("127.0.0.30", || {
-            let body = r#"{"pod":"p-0","uid":"u","start_time":"t","rank":0,"generation":0}"#;
-            Some(
-                format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .into_bytes(),
-            )
-        })
-        .await;
+        let (port, _, server) = fake_peer("127.0.0.30", || Some(beat_reply("u"))).await;
         let config = probing("127.0.0.3{i}", &port, &[]);
         let (tx, mut rx) = mpsc::channel(16);
         let prober = tokio::spawn(run(config, tx));

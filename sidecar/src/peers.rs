@@ -37,8 +37,9 @@ pub struct Identity {
     pub uid: String,
     /// Start time, as the source reports it (RFC 3339).
     pub start_time: String,
-    /// The pod's address, as the Kubernetes watch sees it (`None` from
-    /// heartbeats, or before the pod has one).
+    /// The pod's address: its `status.podIP` in the Kubernetes watch, the
+    /// address that answered for heartbeats (`None` before the pod has one,
+    /// or when the connection does not say).
     #[serde(skip)]
     pub address: Option<std::net::IpAddr>,
     /// Whether the pod is Ready, as the Kubernetes watch sees it (`false`

@@ -53,9 +53,7 @@ async fn accepts(addr: std::net::SocketAddr) -> bool {
 
 /// Where the survivors look names up: the system's resolver (what torchrun
 /// in the trainer container uses too), or, in tests, a table.
-#[derive(Clone, Default)]
 enum Names {
-    #[default]
     System,
     #[cfg(test)]
     Table(Arc<std::sync::Mutex<BTreeMap<String, Vec<std::net::IpAddr>>>>),
