@@ -81,6 +81,9 @@ pub struct Situation {
     /// it, but its rendezvous store there does not accept connections yet
     /// (its torchrun is not up: a large image still pulling, say).
     pub store_closed: Option<std::net::SocketAddr>,
+    /// The lost rank's name does not resolve now (why): shown in what is
+    /// waited for.
+    pub name_error: Option<String>,
 }
 
 /// One step of the response.
@@ -158,7 +161,11 @@ pub fn decide(s: &Situation) -> Decision {
         }
         OnPeerLoss::Auto if is_host => {
             if s.agent_killed {
-                return decision(Action::Done, None, "the agent was restarted");
+                return decision(
+                    Action::Done,
+                    None,
+                    "the agent from before the loss is gone (killed, or it had exited): the restarted torchrun joins the new store",
+                );
             }
             if s.replacement_ready {
                 return decision(
@@ -176,9 +183,14 @@ pub fn decide(s: &Situation) -> Decision {
                 (None, Some(store)) => format!(
                     "the rendezvous store of the replacement of rank {rank} to accept connections at {store}: its sidecar answers, its torchrun is not up yet, and a torchrun restarted now would wait for it for at most its read_timeout, then exit again"
                 ),
-                (None, None) => format!(
-                    "the replacement of the rendezvous host (rank {rank}) to answer at its name"
-                ),
+                (None, None) => match &s.name_error {
+                    Some(e) => format!(
+                        "the replacement of the rendezvous host (rank {rank}) to answer at its name ({e})"
+                    ),
+                    None => format!(
+                        "the replacement of the rendezvous host (rank {rank}) to answer at its name"
+                    ),
+                },
             });
             if !s.workers_stopped {
                 return decision(
@@ -290,6 +302,7 @@ mod tests {
             no_replacement_reported: false,
             name_leads_to_lost: None,
             store_closed: None,
+            name_error: None,
         }
     }
 

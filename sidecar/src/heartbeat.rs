@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
+use crate::dns::Resolver;
 use crate::peers::{Evidence, Identity, Observation, Source};
 
 /// What `GET /heartbeat` answers.
@@ -56,10 +57,13 @@ pub fn url_of(config: &Config, rank: u32) -> Option<String> {
     Some(format!("http://{host}:{}/heartbeat", config.health_port))
 }
 
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+type HttpClient = Client<HttpConnector<Resolver>, Empty<Bytes>>;
 
-fn client(timeout: Duration) -> HttpClient {
-    let mut connector = HttpConnector::new();
+/// The probes' HTTP client: names are looked up by `resolver` (on the
+/// runtime, never on the blocking pool: a DNS that does not answer costs
+/// each probe its time limit, not a thread).
+fn client(timeout: Duration, resolver: Resolver) -> HttpClient {
+    let mut connector = HttpConnector::new_with_resolver(resolver);
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeout));
     Client::builder(TokioExecutor::new())
@@ -206,9 +210,9 @@ impl Tally {
 /// a replacement that answers at the name (a new address behind it) is seen
 /// within one search period of answering, however long the regular probes
 /// still wait on the old address.
-pub async fn run(config: Config, tx: mpsc::Sender<Observation>) {
+pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observation>) {
     let timeout = config.heartbeat.timeout;
-    let http = client(timeout);
+    let http = client(timeout, resolver);
     let mut tasks = tokio::task::JoinSet::new();
     for rank in (0..config.nnodes.max()).filter(|r| *r != config.node_rank) {
         let Some(url) = url_of(&config, rank) else {
@@ -382,6 +386,11 @@ mod tests {
         (port, requests, server)
     }
 
+    /// A resolver that knows no name (the tests' peers are addresses).
+    fn no_names() -> Resolver {
+        Resolver::table(Default::default())
+    }
+
     /// The HTTP answer of rank 0's sidecar, pod `uid`.
     fn beat_reply(uid: &str) -> Vec<u8> {
         let body =
@@ -458,7 +467,7 @@ mod tests {
         // Rank 0: 127.0.0.10.
         let config = probing("127.0.0.1{i}", &port, &[]);
         let (tx, mut rx) = mpsc::channel(64);
-        let prober = tokio::spawn(run(config, tx));
+        let prober = tokio::spawn(run(config, no_names(), tx));
 
         // Wait for the third miss: the peer is lost from here on.
         let mut misses = 0;
@@ -515,7 +524,7 @@ mod tests {
         // Rank 0: 127.0.0.20; regular probes wait long on the silent address.
         let config = probing("127.0.0.2{i}", &port, &[(env::HEARTBEAT_TIMEOUT, "5s")]);
         let (tx, mut rx) = mpsc::channel(256);
-        let prober = tokio::spawn(run(config, tx));
+        let prober = tokio::spawn(run(config, no_names(), tx));
 
         // Lost (three misses), then searched for over ten more intervals:
         // long enough for any limit on probes in flight to be reached.
@@ -569,7 +578,7 @@ mod tests {
         let (port, _, server) = fake_peer("127.0.0.30", || Some(beat_reply("u"))).await;
         let config = probing("127.0.0.3{i}", &port, &[]);
         let (tx, mut rx) = mpsc::channel(16);
-        let prober = tokio::spawn(run(config, tx));
+        let prober = tokio::spawn(run(config, no_names(), tx));
         let obs = next(&mut rx).await;
         prober.abort();
         server.abort();
@@ -584,14 +593,18 @@ mod tests {
 
     #[tokio::test]
     async fn dns_that_does_not_resolve_is_a_miss_not_a_crash() {
-        let http = client(Duration::from_millis(500));
+        let http = client(Duration::from_millis(500), no_names());
         let r = probe(
             &http,
             "http://no-such-peer-0.invalid:29600/heartbeat",
             Duration::from_secs(3),
         )
         .await;
-        assert!(r.is_err());
+        let err = r.expect_err("no such name");
+        assert!(
+            err.contains("name no-such-peer-0.invalid does not resolve"),
+            "{err}"
+        );
     }
 
     #[tokio::test]
@@ -599,7 +612,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = l.local_addr().expect("addr").port();
         drop(l);
-        let http = client(Duration::from_millis(500));
+        let http = client(Duration::from_millis(500), no_names());
         let r = probe(
             &http,
             &format!("http://127.0.0.1:{port}/heartbeat"),

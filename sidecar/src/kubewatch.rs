@@ -298,9 +298,23 @@ impl Tracker {
         let Some(rank) = tracked.view.rank else {
             return Vec::new();
         };
-        self.judge(&tracked, prev.as_ref(), now)
-            .map(|evidence| vec![Verdict { rank, evidence }])
-            .unwrap_or_default()
+        let Some(evidence) = self.judge(&tracked, prev.as_ref(), now) else {
+            return Vec::new();
+        };
+        // A container restarted in place (same pod, same address) that is
+        // Ready again in the same update is back: the loss, then the peer
+        // alive again, so that its next loss is a loss of its own. (When
+        // it is not Ready yet, a later update says so.)
+        let back = matches!(evidence, Evidence::Lost(LossReason::ContainerRestarted, _))
+            && tracked.view.ready == Some(true);
+        let mut verdicts = vec![Verdict { rank, evidence }];
+        if back {
+            verdicts.push(Verdict {
+                rank,
+                evidence: Evidence::Alive(tracked.view.identity()),
+            });
+        }
+        verdicts
     }
 
     /// A pod was deleted.

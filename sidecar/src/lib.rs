@@ -179,10 +179,12 @@ pub async fn run(
         }
     }
 
+    // Names are looked up on this runtime, never on the blocking pool.
+    let names = dns::Resolver::system(respond::RESOLVE_TIMEOUT);
     let (tx, rx) = mpsc::channel::<Observation>(1024);
     let mut tasks = tokio::task::JoinSet::new();
     if choice.heartbeat {
-        tasks.spawn(heartbeat::run(config.clone(), tx.clone()));
+        tasks.spawn(heartbeat::run(config.clone(), names.clone(), tx.clone()));
     }
     let events = match &client {
         Some(c) => EventSink::new(
@@ -208,7 +210,7 @@ pub async fn run(
     }
     drop(tx);
     tasks.spawn(respond::watch_permission(shared.clone(), events.clone()));
-    let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat);
+    let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 
     shared.set_ready(true);

@@ -142,6 +142,10 @@ pub struct Peer {
     pub identity: Option<Identity>,
     pub misses: u32,
     pub last_good: Option<Instant>,
+    /// When the trouble that led (or may lead) to a loss was first
+    /// observable: the first missed beat, or the first watch event that
+    /// showed the pod in trouble. Cleared by good evidence.
+    pub trouble_since: Option<Instant>,
     pub lost_by: Option<Source>,
     pub reason: Option<LossReason>,
     pub detail: String,
@@ -160,15 +164,20 @@ pub struct Loss {
     /// The last good evidence about the peer before the loss (heartbeat
     /// reply or healthy pod state); `None` if the source could not know.
     pub last_good: Option<Instant>,
+    /// When the loss became observable: the first missed beat, or the
+    /// watch event that first showed the pod in trouble (this loss's own
+    /// event when nothing came before it).
+    pub observable_at: Instant,
     /// The identity that was lost.
     pub identity: Option<Identity>,
 }
 
 impl Loss {
-    /// Time from the last good evidence to the decision.
-    pub fn detection_latency(&self) -> Option<Duration> {
-        self.last_good
-            .map(|g| self.seen_at.saturating_duration_since(g))
+    /// Time from when the loss was observable to the decision. (Not from
+    /// the last good evidence: a pod's last status update may be minutes
+    /// old when it is deleted.)
+    pub fn detection_latency(&self) -> Duration {
+        self.seen_at.saturating_duration_since(self.observable_at)
     }
 }
 
@@ -203,6 +212,7 @@ impl Peers {
                         identity: None,
                         misses: 0,
                         last_good: None,
+                        trouble_since: None,
                         lost_by: None,
                         reason: None,
                         detail: String::new(),
@@ -283,11 +293,19 @@ impl Peers {
                 if lost.is_none() {
                     peer.misses = 0;
                     peer.last_good = Some(at);
+                    peer.trouble_since = None;
+                    if peer.state == State::Healthy {
+                        peer.detail.clear();
+                    }
                 }
             }
             Evidence::Missed(detail) => match peer.state {
-                State::Unknown | State::Absent | State::Lost => {}
+                // Never seen yet: not a miss, but the reason it is not seen
+                // (a name that does not resolve, say) is shown.
+                State::Unknown | State::Absent => peer.detail = detail,
+                State::Lost => {}
                 State::Healthy | State::Suspect | State::Replaced => {
+                    peer.trouble_since.get_or_insert(at);
                     peer.misses += 1;
                     peer.detail = detail.clone();
                     if peer.misses >= misses_allowed {
@@ -302,6 +320,7 @@ impl Peers {
             },
             Evidence::Suspect(detail) => match peer.state {
                 State::Healthy | State::Replaced => {
+                    peer.trouble_since.get_or_insert(at);
                     set_state(peer, State::Suspect, at);
                     peer.detail = detail;
                 }
@@ -316,6 +335,7 @@ impl Peers {
         }
         let (reason, detail) = lost?;
         self.generation += 1;
+        let observable_at = peer.trouble_since.take().unwrap_or(at).min(at);
         let identity = lost_identity.or_else(|| peer.identity.clone());
         let replaced = reason == LossReason::IdentityChanged;
         set_state(
@@ -339,6 +359,7 @@ impl Peers {
             detail,
             seen_at: at,
             last_good: peer.last_good,
+            observable_at,
             identity,
         })
     }
@@ -410,7 +431,9 @@ mod tests {
         assert_eq!(loss.generation, 1);
         assert_eq!(loss.rank, 1);
         assert_eq!(loss.reason, LossReason::MissedHeartbeats);
-        assert_eq!(loss.detection_latency(), Some(Duration::from_secs(3)));
+        // Observable from the first missed beat on.
+        assert_eq!(loss.detection_latency(), Duration::from_secs(2));
+        assert_eq!(loss.last_good, Some(t1));
         assert!(miss(&mut p, 4).is_none(), "one loss per generation");
         assert_eq!(p.generation(), 1);
         // The Kubernetes watch agreeing later changes nothing: first source wins.

@@ -1,8 +1,10 @@
 //! The response to a lost peer: a pure decision ([`crate::decide`]) per loss
 //! *episode*, and an executor that carries it out off the runtime thread
-//! (the `/proc` scan and the signals run on the blocking pool with a time
-//! limit), guards against restart storms, and records what happened (log,
-//! metrics, status, Event).
+//! (the `/proc` scan and the signals run on a thread of their own, never
+//! queued behind name lookups or anything else, with a time limit), guards
+//! against restart storms, and records what happened (log, metrics, status,
+//! Event) from the action's real outcome: a step whose signals did not
+//! arrive is not done, and is retried with a back-off.
 //!
 //! An episode opens when the peers' state machine reports a loss (missed
 //! beats: the peer is *suspect*; reported, never acted on), gets confirmed
@@ -16,12 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::decide::{self, Action, Confirmation, Situation};
+use crate::dns::Resolver;
 use crate::events::EventSink;
 use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source, State};
 use crate::signal::{self, AgentMatcher, Limiter, Outcome, Permission, Plan, Sent};
 use crate::status::{
     ActionLabels, ActionStatus, ConfirmLabels, EpisodeStatus, LossLabels, Shared,
-    SignalFailureLabels, SourceLabels, rfc3339,
+    SignalFailureLabels, SourceLabels, StateLabels, rfc3339,
 };
 
 /// Time limit of one `/proc` scan plus the signals.
@@ -30,13 +33,15 @@ pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Time limit of one lookup of a peer's name.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The addresses `host` resolves to now (none when it does not resolve in
-/// time).
-async fn resolve(host: &str) -> Vec<std::net::IpAddr> {
-    match tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((host, 0))).await {
-        Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
-        _ => Vec::new(),
-    }
+/// Attempts of one killing step whose signals did not arrive, before the
+/// episode gives up (and says so).
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// The wait before attempt `n + 1` of a step that failed `n` times.
+pub fn retry_after(failed: u32) -> Duration {
+    Duration::from_millis(500)
+        .saturating_mul(1 << failed.min(6))
+        .min(Duration::from_secs(15))
 }
 
 /// Time limit of one connection attempt to a replacement's rendezvous store.
@@ -49,27 +54,6 @@ async fn accepts(addr: std::net::SocketAddr) -> bool {
         tokio::time::timeout(STORE_CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))
     )
-}
-
-/// Where the survivors look names up: the system's resolver (what torchrun
-/// in the trainer container uses too), or, in tests, a table.
-enum Names {
-    System,
-    #[cfg(test)]
-    Table(Arc<std::sync::Mutex<BTreeMap<String, Vec<std::net::IpAddr>>>>),
-}
-
-impl Names {
-    async fn resolve(&self, host: &str) -> Vec<std::net::IpAddr> {
-        match self {
-            Names::System => resolve(host).await,
-            #[cfg(test)]
-            Names::Table(table) => table
-                .lock()
-                .map(|t| t.get(host).cloned().unwrap_or_default())
-                .unwrap_or_default(),
-        }
-    }
 }
 
 /// Whether the new pod for a lost rank is there for a restarted torchrun:
@@ -127,8 +111,12 @@ pub struct Episode {
     pub identity: Option<Identity>,
     pub suspected_at: Instant,
     pub suspected_wall: SystemTime,
-    /// Last good evidence before the loss (outage start).
+    /// Last good evidence before the loss (outage start for heartbeats).
     pub last_good: Option<Instant>,
+    /// When the loss became observable (the first missed beat, or the
+    /// watch event that showed it): where detection latency and, for a
+    /// loss the Kubernetes watch saw, the outage are counted from.
+    pub observable_at: Instant,
     pub confirmation: Option<Confirmation>,
     pub confirmed_at: Option<Instant>,
     pub confirmed_wall: Option<SystemTime>,
@@ -145,8 +133,23 @@ pub struct Episode {
     /// The replacement host's rendezvous store, while it does not accept
     /// connections yet.
     pub store_closed: Option<std::net::SocketAddr>,
+    /// The rank's name, while it does not resolve (and why).
+    pub name_error: Option<String>,
+    /// The workers from before the loss are stopped: signalled (every
+    /// signal arrived) or no longer running.
     pub workers_stopped: bool,
+    /// The agent from before the loss is gone: killed (the signal arrived)
+    /// or no longer running.
     pub agent_killed: bool,
+    /// Signals of this episode that arrived (what `/status` reports as
+    /// done).
+    pub delivered: Vec<Sent>,
+    /// Killing steps of this episode that did not reach their goal.
+    pub failed_attempts: u32,
+    /// When a failed step is tried again.
+    pub retry_at: Option<Instant>,
+    /// Why the last step failed.
+    pub last_failure: Option<String>,
     pub no_replacement_reported: bool,
     /// A killing action of this episode passed the storm guard.
     pub admitted: bool,
@@ -159,6 +162,15 @@ pub struct Episode {
 }
 
 impl Episode {
+    /// When the outage began: the last good beat for heartbeats, the
+    /// observable moment for what the Kubernetes watch saw.
+    fn outage_start(&self) -> Instant {
+        match self.source {
+            Source::Heartbeat => self.last_good.unwrap_or(self.observable_at),
+            Source::Kubernetes => self.observable_at,
+        }
+    }
+
     fn status(&self) -> EpisodeStatus {
         let state = match (&self.closed, self.confirmation) {
             (Some(_), _) => "closed",
@@ -176,8 +188,11 @@ impl Episode {
             confirmed_by: self.confirmation,
             confirmed_at: self.confirmed_wall.map(rfc3339),
             replacement_ready: self.replacement_ready,
-            workers_stopped: self.workers_stopped,
-            agent_killed: self.agent_killed,
+            // What arrived, not what was planned.
+            workers_stopped: self.delivered.iter().any(|s| s.role != "agent"),
+            agent_killed: self.delivered.iter().any(|s| s.role == "agent"),
+            failed_attempts: self.failed_attempts,
+            last_failure: self.last_failure.clone(),
             waiting_for: if self.closed.is_some() {
                 None
             } else {
@@ -193,6 +208,29 @@ struct Executed {
     outcome: Outcome,
     signals: Vec<Sent>,
     detail: String,
+    /// Why nothing was sent at all, for a failure without signals
+    /// (`timeout`, `no-thread`): the `error` label of the failure metric.
+    unsent: Option<&'static str>,
+}
+
+/// Whether a killing step reached its goal: every signal it needs arrived
+/// (the workers' for `restart-workers`, the agent's for `restart-agent`),
+/// or nothing from before the loss runs any more.
+fn goal_reached(plan: Plan, executed: &Executed) -> bool {
+    let arrived = |role: fn(&str) -> bool| {
+        let mut needed = executed.signals.iter().filter(|s| role(s.role)).peekable();
+        needed.peek().is_some() && needed.all(|s| s.error.is_none())
+    };
+    match executed.outcome {
+        Outcome::NoTrainer => true,
+        Outcome::Failed => false,
+        Outcome::Signalled | Outcome::Partial => match plan {
+            Plan::ReportOnly => true,
+            Plan::TermWorkers => arrived(|r| r != "agent"),
+            Plan::KillAgent => arrived(|r| r == "agent"),
+        },
+        Outcome::Reported | Outcome::Cooldown | Outcome::Capped => false,
+    }
 }
 
 /// Acts on losses: one episode per lost rank.
@@ -207,11 +245,11 @@ pub struct Responder {
     /// Whether heartbeats run: then only a heartbeat answer proves that the
     /// replacement answers at the peer's name.
     heartbeats: bool,
-    names: Names,
+    names: Resolver,
 }
 
 impl Responder {
-    pub fn new(shared: Arc<Shared>, events: EventSink, heartbeats: bool) -> Self {
+    pub fn new(shared: Arc<Shared>, events: EventSink, heartbeats: bool, names: Resolver) -> Self {
         let config = &shared.config;
         Responder {
             limiter: Limiter::new(config.limits),
@@ -222,7 +260,7 @@ impl Responder {
             shared,
             episodes: BTreeMap::new(),
             heartbeats,
-            names: Names::System,
+            names,
         }
     }
 
@@ -242,14 +280,12 @@ impl Responder {
             })
             .inc();
         let latency = loss.detection_latency();
-        if let Some(l) = latency {
-            metrics
-                .detection_latency
-                .get_or_create(&SourceLabels {
-                    source: loss.source.as_str().into(),
-                })
-                .observe(l.as_secs_f64());
-        }
+        metrics
+            .detection_latency
+            .get_or_create(&SourceLabels {
+                source: loss.source.as_str().into(),
+            })
+            .observe(latency.as_secs_f64());
         let now = Instant::now();
         let loss_ticks = signal::uptime_ticks(&self.proc_root).map(|t| {
             let ago = now.saturating_duration_since(loss.seen_at);
@@ -259,35 +295,41 @@ impl Responder {
             .checked_sub(now.saturating_duration_since(loss.seen_at))
             .unwrap_or_else(SystemTime::now);
         // A lost identity already replaced (the replacement answered first).
-        let (confirmation, ready) = match (loss.source, loss.reason) {
+        let confirmation = match (loss.source, loss.reason) {
             (Source::Heartbeat, LossReason::IdentityChanged) => {
-                (Some(Confirmation::ReplacementAnswered), false)
+                Some(Confirmation::ReplacementAnswered)
             }
-            (Source::Kubernetes, reason) => (
-                Confirmation::from_kubernetes(reason),
-                // A restarted container is the same pod at the same address.
-                reason == LossReason::ContainerRestarted,
-            ),
-            _ => (None, false),
+            (Source::Kubernetes, reason) => Confirmation::from_kubernetes(reason),
+            _ => None,
         };
         // The new pod, when the loss is its appearance: answering heartbeats
         // (up), or, without heartbeats, seen by the Kubernetes watch (it
-        // must be Ready). Either way the rank's name must lead to it and no
-        // longer to the lost pod (see `replacement_is_there`).
-        let replacement = (loss.reason == LossReason::IdentityChanged
-            && (loss.source == Source::Heartbeat || !self.heartbeats))
-            .then(|| peers.get(loss.rank).and_then(|p| p.identity.clone()))
-            .flatten()
-            .map(|new| Identity {
-                ready: new.ready || loss.source == Source::Heartbeat,
-                ..new
-            });
+        // must be Ready). A restarted container is the same pod at the same
+        // address, back at once. Either way the rank's name must lead to it
+        // and no longer to the lost pod, and a rendezvous host's store must
+        // accept connections (see `check_replacement`).
+        let replacement = match loss.reason {
+            LossReason::IdentityChanged if loss.source == Source::Heartbeat || !self.heartbeats => {
+                peers
+                    .get(loss.rank)
+                    .and_then(|p| p.identity.clone())
+                    .map(|new| Identity {
+                        ready: new.ready || loss.source == Source::Heartbeat,
+                        ..new
+                    })
+            }
+            LossReason::ContainerRestarted => loss.identity.clone().map(|same| Identity {
+                ready: true,
+                ..same
+            }),
+            _ => None,
+        };
         tracing::warn!(
             generation = loss.generation,
             rank = loss.rank,
             source = loss.source.as_str(),
             reason = loss.reason.as_str(),
-            latency_ms = latency.map(|l| l.as_millis() as u64),
+            latency_ms = latency.as_millis() as u64,
             confirmed = confirmation.map(|c| c.as_str()),
             "peer lost: {}",
             loss.detail
@@ -302,6 +344,7 @@ impl Responder {
             suspected_at: loss.seen_at,
             suspected_wall: wall,
             last_good: loss.last_good,
+            observable_at: loss.observable_at,
             confirmation: None,
             confirmed_at: None,
             confirmed_wall: None,
@@ -310,8 +353,13 @@ impl Responder {
             name_leads_to_lost: None,
             stale_name_reported: false,
             store_closed: None,
+            name_error: None,
             workers_stopped: false,
             agent_killed: false,
+            delivered: Vec::new(),
+            failed_attempts: 0,
+            retry_at: None,
+            last_failure: None,
             no_replacement_reported: false,
             admitted: false,
             closed: None,
@@ -322,9 +370,6 @@ impl Responder {
         self.episodes.insert(loss.rank, ep);
         if let Some(c) = confirmation {
             self.confirm(loss.rank, c, now);
-        }
-        if ready && let Some(ep) = self.episodes.get_mut(&loss.rank) {
-            ep.replacement_ready = true;
         }
         self.check_replacement(loss.rank).await;
         self.step(loss.rank, peers).await;
@@ -343,8 +388,18 @@ impl Responder {
         match &obs.evidence {
             Evidence::Lost(reason, _) if obs.source == Source::Kubernetes => {
                 confirm = Confirmation::from_kubernetes(*reason);
-                if *reason == LossReason::ContainerRestarted {
-                    ep.replacement_ready = true;
+                if *reason == LossReason::ContainerRestarted && ep.replacement.is_none() {
+                    // The same pod, its trainer restarted: back at its
+                    // address once its name and (for the rendezvous host)
+                    // its store answer.
+                    ep.replacement = peers
+                        .get(obs.rank)
+                        .and_then(|p| p.identity.clone())
+                        .or_else(|| ep.identity.clone())
+                        .map(|same| Identity {
+                            ready: true,
+                            ..same
+                        });
                 }
             }
             Evidence::Alive(identity) => {
@@ -355,7 +410,7 @@ impl Responder {
                         ep.closed = Some(format!(
                             "rank {} answers again as the same pod: an outage of {:.1}s that training rides out; nothing was touched",
                             ep.rank,
-                            now.saturating_duration_since(ep.last_good.unwrap_or(ep.suspected_at))
+                            now.saturating_duration_since(ep.outage_start())
                                 .as_secs_f64()
                         ));
                         tracing::info!(
@@ -418,8 +473,7 @@ impl Responder {
             }
             if ep.confirmation.is_none() && ep.source == Source::Heartbeat {
                 let limit = self.shared.config.confirm_after_for(rank);
-                let start = ep.last_good.unwrap_or(ep.suspected_at);
-                if now.saturating_duration_since(start) >= limit {
+                if now.saturating_duration_since(ep.outage_start()) >= limit {
                     self.confirm(rank, Confirmation::Outage, now);
                 }
             }
@@ -428,9 +482,10 @@ impl Responder {
         }
     }
 
-    /// Whether the new pod seen for `rank` is there for a restarted torchrun
-    /// to reach, once it is up, by resolving the rank's name (at most
-    /// [`RESOLVE_TIMEOUT`] per try, retried each tick).
+    /// Whether the new pod seen for `rank` (or the same pod, its container
+    /// restarted) is there for a restarted torchrun to reach, once it is up,
+    /// by resolving the rank's name (at most [`RESOLVE_TIMEOUT`] per try, on
+    /// the runtime, retried each tick).
     async fn check_replacement(&mut self, rank: u32) {
         let Some(ep) = self.episodes.get(&rank) else {
             return;
@@ -443,9 +498,12 @@ impl Responder {
         }
         let lost = ep.identity.as_ref().and_then(|i| i.address);
         let host = self.shared.config.heartbeat.host_of(rank);
-        let resolved = match &host {
-            Some(host) => Some(self.names.resolve(host).await),
-            None => None,
+        let (resolved, name_error) = match &host {
+            Some(host) => match self.names.lookup(host).await {
+                Ok(addrs) => (Some(addrs), None),
+                Err(e) => (Some(Vec::new()), Some(e.to_string())),
+            },
+            None => (None, None),
         };
         let mut there = replacement_is_there(&new, host.is_some(), resolved.as_deref(), lost);
         let stale = resolved
@@ -473,6 +531,15 @@ impl Responder {
             return;
         };
         ep.name_leads_to_lost = stale;
+        if name_error.is_some() && ep.name_error.is_none() {
+            tracing::warn!(
+                rank,
+                pod = %new.pod,
+                "{}: the agent is restarted once it leads to the pod",
+                name_error.as_deref().unwrap_or_default()
+            );
+        }
+        ep.name_error = name_error;
         if store_closed.is_some() && ep.store_closed.is_none() {
             tracing::info!(
                 rank,
@@ -528,7 +595,7 @@ impl Responder {
                 confirmation: c.as_str().into(),
             })
             .inc();
-        let outage = now.saturating_duration_since(ep.last_good.unwrap_or(ep.suspected_at));
+        let outage = now.saturating_duration_since(ep.outage_start());
         tracing::warn!(
             rank,
             generation = ep.generation,
@@ -573,9 +640,13 @@ impl Responder {
                 no_replacement_reported: ep.no_replacement_reported,
                 name_leads_to_lost: ep.name_leads_to_lost,
                 store_closed: ep.store_closed,
+                name_error: ep.name_error.clone(),
             };
             let d = decide::decide(&situation);
             let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
+            let retry = ep
+                .retry_at
+                .map(|at| (at, ep.failed_attempts, ep.last_failure.clone()));
             if let Some(ep) = self.episodes.get_mut(&rank) {
                 ep.decision = d.why.clone();
                 ep.waiting_for = d.waiting_for.clone();
@@ -600,6 +671,7 @@ impl Responder {
                                     outcome: Outcome::Reported,
                                     signals: Vec::new(),
                                     detail: d.why.clone(),
+                                    unsent: None,
                                 },
                             );
                         }
@@ -622,6 +694,26 @@ impl Responder {
                     } else {
                         Plan::TermWorkers
                     };
+                    // A step that failed is tried again after its back-off.
+                    if let Some((at, failed, last_failure)) = &retry
+                        && *at > now
+                    {
+                        let waiting = format!(
+                            "attempt {} of {} of {} in {:.1}s (the last failed: {})",
+                            failed + 1,
+                            MAX_ATTEMPTS,
+                            plan.as_str(),
+                            at.saturating_duration_since(now).as_secs_f64(),
+                            last_failure.as_deref().unwrap_or_default()
+                        );
+                        if let Some(ep) = self.episodes.get_mut(&rank) {
+                            ep.waiting_for = Some(waiting);
+                        }
+                        if changed {
+                            self.publish(rank);
+                        }
+                        break;
+                    }
                     let done = self.act(rank, plan, &d.why).await;
                     self.publish(rank);
                     if !done {
@@ -633,7 +725,9 @@ impl Responder {
     }
 
     /// Runs one killing step through the storm guard and the executor.
-    /// Returns whether the episode may go on to its next step.
+    /// Returns whether the step reached its goal (the episode may go on to
+    /// its next step); a step that did not is tried again after
+    /// [`retry_after`], at most [`MAX_ATTEMPTS`] times.
     async fn act(&mut self, rank: u32, plan: Plan, why: &str) -> bool {
         let Some(ep) = self.episodes.get(&rank).cloned() else {
             return false;
@@ -668,6 +762,7 @@ impl Responder {
                         outcome: skip,
                         signals: Vec::new(),
                         detail,
+                        unsent: None,
                     },
                 );
                 return false;
@@ -682,12 +777,28 @@ impl Responder {
             ticks,
         )
         .await;
-        if matches!(executed.outcome, Outcome::Signalled | Outcome::Failed) && !ep.admitted {
+        if matches!(
+            executed.outcome,
+            Outcome::Signalled | Outcome::Partial | Outcome::Failed
+        ) && !ep.admitted
+        {
             self.limiter.record(ep.generation, now);
         }
+        let reached = goal_reached(plan, &executed);
         let detail = format!("{why}: {}", executed.detail);
-        if let Some(e) = self.episodes.get_mut(&rank) {
-            e.admitted = true;
+        let Some(e) = self.episodes.get_mut(&rank) else {
+            return false;
+        };
+        e.admitted = true;
+        e.delivered.extend(
+            executed
+                .signals
+                .iter()
+                .filter(|s| s.error.is_none())
+                .cloned(),
+        );
+        if reached {
+            e.retry_at = None;
             match plan {
                 Plan::TermWorkers => e.workers_stopped = true,
                 Plan::KillAgent => {
@@ -696,10 +807,22 @@ impl Responder {
                 }
                 Plan::ReportOnly => {}
             }
+        } else {
+            e.failed_attempts += 1;
+            e.last_failure = Some(executed.detail.clone());
+            if e.failed_attempts >= MAX_ATTEMPTS {
+                e.retry_at = None;
+                e.closed = Some(format!(
+                    "{why}; FAILED {} times, given up: {}. The trainer from before the loss may still run: restart it by hand (kubectl delete pod, or kubectl exec to kill torchrun)",
+                    e.failed_attempts, executed.detail
+                ));
+            } else {
+                e.retry_at = Some(Instant::now() + retry_after(e.failed_attempts));
+            }
         }
-        let ep = self.episodes.get(&rank).cloned().unwrap_or(ep);
+        let ep = e.clone();
         self.record(&ep, plan, Executed { detail, ..executed });
-        true
+        reached
     }
 
     fn publish(&self, rank: u32) {
@@ -715,6 +838,7 @@ impl Responder {
             outcome,
             signals,
             detail,
+            unsent: executed_unsent,
         } = executed;
         let failures: Vec<Sent> = signals
             .iter()
@@ -730,6 +854,21 @@ impl Responder {
                 })
                 .inc();
         }
+        // Nothing could be sent at all: a failure all the same.
+        if let Some(why) = executed_unsent {
+            metrics
+                .signal_failures
+                .get_or_create(&SignalFailureLabels {
+                    role: match plan {
+                        Plan::KillAgent => "agent",
+                        _ => "worker",
+                    }
+                    .into(),
+                    error: why.into(),
+                })
+                .inc();
+        }
+        let failed = matches!(outcome, Outcome::Failed | Outcome::Partial) || !failures.is_empty();
         let detail = if failures.is_empty() || outcome == Outcome::Failed {
             detail
         } else {
@@ -757,8 +896,7 @@ impl Responder {
             .inc();
         // A signal that did not arrive is never silent: a warning line, a
         // Warning Event, the metric above and the status below.
-        let level_warn =
-            matches!(outcome, Outcome::Failed | Outcome::Capped) || !failures.is_empty();
+        let level_warn = failed || outcome == Outcome::Capped;
         let confirmation = ep.confirmation.map(|c| c.as_str());
         if level_warn {
             tracing::warn!(
@@ -785,9 +923,7 @@ impl Responder {
                 ep.detail
             );
         }
-        let latency = ep
-            .last_good
-            .map(|g| ep.suspected_at.saturating_duration_since(g));
+        let latency = ep.suspected_at.saturating_duration_since(ep.observable_at);
         let record = ActionStatus {
             generation: ep.generation,
             lost_rank: ep.rank,
@@ -797,14 +933,14 @@ impl Responder {
             action: plan.as_str(),
             result: outcome.as_str(),
             at: rfc3339(SystemTime::now()),
-            detection_latency_seconds: latency.map(|l| l.as_secs_f64()),
+            detection_latency_seconds: Some(latency.as_secs_f64()),
             signals,
             detail: detail.clone(),
         };
         {
             let mut s = self.shared.status();
             s.last_action = Some(record);
-            if outcome == Outcome::Signalled {
+            if matches!(outcome, Outcome::Signalled | Outcome::Partial) {
                 s.actions_total += 1;
             }
         }
@@ -820,11 +956,7 @@ impl Responder {
         let warning = !matches!(outcome, Outcome::Reported);
         self.events.publish(
             warning,
-            if failures.is_empty() {
-                "PeerLost"
-            } else {
-                "SignalFailed"
-            },
+            if failed { "SignalFailed" } else { "PeerLost" },
             plan.as_str(),
             format!(
                 "rank {} lost ({}, seen by {}, confirmed by {}): {}; action {}: {} ({detail})",
@@ -840,7 +972,8 @@ impl Responder {
     }
 }
 
-/// The `/proc` scan and the signals, on the blocking pool, with a time limit.
+/// The `/proc` scan and the signals, on a thread of their own, with a time
+/// limit.
 async fn execute_off_loop(
     proc_root: PathBuf,
     matcher: AgentMatcher,
@@ -848,7 +981,7 @@ async fn execute_off_loop(
     plan: Plan,
     ticks: u64,
 ) -> Executed {
-    let work = tokio::task::spawn_blocking(move || {
+    let work = signal::on_own_thread("trainwire-act", move || {
         let procs = signal::scan(&proc_root);
         let trainers =
             signal::trainers_before(signal::find_trainers(&procs, &matcher, self_pid), ticks);
@@ -857,15 +990,25 @@ async fn execute_off_loop(
                 outcome: Outcome::NoTrainer,
                 signals: Vec::new(),
                 detail: "no trainer agent that started before the loss is running".into(),
+                unsent: None,
             };
         }
         let signals = signal::execute(plan, &trainers, ticks);
         let ok = signals.iter().filter(|s| s.error.is_none()).count();
+        let list = |signals: &[Sent]| {
+            signals
+                .iter()
+                .filter(|s| s.error.is_none())
+                .map(|s| format!("{} {} {}", s.signal, s.role, s.pid))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         if signals.is_empty() {
             Executed {
                 outcome: Outcome::NoTrainer,
                 signals,
                 detail: "the agent has no workers that started before the loss".into(),
+                unsent: None,
             }
         } else if ok == 0 {
             let first = signals
@@ -877,35 +1020,57 @@ async fn execute_off_loop(
                 outcome: Outcome::Failed,
                 signals,
                 detail: format!("every signal failed: {first}"),
+                unsent: None,
+            }
+        } else if ok < signals.len() {
+            Executed {
+                outcome: Outcome::Partial,
+                detail: format!(
+                    "{ok} of {} signals delivered ({})",
+                    signals.len(),
+                    list(&signals)
+                ),
+                signals,
+                unsent: None,
             }
         } else {
-            let list = signals
-                .iter()
-                .map(|s| format!("{} {} {}", s.signal, s.role, s.pid))
-                .collect::<Vec<_>>()
-                .join(", ");
             Executed {
                 outcome: Outcome::Signalled,
-                detail: format!("{ok} of {} signals delivered ({list})", signals.len()),
+                detail: format!(
+                    "{ok} of {} signals delivered ({})",
+                    signals.len(),
+                    list(&signals)
+                ),
                 signals,
+                unsent: None,
             }
         }
     });
+    let failed = |detail: String, unsent: &'static str| Executed {
+        outcome: Outcome::Failed,
+        signals: Vec::new(),
+        detail,
+        unsent: Some(unsent),
+    };
+    let work = match work {
+        Ok(work) => work,
+        Err(e) => {
+            return failed(
+                format!("cannot start a thread to scan /proc: {e}"),
+                "no-thread",
+            );
+        }
+    };
     match tokio::time::timeout(EXECUTE_TIMEOUT, work).await {
         Ok(Ok(e)) => e,
-        Ok(Err(e)) => Executed {
-            outcome: Outcome::Failed,
-            signals: Vec::new(),
-            detail: format!("the /proc scan failed: {e}"),
-        },
-        Err(_) => Executed {
-            outcome: Outcome::Failed,
-            signals: Vec::new(),
-            detail: format!(
-                "scanning /proc and signalling took over {}s",
+        Ok(Err(_)) => failed("the /proc scan ended without a result".into(), "no-result"),
+        Err(_) => failed(
+            format!(
+                "scanning /proc and signalling took over {}s; nothing was sent",
                 EXECUTE_TIMEOUT.as_secs()
             ),
-        },
+            "timeout",
+        ),
     }
 }
 
@@ -914,68 +1079,138 @@ pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// A `/proc` scan that takes longer than this is abandoned (and reported).
 const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What the signal-permission check found: one state each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionState {
+    Permitted,
+    Denied,
+    NoTrainer,
+    /// The check itself did not finish (its `/proc` scan hung or failed):
+    /// nothing is known, which is not "no trainer".
+    Unknown,
+}
+
+impl PermissionState {
+    pub const ALL: [PermissionState; 4] = [
+        PermissionState::Permitted,
+        PermissionState::Denied,
+        PermissionState::NoTrainer,
+        PermissionState::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionState::Permitted => "permitted",
+            PermissionState::Denied => "denied",
+            PermissionState::NoTrainer => "no-trainer",
+            PermissionState::Unknown => "unknown",
+        }
+    }
+}
+
 /// Checks, while nothing is lost, that this sidecar may signal the trainer's
 /// processes (`kill(pid, 0)`), so that a sidecar that could not act (another
 /// user without `CAP_KILL`: the runtime drops added capabilities of a
 /// non-root user at exec) says so at once, in the log, `/status`, the
-/// `signal_permitted` metric and a Warning Event, instead of at the first
-/// lost peer. The `/proc` scan runs on the blocking pool, off the thread that
-/// answers heartbeats and probes.
+/// `signal_permission` metric and a Warning Event, instead of at the first
+/// lost peer. The `/proc` scan runs on a thread of its own (one check at a
+/// time: a scan that hangs is not started again until it ends), off the
+/// thread that answers heartbeats and probes and apart from the actions'.
 pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let matcher = AgentMatcher::new(shared.config.agent_match.clone());
     let self_pid = std::process::id() as i32;
-    let mut last: Option<String> = None;
+    let mut last: Option<PermissionState> = None;
     let mut tick = tokio::time::interval(PERMISSION_CHECK_INTERVAL);
+    let mut running: Option<tokio::sync::oneshot::Receiver<Permission>> = None;
     loop {
         tick.tick().await;
-        let matcher = matcher.clone();
-        let scan = tokio::task::spawn_blocking(move || {
-            let procs = signal::scan(std::path::Path::new("/proc"));
-            signal::check_permission(&signal::find_trainers(&procs, &matcher, self_pid))
-        });
-        let (text, gauge, denied) = match tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, scan).await
+        let pending = match running.take() {
+            Some(pending) => pending,
+            None => {
+                let matcher = matcher.clone();
+                match signal::on_own_thread("trainwire-check", move || {
+                    let procs = signal::scan(std::path::Path::new("/proc"));
+                    signal::check_permission(&signal::find_trainers(&procs, &matcher, self_pid))
+                }) {
+                    Ok(pending) => pending,
+                    Err(e) => {
+                        publish_permission(
+                            &shared,
+                            &events,
+                            &mut last,
+                            PermissionState::Unknown,
+                            format!("unknown: cannot start a thread to scan /proc: {e}"),
+                        );
+                        continue;
+                    }
+                }
+            }
+        };
+        let mut pending = pending;
+        let (state, text) = match tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await
         {
-            Ok(Ok(Permission::NoTrainer)) => ("no trainer running".to_string(), -1, false),
+            Ok(Ok(Permission::NoTrainer)) => {
+                (PermissionState::NoTrainer, "no trainer running".to_string())
+            }
             Ok(Ok(Permission::Permitted { processes })) => (
+                PermissionState::Permitted,
                 format!("permitted: may signal the trainer's {processes} processes"),
-                1,
-                false,
             ),
             Ok(Ok(Permission::Denied { pid, role, error })) => (
+                PermissionState::Denied,
                 format!(
                     "denied: signalling the trainer's {role} (pid {pid}) fails with {error}; the sidecar must run as the trainer's user, or as root with CAP_KILL (the webhook sets this from the trainer's runAsUser)"
                 ),
-                0,
-                true,
             ),
-            Ok(Err(e)) => (format!("unknown: the check failed: {e}"), -1, false),
-            Err(_) => (
-                format!(
-                    "unknown: scanning /proc took over {}s",
-                    PERMISSION_CHECK_TIMEOUT.as_secs()
-                ),
-                -1,
-                false,
+            Ok(Err(_)) => (
+                PermissionState::Unknown,
+                "unknown: the check ended without a result".to_string(),
             ),
-        };
-        shared.metrics.signal_permitted.set(gauge);
-        shared.status().signal_permission = Some(text.clone());
-        let changed = last.as_deref().map(|l| l.split(':').next()) != Some(text.split(':').next());
-        if changed {
-            if denied {
-                tracing::warn!(result = "denied", "signal permission: {text}");
-                events.publish(
-                    true,
-                    "CannotSignalTrainer",
-                    "check-permission",
-                    text.clone(),
-                );
-            } else {
-                tracing::info!("signal permission: {text}");
+            Err(_) => {
+                // Still scanning: the same scan is waited for again at
+                // the next tick, no second one is started.
+                running = Some(pending);
+                (
+                    PermissionState::Unknown,
+                    format!(
+                        "unknown: scanning /proc has taken over {}s",
+                        PERMISSION_CHECK_TIMEOUT.as_secs()
+                    ),
+                )
             }
-        }
-        last = Some(text);
+        };
+        publish_permission(&shared, &events, &mut last, state, text);
     }
+}
+
+fn publish_permission(
+    shared: &Shared,
+    events: &EventSink,
+    last: &mut Option<PermissionState>,
+    state: PermissionState,
+    text: String,
+) {
+    for s in PermissionState::ALL {
+        shared
+            .metrics
+            .signal_permission
+            .get_or_create(&StateLabels {
+                state: s.as_str().into(),
+            })
+            .set(i64::from(s == state));
+    }
+    shared.status().signal_permission = Some(text.clone());
+    if *last != Some(state) {
+        match state {
+            PermissionState::Denied => {
+                tracing::warn!(result = "denied", "signal permission: {text}");
+                events.publish(true, "CannotSignalTrainer", "check-permission", text);
+            }
+            PermissionState::Unknown => tracing::warn!("signal permission: {text}"),
+            _ => tracing::info!("signal permission: {text}"),
+        }
+    }
+    *last = Some(state);
 }
 
 #[cfg(test)]
@@ -1127,12 +1362,11 @@ mod tests {
     /// confirmed.
     async fn lost_host_on_heartbeats(
         config: &Config,
-        table: &Arc<std::sync::Mutex<BTreeMap<String, Vec<IpAddr>>>>,
+        names: &Resolver,
         dead: IpAddr,
     ) -> (Responder, Peers) {
         let shared = Shared::new(config.clone());
-        let mut responder = Responder::new(shared, EventSink::disabled(), true);
-        responder.names = Names::Table(table.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), true, names.clone());
         let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
         let evidence = std::iter::once(Evidence::Alive(beat("old", dead)))
             .chain((0..3).map(|_| Evidence::Missed("no answer".into())));
@@ -1155,7 +1389,12 @@ mod tests {
             &[(env::SELECTOR, "app=train")],
         );
         let shared = Shared::new(config.clone());
-        let mut responder = Responder::new(shared, EventSink::disabled(), false);
+        let mut responder = Responder::new(
+            shared,
+            EventSink::disabled(),
+            false,
+            Resolver::table(Default::default()),
+        );
         let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
             feed(peers, responder, Source::Kubernetes, evidence).await
@@ -1202,13 +1441,8 @@ mod tests {
         let config = host_loss_config("train-{i}.train", "heartbeat", &[]);
         let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
         let (dead, new) = (ip("10.9.9.9"), ip("10.1.2.3"));
-        let table = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-        let publish = |addrs: Vec<IpAddr>| {
-            table
-                .lock()
-                .expect("table")
-                .insert("train-0.train".to_string(), addrs);
-        };
+        let table = Resolver::table(Default::default());
+        let publish = |addrs: Vec<IpAddr>| table.set("train-0.train", addrs);
         publish(vec![dead]);
         let (mut responder, mut peers) = lost_host_on_heartbeats(&config, &table, dead).await;
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
@@ -1267,20 +1501,14 @@ mod tests {
         let config = host_loss_config("train-{i}.train", "heartbeat", &[(env::RDZV_PORT, &port)]);
         let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
         let (dead, new) = (ip("10.9.9.9"), ip("127.0.0.1"));
-        let table = Arc::new(std::sync::Mutex::new(BTreeMap::from([(
-            "train-0.train".to_string(),
-            vec![dead],
-        )])));
+        let table = Resolver::table(BTreeMap::from([("train-0.train".to_string(), vec![dead])]));
         let (mut responder, mut peers) = lost_host_on_heartbeats(&config, &table, dead).await;
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
             feed(peers, responder, Source::Heartbeat, evidence).await
         };
         // The name follows the replacement, whose sidecar answers; its
         // store does not listen yet.
-        table
-            .lock()
-            .expect("table")
-            .insert("train-0.train".to_string(), vec![new]);
+        table.set("train-0.train", vec![new]);
         feed(
             &mut peers,
             &mut responder,
@@ -1304,14 +1532,5 @@ mod tests {
         responder.tick(Instant::now(), &peers).await;
         assert_eq!(host_episode(&responder), Some((true, true, true, true)));
         assert!(episode(&responder).is_some_and(|e| e.store_closed.is_none()));
-    }
-
-    #[tokio::test]
-    async fn resolving_a_name_that_does_not_exist_gives_nothing() {
-        assert!(resolve("no-such-peer-0.invalid").await.is_empty());
-        assert_eq!(
-            resolve("127.0.0.1").await,
-            vec![IpAddr::from([127, 0, 0, 1])]
-        );
     }
 }

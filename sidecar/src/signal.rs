@@ -232,7 +232,10 @@ pub enum Outcome {
     Cooldown,
     /// The cap of actions per window was reached.
     Capped,
-    /// Every signal failed (e.g. EPERM).
+    /// Some signals arrived, others failed (e.g. EPERM).
+    Partial,
+    /// Nothing arrived: every signal failed, or the `/proc` scan and the
+    /// signals did not finish in time.
     Failed,
 }
 
@@ -244,6 +247,7 @@ impl Outcome {
             Outcome::NoTrainer => "no-trainer",
             Outcome::Cooldown => "cooldown",
             Outcome::Capped => "capped",
+            Outcome::Partial => "partial",
             Outcome::Failed => "failed",
         }
     }
@@ -416,6 +420,24 @@ pub fn trainers_before(trainers: Vec<Trainer>, loss_ticks: u64) -> Vec<Trainer> 
         .into_iter()
         .filter(|t| t.agent.start_ticks <= loss_ticks)
         .collect()
+}
+
+/// Runs `work` on a thread of its own and returns its result when done:
+/// the `/proc` scans and the signals never wait for a shared pool (one that
+/// name lookups or file-system scans could hold), and a scan that hangs (a
+/// `/proc/<pid>/cmdline` read can block on a process's memory lock) holds
+/// only its own thread. The caller bounds the wait.
+pub fn on_own_thread<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<tokio::sync::oneshot::Receiver<T>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })?;
+    Ok(rx)
 }
 
 #[cfg(test)]

@@ -71,9 +71,9 @@ pub struct Metrics {
     pub checkpoint_stale: Gauge,
     pub checkpoint_stale_episodes: Counter,
     pub signal_failures: Family<SignalFailureLabels, Counter>,
-    /// 1: the sidecar may signal every running trainer; 0: it may not (a
-    /// signal would fail with EPERM); -1: no trainer running to check.
-    pub signal_permitted: Gauge,
+    /// One series per state of the signal-permission check (`permitted`,
+    /// `denied`, `no-trainer`, `unknown`): 1 for the current one.
+    pub signal_permission: Family<StateLabels, Gauge>,
     pub losses_confirmed: Family<ConfirmLabels, Counter>,
 }
 
@@ -94,7 +94,7 @@ impl Metrics {
             checkpoint_stale: Gauge::default(),
             checkpoint_stale_episodes: Counter::default(),
             signal_failures: Family::default(),
-            signal_permitted: Gauge::default(),
+            signal_permission: Family::default(),
             losses_confirmed: Family::default(),
         };
         registry.register(
@@ -109,7 +109,7 @@ impl Metrics {
         );
         registry.register_with_unit(
             "detection_latency",
-            "Time from the last good heartbeat or watch event of a peer to the decision that it is lost",
+            "Time from when a peer's loss was observable (its first missed heartbeat, or the watch event that showed it) to the decision that it is lost",
             prometheus_client::registry::Unit::Seconds,
             m.detection_latency.clone(),
         );
@@ -141,16 +141,20 @@ impl Metrics {
             m.signal_failures.clone(),
         );
         registry.register(
-            "signal_permitted",
-            "1 when the sidecar may signal every running trainer process, 0 when it may not (EPERM), -1 when no trainer is running",
-            m.signal_permitted.clone(),
+            "signal_permission",
+            "1 for the current result of the check that the sidecar may signal the trainer: permitted, denied (EPERM), no-trainer (none running), unknown (the check did not finish)",
+            m.signal_permission.clone(),
         );
         registry.register(
             "losses_confirmed",
             "Peer losses confirmed (the only ones acted on), by what confirmed them",
             m.losses_confirmed.clone(),
         );
-        m.signal_permitted.set(-1);
+        m.signal_permission
+            .get_or_create(&StateLabels {
+                state: "unknown".into(),
+            })
+            .set(1);
         m
     }
 }
@@ -200,8 +204,14 @@ pub struct EpisodeStatus {
     pub confirmed_by: Option<crate::decide::Confirmation>,
     pub confirmed_at: Option<String>,
     pub replacement_ready: bool,
+    /// A stop signal arrived at a worker in this episode.
     pub workers_stopped: bool,
+    /// A SIGKILL arrived at the agent in this episode.
     pub agent_killed: bool,
+    /// Killing steps of this episode that did not reach their goal.
+    pub failed_attempts: u32,
+    /// Why the last of them failed.
+    pub last_failure: Option<String>,
     /// What the response waits for, if anything.
     pub waiting_for: Option<String>,
     /// The last decision, or why the episode closed.
