@@ -160,6 +160,9 @@ struct Tally {
     answered: bool,
     missed_in_a_row: u32,
     last_error: Option<String>,
+    /// The peer's name does not resolve (said once, in the log, until it
+    /// does again; `/status` shows it as the peer's detail).
+    unresolved: bool,
 }
 
 impl Tally {
@@ -168,6 +171,9 @@ impl Tally {
     fn judge(&mut self, result: Result<Answer, String>) -> Option<Evidence> {
         match result {
             Ok(Answer { beat, from }) if beat.rank == self.rank => {
+                if std::mem::take(&mut self.unresolved) {
+                    tracing::info!(rank = self.rank, url = %self.url, "the peer's name resolves again");
+                }
                 self.answered = true;
                 self.missed_in_a_row = 0;
                 self.last_error = None;
@@ -184,6 +190,14 @@ impl Tally {
                 None
             }
             Err(e) => {
+                if e.contains(" does not resolve: ") && !self.unresolved {
+                    self.unresolved = true;
+                    tracing::warn!(
+                        rank = self.rank,
+                        url = %self.url,
+                        "heartbeats to the peer fail: {e}; it is reported unknown (or, once seen, missed) until its name resolves"
+                    );
+                }
                 tracing::trace!(rank = self.rank, url = %self.url, error = %e, "heartbeat missed");
                 self.last_error = Some(e);
                 None
@@ -247,6 +261,7 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
                 answered: false,
                 missed_in_a_row: 0,
                 last_error: None,
+                unresolved: false,
             };
             let mut inflight: FuturesUnordered<Probe> = FuturesUnordered::new();
             let mut searching: FuturesUnordered<Probe> = FuturesUnordered::new();

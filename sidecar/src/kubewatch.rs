@@ -621,4 +621,144 @@ mod tests {
         assert_eq!(pending.address, None);
         assert!(!pending.ready);
     }
+
+    /// What happens to rank 0's pod in one step of a sequence.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Its trainer container restarts (same pod, same address), Ready
+        /// again in the same update or not yet.
+        RestartInPlace {
+            ready: bool,
+        },
+        BecomeReady,
+        /// Not Ready (within the grace: suspect only).
+        NotReady,
+        /// Deleted, and a new pod (new UID, new address) comes up Ready.
+        Replace,
+        /// Deleted, nothing new yet.
+        Delete,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            any::<bool>().prop_map(|ready| Step::RestartInPlace { ready }),
+            Just(Step::BecomeReady),
+            Just(Step::NotReady),
+            Just(Step::Replace),
+            Just(Step::Delete),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Over any sequence of container restarts, replacements, recoveries
+        /// and losses, driven through the watch's decisions into the peers'
+        /// state machine: no state is terminal (a pod that is Ready again is
+        /// up again), every loss of a peer that was up is a loss with the
+        /// next generation, and nothing else is.
+        #[test]
+        fn no_peer_state_is_terminal_and_every_loss_has_a_generation(
+            steps in proptest::collection::vec(step(), 1..40)
+        ) {
+            use crate::config::NodeCount;
+            use crate::peers::{Peers, State};
+            let t0 = Instant::now();
+            let start = Timestamp::from_second(1_700_000_000).expect("time");
+            let mut tracker = Tracker::new("train-1", Duration::from_secs(30));
+            let mut peers = Peers::new(NodeCount::Fixed(2), 1, 3, t0);
+            let mut serial = 0u32;
+            let new_pod = |serial: u32| PodView {
+                name: "train-0".into(),
+                uid: format!("u{serial}"),
+                rank: Some(0),
+                created: start.checked_add(jiff_seconds(serial)).ok(),
+                phase: "Running".into(),
+                status_reason: None,
+                ready: Some(true),
+                ready_since: start.checked_add(jiff_seconds(serial)).ok(),
+                ready_reason: None,
+                disruption: None,
+                deletion: None,
+                node: Some("n1".into()),
+                address: Some(std::net::IpAddr::from([10, 0, 0, serial as u8])),
+                restarts: BTreeMap::from([("trainer".to_string(), 0)]),
+            };
+            let mut pod = Some(new_pod(serial));
+            let feed = |peers: &mut Peers, verdicts: Vec<Verdict>| -> Vec<u64> {
+                verdicts
+                    .into_iter()
+                    .filter_map(|v| {
+                        peers.observe(Observation {
+                            rank: v.rank,
+                            source: Source::Kubernetes,
+                            evidence: v.evidence,
+                            at: Instant::now(),
+                        })
+                    })
+                    .map(|l| l.generation)
+                    .collect()
+            };
+            let now = start.checked_add(jiff_seconds(1)).expect("time");
+            let v = tracker.apply(pod.clone().expect("pod"), now);
+            feed(&mut peers, v);
+            proptest::prop_assert_eq!(peers.get(0).map(|p| p.state), Some(State::Healthy));
+            for step in steps {
+                let before = peers.get(0).map(|p| p.state).expect("rank 0");
+                let up = matches!(before, State::Healthy | State::Suspect | State::Replaced);
+                let generation = peers.generation();
+                let mut verdicts = Vec::new();
+                let expect_loss;
+                match (&step, pod.as_mut()) {
+                    (Step::RestartInPlace { ready }, Some(p)) => {
+                        *p.restarts.entry("trainer".into()).or_default() += 1;
+                        p.ready = Some(*ready);
+                        p.ready_since = Some(now);
+                        verdicts.extend(tracker.apply(p.clone(), now));
+                        expect_loss = up;
+                    }
+                    (Step::BecomeReady, Some(p)) => {
+                        p.ready = Some(true);
+                        verdicts.extend(tracker.apply(p.clone(), now));
+                        expect_loss = false;
+                    }
+                    (Step::NotReady, Some(p)) => {
+                        p.ready = Some(false);
+                        p.ready_since = Some(now);
+                        verdicts.extend(tracker.apply(p.clone(), now));
+                        expect_loss = false;
+                    }
+                    (Step::Replace | Step::Delete, Some(p)) => {
+                        verdicts.extend(tracker.delete(p));
+                        expect_loss = up;
+                        pod = None;
+                    }
+                    (_, None) => expect_loss = false,
+                }
+                if matches!(step, Step::Replace) {
+                    serial += 1;
+                    let p = new_pod(serial);
+                    verdicts.extend(tracker.apply(p.clone(), now));
+                    pod = Some(p);
+                }
+                let losses = feed(&mut peers, verdicts);
+                if expect_loss {
+                    proptest::prop_assert_eq!(&losses, &vec![generation + 1], "{:?} from {:?}", step, before);
+                } else {
+                    proptest::prop_assert!(losses.is_empty(), "{:?} from {:?}: {:?}", step, before, losses);
+                }
+                let after = peers.get(0).map(|p| p.state).expect("rank 0");
+                // A pod that is there and Ready is up, whatever came before.
+                if pod.as_ref().is_some_and(|p| p.ready == Some(true)) {
+                    proptest::prop_assert!(
+                        matches!(after, State::Healthy | State::Replaced),
+                        "{:?} from {:?} left {:?}", step, before, after
+                    );
+                }
+            }
+        }
+    }
+
+    fn jiff_seconds(n: u32) -> k8s_openapi::jiff::SignedDuration {
+        k8s_openapi::jiff::SignedDuration::from_secs(i64::from(n))
+    }
 }

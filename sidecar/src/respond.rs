@@ -246,6 +246,15 @@ pub struct Responder {
     /// replacement answers at the peer's name.
     heartbeats: bool,
     names: Resolver,
+    /// What carries the steps out: `/proc` and signals, or, in tests, a
+    /// script of outcomes.
+    executor: Executor,
+}
+
+enum Executor {
+    Proc,
+    #[cfg(test)]
+    Scripted(std::collections::VecDeque<Executed>),
 }
 
 impl Responder {
@@ -261,6 +270,7 @@ impl Responder {
             episodes: BTreeMap::new(),
             heartbeats,
             names,
+            executor: Executor::Proc,
         }
     }
 
@@ -769,14 +779,25 @@ impl Responder {
             }
         }
         let ticks = ep.loss_ticks.unwrap_or(u64::MAX);
-        let executed = execute_off_loop(
-            self.proc_root.clone(),
-            self.matcher.clone(),
-            self.self_pid,
-            plan,
-            ticks,
-        )
-        .await;
+        let executed = match &mut self.executor {
+            Executor::Proc => {
+                execute_off_loop(
+                    self.proc_root.clone(),
+                    self.matcher.clone(),
+                    self.self_pid,
+                    plan,
+                    ticks,
+                )
+                .await
+            }
+            #[cfg(test)]
+            Executor::Scripted(script) => script.pop_front().unwrap_or(Executed {
+                outcome: Outcome::NoTrainer,
+                signals: Vec::new(),
+                detail: "the script is over".into(),
+                unsent: None,
+            }),
+        };
         if matches!(
             executed.outcome,
             Outcome::Signalled | Outcome::Partial | Outcome::Failed
@@ -1489,6 +1510,225 @@ mod tests {
     /// Heartbeats, rendezvous host lost, its replacement answers at pod 0's
     /// name while its trainer (torchrun, which runs the store) is not up
     /// yet: the agent is restarted only once the store accepts connections.
+    /// A signal to `role` that arrived (`None`) or failed.
+    fn sent(role: &'static str, signal: &'static str, error: Option<&str>) -> Sent {
+        Sent {
+            pid: 4242,
+            role,
+            signal,
+            error: error.map(str::to_string),
+        }
+    }
+
+    /// A step whose signals did not arrive is not done: `/status`, the
+    /// metrics and the next decision say so, and it is tried again after
+    /// its back-off until it reaches its goal (or gives up).
+    #[tokio::test]
+    async fn a_failed_step_is_not_shown_done_and_is_tried_again() {
+        let config = host_loss_config(
+            "127.0.0.1{i}",
+            "kubernetes",
+            &[(crate::env::SELECTOR, "app=train")],
+        );
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(
+            shared.clone(),
+            EventSink::disabled(),
+            false,
+            Resolver::table(Default::default()),
+        );
+        responder.executor = Executor::Scripted(
+            [
+                // The workers: the scan took too long, nothing was sent.
+                Executed {
+                    outcome: Outcome::Failed,
+                    signals: Vec::new(),
+                    detail: "scanning /proc and signalling took over 10s; nothing was sent".into(),
+                    unsent: Some("timeout"),
+                },
+                // Again: one of two workers refused (EPERM).
+                Executed {
+                    outcome: Outcome::Partial,
+                    signals: vec![
+                        sent("worker", "SIGTERM", None),
+                        sent("worker", "SIGTERM", Some("EPERM: Operation not permitted")),
+                    ],
+                    detail: "1 of 2 signals delivered".into(),
+                    unsent: None,
+                },
+                // Then both arrive.
+                Executed {
+                    outcome: Outcome::Signalled,
+                    signals: vec![sent("worker", "SIGTERM", None)],
+                    detail: "1 of 1 signals delivered".into(),
+                    unsent: None,
+                },
+            ]
+            .into(),
+        );
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Alive(pod(true, Some("10.9.9.9"))),
+        )
+        .await;
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+        )
+        .await;
+        let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
+        let ep = episode(&responder).expect("an episode");
+        assert!(!ep.workers_stopped && ep.failed_attempts == 1, "{ep:?}");
+        let retry = ep.retry_at.expect("a retry is planned");
+        {
+            let status = shared.status();
+            let last = status.last_loss.as_ref().expect("last loss");
+            assert!(!last.workers_stopped && !last.agent_killed);
+            assert_eq!(last.failed_attempts, 1);
+            assert_eq!(
+                status.last_action.as_ref().map(|a| a.result),
+                Some("failed")
+            );
+        }
+        let metrics = shared.encode_metrics();
+        assert!(
+            metrics.contains(
+                r#"trainwire_sidecar_signal_failures_total{role="worker",error="timeout"} 1"#
+            ),
+            "{metrics}"
+        );
+        // Before the back-off: nothing is tried, /status says what is waited for.
+        responder.tick(Instant::now(), &peers).await;
+        let ep = episode(&responder).expect("an episode");
+        assert_eq!(ep.failed_attempts, 1);
+        assert!(
+            ep.waiting_for
+                .as_deref()
+                .is_some_and(|w| w.starts_with("attempt 2 of 5 of restart-workers")),
+            "{:?}",
+            ep.waiting_for
+        );
+        // After it: the partial step is not done either.
+        responder
+            .episodes
+            .entry(0)
+            .and_modify(|e| e.retry_at = Some(retry - Duration::from_secs(60)));
+        responder.tick(Instant::now(), &peers).await;
+        let ep = episode(&responder).expect("an episode");
+        assert!(!ep.workers_stopped && ep.failed_attempts == 2, "{ep:?}");
+        assert_eq!(
+            shared.status().last_action.as_ref().map(|a| a.result),
+            Some("partial")
+        );
+        // The third arrives: done, and /status shows what arrived.
+        responder
+            .episodes
+            .entry(0)
+            .and_modify(|e| e.retry_at = Some(Instant::now()));
+        responder.tick(Instant::now(), &peers).await;
+        let ep = episode(&responder).expect("an episode");
+        assert!(ep.workers_stopped && ep.retry_at.is_none(), "{ep:?}");
+        let status = shared.status();
+        let last = status.last_loss.as_ref().expect("last loss");
+        assert!(last.workers_stopped && !last.agent_killed);
+        assert_eq!(
+            status.last_action.as_ref().map(|a| a.result),
+            Some("signalled")
+        );
+    }
+
+    /// The rendezvous host's trainer container restarts in place (same pod,
+    /// same address): the survivor's agent is restarted only once pod 0's
+    /// name leads to it and its new store accepts connections, never at
+    /// the restart itself; and the peer is healthy again afterwards, so a
+    /// later loss is a new generation that is acted on again.
+    #[tokio::test]
+    async fn a_restarted_host_container_is_waited_for_like_a_replacement() {
+        use crate::env;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port()
+            .to_string();
+        let config = host_loss_config(
+            "train-{i}.train",
+            "kubernetes",
+            &[(env::RDZV_PORT, &port), (env::SELECTOR, "app=train")],
+        );
+        let names = Resolver::table(Default::default());
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(shared, EventSink::disabled(), false, names.clone());
+        let mut peers = Peers::new(config.nnodes, 1, 3, Instant::now());
+        let host = IpAddr::from([127, 0, 0, 1]);
+        let same = Identity {
+            uid: "pod0".into(),
+            ..pod(true, Some("127.0.0.1"))
+        };
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Alive(same.clone()),
+        )
+        .await;
+        // The trainer restarts; the name does not resolve (no cluster DNS).
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Lost(
+                LossReason::ContainerRestarted,
+                "pod train-0: container trainer restarted (restartCount 0 -> 1)".into(),
+            ),
+        )
+        .await;
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Alive(same.clone()),
+        )
+        .await;
+        assert_eq!(peers.get(0).map(|p| p.state), Some(State::Healthy));
+        // (confirmed, replacement ready, workers stopped, agent killed)
+        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
+        let waiting = episode(&responder)
+            .and_then(|e| e.waiting_for)
+            .unwrap_or_default();
+        assert!(
+            waiting.contains("name train-0.train does not resolve"),
+            "{waiting}"
+        );
+        // The name resolves; the new torchrun's store does not listen yet.
+        names.set("train-0.train", vec![host]);
+        responder.tick(Instant::now(), &peers).await;
+        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        assert!(episode(&responder).is_some_and(|e| e.store_closed.is_some()));
+        // It listens: now the agent is restarted.
+        let _store = std::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("port")))
+            .expect("bind the store's port");
+        responder.tick(Instant::now(), &peers).await;
+        assert_eq!(host_episode(&responder), Some((true, true, true, true)));
+        assert_eq!(peers.generation(), 1);
+        // Lost again later (deleted): a new generation, acted on again.
+        feed(
+            &mut peers,
+            &mut responder,
+            Source::Kubernetes,
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+        )
+        .await;
+        assert_eq!(peers.generation(), 2);
+        assert!(episode(&responder).is_some_and(|e| e.generation == 2));
+        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+    }
+
     #[tokio::test]
     async fn the_agent_waits_for_the_replacements_store_to_listen() {
         use crate::env;
