@@ -181,7 +181,7 @@ pub fn decide(s: &Situation) -> Decision {
                     "the name of the rendezvous host (rank {rank}) to stop leading to the lost pod's address {old}: the replacement is up, but a restarted torchrun could connect to the dead address and wait out its read_timeout (the old pod leaves the Service's DNS once it is deleted)"
                 ),
                 (None, Some(store)) => format!(
-                    "the rendezvous store of the replacement of rank {rank} to accept connections at {store}: its sidecar answers, its torchrun is not up yet, and a torchrun restarted now would wait for it for at most its read_timeout, then exit again"
+                    "the rendezvous store of rank {rank} (replaced, or its trainer restarted) to accept connections at {store}: the pod is up, its torchrun is not yet, and a torchrun restarted now would wait for it for at most its read_timeout, then exit again"
                 ),
                 (None, None) => match &s.name_error {
                     Some(e) => format!(

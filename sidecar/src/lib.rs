@@ -258,13 +258,14 @@ async fn coordinate(
             }
         };
         let rank = obs.rank;
-        let before = peers
-            .get(rank)
-            .map(|p| (p.state, p.misses, p.identity.clone()));
+        let seen = |peers: &Peers| {
+            peers
+                .get(rank)
+                .map(|p| (p.state, p.misses, p.identity.clone(), p.detail.clone()))
+        };
+        let before = seen(&peers);
         let loss = peers.observe(obs.clone());
-        let after = peers
-            .get(rank)
-            .map(|p| (p.state, p.misses, p.identity.clone()));
+        let after = seen(&peers);
         if before != after {
             if let (Some(b), Some(a)) = (&before, &after)
                 && b.0 != a.0

@@ -555,7 +555,7 @@ impl Responder {
                 rank,
                 pod = %new.pod,
                 store = ?store_closed,
-                "the replacement answers, but its rendezvous store does not accept connections yet: the agent is restarted once it does"
+                "the rendezvous host's pod is up (replaced, or its trainer restarted), but its rendezvous store does not accept connections yet: the agent is restarted once it does"
             );
         }
         ep.store_closed = store_closed;

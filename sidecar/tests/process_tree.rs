@@ -5,13 +5,14 @@
 //!
 //! Bounded waits only; no timing assertions beyond generous windows.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::path::Path;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use trainwire_test_support::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar};
+use trainwire_test_support::sidecar::{
+    FakeAgent as Agent, KillOnDrop, loopback_addr, loopback_sidecar,
+};
 use trainwire_test_support::{
     Prerequisite, alive, free_port, http_get, require, status, wait_until,
 };
@@ -62,58 +63,6 @@ fn sidecar(
     Sidecar {
         child: KillOnDrop(child),
         addr: loopback_addr(rank, port),
-    }
-}
-
-struct Agent {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Agent {
-    fn start(py: &str, tag: &str, workers: u32, log: PathBuf) -> Agent {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_torchrun.py");
-        let child = Command::new(py)
-            .arg(script)
-            .args(["--log", &log.display().to_string()])
-            .args(["--workers", &workers.to_string()])
-            .args(["--tag", tag])
-            .spawn()
-            .expect("start fake torchrun");
-        Agent { child, log }
-    }
-
-    fn lines(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| l.split_whitespace().map(str::to_owned).collect())
-            .collect()
-    }
-
-    fn count(&self, event: &str) -> usize {
-        self.lines()
-            .iter()
-            .filter(|l| l.get(1).map(String::as_str) == Some(event))
-            .count()
-    }
-
-    fn pids(&self, event: &str) -> Vec<i32> {
-        self.lines()
-            .iter()
-            .filter(|l| l.get(1).map(String::as_str) == Some(event))
-            .filter_map(|l| l.get(2).and_then(|p| p.parse().ok()))
-            .collect()
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        for pid in self.pids("spawn") {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
     }
 }
 
@@ -192,7 +141,7 @@ fn restart_workers_terms_each_worker_once_and_spares_the_agent() {
         Duration::from_secs(15),
         || agent.count("spawn") >= 4,
     );
-    assert!(alive(agent.child.id() as i32), "the agent is left alone");
+    assert!(alive(agent.pid()), "the agent is left alone");
     assert_eq!(agent.count("agent-sigterm"), 0);
 
     // Exactly once: give the sidecar time to act again if it wrongly would.
@@ -284,14 +233,11 @@ fn auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost() {
             .is_some_and(|w| w.contains("replacement")),
         "{st}"
     );
-    assert!(agent.child.try_wait().ok().flatten().is_none(), "{st}");
+    assert!(!agent.exited(), "{st}");
     let termed = agent.pids("worker-sigterm");
     assert!(workers.iter().all(|w| termed.contains(w)), "{st}");
     std::thread::sleep(Duration::from_secs(1));
-    assert!(
-        agent.child.try_wait().ok().flatten().is_none(),
-        "the agent waits for the replacement"
-    );
+    assert!(!agent.exited(), "the agent waits for the replacement");
     // The replacement: a new pod (new UID) answers at rank 0's address.
     drop(s0);
     let _s0b = sidecar(
@@ -304,7 +250,7 @@ fn auto_kills_agent_and_workers_when_the_rendezvous_host_is_lost() {
     );
     let mut status_code = None;
     wait_until("the agent is killed", Duration::from_secs(15), || {
-        status_code = agent.child.try_wait().ok().flatten();
+        status_code = agent.exit_status();
         status_code.is_some()
     });
     use std::os::unix::process::ExitStatusExt;
@@ -379,6 +325,6 @@ fn none_only_reports() {
         "{metrics}"
     );
     std::thread::sleep(Duration::from_millis(500));
-    assert!(alive(worker) && alive(agent.child.id() as i32));
+    assert!(alive(worker) && alive(agent.pid()));
     assert_eq!(agent.count("worker-sigterm"), 0);
 }

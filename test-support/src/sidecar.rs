@@ -61,3 +61,78 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A process tree shaped like torchrun's (`sidecar/tests/fake_torchrun.py`):
+/// an agent whose workers run in their own sessions and are restarted when
+/// they die, every event logged one line each. Dropping it kills the agent
+/// and every worker it spawned.
+pub struct FakeAgent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl FakeAgent {
+    /// `py` runs the script with `workers` workers; `tag` makes its command
+    /// line unique (for `TRAINWIRE_AGENT_MATCH`); events go to `log`.
+    pub fn start(py: &str, tag: &str, workers: u32, log: std::path::PathBuf) -> FakeAgent {
+        let script = crate::repo_root().join("sidecar/tests/fake_torchrun.py");
+        let child = Command::new(py)
+            .arg(script)
+            .args(["--log", &log.display().to_string()])
+            .args(["--workers", &workers.to_string()])
+            .args(["--tag", tag])
+            .spawn()
+            .expect("start fake torchrun");
+        FakeAgent { child, log }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Whether the agent has exited (it is reaped if so).
+    pub fn exited(&mut self) -> bool {
+        self.exit_status().is_some()
+    }
+
+    /// How the agent ended, once it has (it is reaped then).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn lines(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// How many `event` lines the log has (`spawn`, `worker-sigterm`, ...).
+    pub fn count(&self, event: &str) -> usize {
+        self.lines()
+            .iter()
+            .filter(|l| l.get(1).map(String::as_str) == Some(event))
+            .count()
+    }
+
+    /// The pids of the `event` lines.
+    pub fn pids(&self, event: &str) -> Vec<i32> {
+        self.lines()
+            .iter()
+            .filter(|l| l.get(1).map(String::as_str) == Some(event))
+            .filter_map(|l| l.get(2).and_then(|p| p.parse().ok()))
+            .collect()
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for pid in self.pids("spawn") {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}

@@ -8,6 +8,7 @@ pub use trainwire_test_support::{
     Prerequisite, admission_fixtures_dir, fixtures, net, process, repo_root, require, sidecar, wait,
 };
 
+pub mod apiserver;
 pub mod kubelet;
 pub mod mock_api;
 pub mod netns;

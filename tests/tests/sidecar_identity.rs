@@ -373,16 +373,25 @@ fn run_case(test: &str, trainer_uid: u32, sidecar: Identity, expect: Expect) {
                 logs()
             );
             let metrics = http_get(&addr1, "/metrics").unwrap_or_default();
+            // Counted once per attempt (the step is retried with a back-off).
             assert!(
                 metrics.contains(
-                    r#"trainwire_sidecar_signal_failures_total{role="agent",error="EPERM"} 1"#
+                    r#"trainwire_sidecar_signal_failures_total{role="agent",error="EPERM"} "#
                 ),
                 "{metrics}"
             );
             assert!(
-                metrics.contains("trainwire_sidecar_signal_permitted 0"),
+                metrics.contains(r#"trainwire_sidecar_signal_permission{state="denied"} 1"#),
                 "{metrics}"
             );
+            // /status never shows the failed step as done.
+            let st = status(&addr1);
+            assert_eq!(st["last_loss"]["agent_killed"], false, "{st:#}");
+            assert!(
+                st["last_loss"]["failed_attempts"].as_u64() >= Some(1),
+                "{st:#}"
+            );
+            assert_eq!(st["last_loss"]["state"], "confirmed", "{st:#}");
             let log = std::fs::read_to_string(&sidecar_log).unwrap_or_default();
             assert!(
                 log.lines()

@@ -32,6 +32,27 @@ const PORT: u16 = tw::DEFAULT_HEALTH_PORT;
 /// The outage that confirms a loss here (the default is 30 s).
 const CONFIRM: Duration = Duration::from_secs(3);
 
+/// A nameserver that never answers: it takes every query (UDP and TCP) on
+/// 127.0.0.53:53 and says nothing.
+const SILENT_DNS: &str = r#"
+import socket, threading
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+udp.bind(("127.0.0.53", 53))
+tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+tcp.bind(("127.0.0.53", 53))
+tcp.listen(64)
+held = []
+def hold():
+    while True:
+        conn, _ = tcp.accept()
+        held.append(conn)
+threading.Thread(target=hold, daemon=True).start()
+print("listening", flush=True)
+while True:
+    udp.recvfrom(4096)
+"#;
+
 /// An agent like torchrun's: workers in new sessions, restarted when they exit.
 const FAKE_AGENT: &str = r#"
 import subprocess, sys, time
@@ -61,6 +82,10 @@ struct Cluster {
     tag: Tag,
     net: Network,
     log: Log,
+    /// The world's size (ranks without a pod are never started).
+    nnodes: u32,
+    /// Processes that run beside the pods (the silent nameservers).
+    _others: Vec<Proc>,
 }
 
 impl Cluster {
@@ -70,16 +95,67 @@ impl Cluster {
             tag: Tag::new("twsn"),
             net: Network::create("tws")?,
             log: Log::new("netns"),
+            nnodes: 2,
+            _others: Vec::new(),
         })
     }
 
+    /// Gives `node` a cluster DNS that never answers (the address is taken
+    /// by a process that reads every query and answers none, on UDP and
+    /// TCP), as a pod sees it when the cluster DNS is unreachable: every
+    /// name that is not in its hosts file hangs for the resolver's whole
+    /// timeout. Must run before the node's processes start (`ip netns exec`
+    /// bind-mounts the file when it starts a process).
+    fn silent_dns(&mut self, label: &str, node: &Node) -> Result<(), String> {
+        let path = std::path::Path::new("/etc/netns")
+            .join(&node.ns)
+            .join("resolv.conf");
+        std::fs::write(
+            &path,
+            "search e2e.svc.cluster.local svc.cluster.local cluster.local\nnameserver 127.0.0.53\noptions ndots:5 timeout:5 attempts:2\n",
+        )
+        .map_err(|e| format!("write {}: {e}", path.display()))?;
+        let mut cmd = self.net.command(node, &trainwire_tests::torch::python());
+        cmd.args(["-c", SILENT_DNS]);
+        let dns = Proc::spawn_as(
+            &mut cmd,
+            self.tag.value(),
+            &self.log,
+            &format!("{label}/dns| "),
+        )
+        .map_err(|e| format!("start the silent nameserver: {e}"))?;
+        self._others.push(dns);
+        let prefix = format!("{label}/dns| ");
+        self.until(
+            "the silent nameserver to listen",
+            Duration::from_secs(20),
+            || {
+                self.log
+                    .lines()
+                    .iter()
+                    .any(|l| l.text.starts_with(&prefix) && l.text.contains("listening"))
+            },
+        );
+        Ok(())
+    }
+
     fn start_pod(&mut self, label: &str, rank: u32, action: &str) -> Result<(), String> {
-        let sidecar_bin = trainwire_tests::sidecar_binary()?;
         let node = self.net.add_node(
             label,
             &format!("node-{rank}"),
             Network::addr(10 + rank as u8),
         )?;
+        self.start_pod_on(label, rank, action, node)
+    }
+
+    fn start_pod_on(
+        &mut self,
+        label: &str,
+        rank: u32,
+        action: &str,
+        node: Node,
+    ) -> Result<(), String> {
+        let sidecar_bin = trainwire_tests::sidecar_binary()?;
         let token = unique_name(&format!("fake_torchrun_{label}_"));
         let mut cmd = self.net.command(&node, &sidecar_bin.to_string_lossy());
         cmd.envs([
@@ -87,7 +163,7 @@ impl Cluster {
             (tw::POD_NAMESPACE, "e2e".to_string()),
             (tw::POD_UID, unique_name("uid")),
             (tw::NODE_RANK, rank.to_string()),
-            (tw::NNODES, "2".to_string()),
+            (tw::NNODES, self.nnodes.to_string()),
             (tw::PEER_HOSTS, "node-{i}".to_string()),
             (tw::RDZV_HOST_RANK, "0".to_string()),
             (tw::HEALTH_PORT, PORT.to_string()),
@@ -179,14 +255,35 @@ impl Cluster {
 
 /// Both pods up, both sidecars healthy with each other, two workers each.
 fn start(action: &str) -> Option<Cluster> {
+    start_world(action, 2, false)
+}
+
+/// Pods for ranks 0 and 1 of a world of `nnodes` (the others never come),
+/// each with a cluster DNS that never answers when `silent_dns`.
+fn start_world(action: &str, nnodes: u32, silent_dns: bool) -> Option<Cluster> {
     let test = format!("sidecar_netns ({action})");
     if !netns::require_netns(&test) {
         return None;
     }
     let mut c = Cluster::new().unwrap_or_else(|e| panic!("{test}: {e}"));
+    c.nnodes = nnodes;
     for (label, rank) in [("n0", 0), ("n1", 1)] {
-        c.start_pod(label, rank, action)
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
+        if silent_dns {
+            let node = c
+                .net
+                .add_node(
+                    label,
+                    &format!("node-{rank}"),
+                    Network::addr(10 + rank as u8),
+                )
+                .unwrap_or_else(|e| panic!("{test}: {e}"));
+            c.silent_dns(label, &node)
+                .unwrap_or_else(|e| panic!("{test}: {e}"));
+            c.start_pod_on(label, rank, action, node)
+        } else {
+            c.start_pod(label, rank, action)
+        }
+        .unwrap_or_else(|e| panic!("{test}: {e}"));
     }
     c.until(
         "both sidecars to see each other healthy",
@@ -350,4 +447,72 @@ fn cut_link_restart_workers_terms_each_sides_workers_once() {
         assert_eq!(s["last_action"]["result"], "signalled", "{s:#}");
         assert_eq!(s["actions_total"], 1, "{s:#}");
     }
+}
+
+/// The cluster DNS does not answer (the pods' nameserver takes every query
+/// and says nothing) while a world of 3 runs with rank 2 never scheduled:
+/// its name is looked up all the time and never resolves (with glibc, each
+/// lookup held a thread of the sidecar's small blocking pool for the
+/// resolver's whole timeout, and a real action behind them timed out).
+/// When the rendezvous host is cut off, the survivor's action must still
+/// succeed within its normal time, and `/status` must name the name that
+/// does not resolve.
+#[test]
+fn slow_dns_does_not_starve_the_action() {
+    let Some(c) = start_world("auto", 3, true) else {
+        return;
+    };
+    c.until(
+        "n1's /status to say that rank 2's name does not resolve",
+        Duration::from_secs(30),
+        || {
+            c.status("n1").is_ok_and(|s| {
+                s["peers"].as_array().is_some_and(|peers| {
+                    peers.iter().any(|p| {
+                        p["rank"] == 2
+                            && p["state"] == "unknown"
+                            && p["detail"]
+                                .as_str()
+                                .is_some_and(|d| d.contains("name node-2 does not resolve"))
+                    })
+                })
+            })
+        },
+    );
+    // Let lookups pile up for a while (with glibc: every blocking thread
+    // held for 10 s) before the loss.
+    std::thread::sleep(Duration::from_secs(6));
+    let workers1 = c.workers("n1");
+    c.net
+        .cut(&c.pod("n0").node)
+        .unwrap_or_else(|e| panic!("cut: {e}"));
+    let took = c.until(
+        "n1's workers to be stopped",
+        detection_bound() + CONFIRM + Duration::from_secs(20),
+        || {
+            workers1.iter().all(|w| !alive(*w))
+                && c.status("n1")
+                    .is_ok_and(|s| s["last_loss"]["workers_stopped"] == true)
+        },
+    );
+    println!(
+        "SLOW_DNS cut_to_workers_stopped_s={:.2} bound_s={:.2}",
+        took.as_secs_f64(),
+        (detection_bound() + CONFIRM).as_secs_f64()
+    );
+    let s1 = c.status("n1").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(s1["last_action"]["result"], "signalled", "{s1:#}");
+    assert_eq!(s1["last_loss"]["failed_attempts"], 0, "{s1:#}");
+    assert!(
+        took <= detection_bound() + CONFIRM + Duration::from_secs(2),
+        "the action took {took:?}, over {:?}: {s1:#}",
+        detection_bound() + CONFIRM
+    );
+    assert_ne!(
+        s1["signal_permission"]
+            .as_str()
+            .map(|p| p.starts_with("unknown")),
+        Some(true),
+        "the permission check was starved: {s1:#}"
+    );
 }

@@ -263,7 +263,12 @@ fn kube_trials(trials: usize) -> Result<Vec<f64>> {
         .as_slice(),
     )?;
     let shared = Shared::new(config);
-    let mut responder = Responder::new(shared.clone(), EventSink::disabled(), false);
+    let mut responder = Responder::new(
+        shared.clone(),
+        EventSink::disabled(),
+        false,
+        trainwire_sidecar::dns::Resolver::table(Default::default()),
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
