@@ -137,6 +137,8 @@ pub struct Config {
     pub pod_uid: String,
     pub node_rank: u32,
     pub nnodes: NodeCount,
+    /// Hot spares: pods beyond the world's size (0: none).
+    pub spares: u32,
     pub selector: Option<String>,
     /// Rank of the pod that runs the c10d store; `None` when the store is
     /// outside the world (etcd-v2).
@@ -162,6 +164,9 @@ pub struct Config {
     pub agent_match: Vec<String>,
     pub log_format: LogFormat,
 }
+
+/// The most spare pods a world may have (`TRAINWIRE_SPARES`).
+pub const MAX_SPARES: u32 = 1024;
 
 /// Defaults, documented in `docs/sidecar.md`.
 pub mod defaults {
@@ -259,6 +264,11 @@ pub fn parse_nnodes(value: &str) -> Result<NodeCount> {
 }
 
 impl Config {
+    /// Every pod of the workload: the world's largest size plus the spares.
+    pub fn pods(&self) -> u32 {
+        self.nnodes.max().saturating_add(self.spares)
+    }
+
     /// The outage that confirms the loss of `lost_rank` by itself: the
     /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) the rendezvous
     /// keep-alive window (3 s) for a peer of an elastic world that is not the rendezvous host, 30 s otherwise;
@@ -297,18 +307,32 @@ impl Config {
                 });
             }
         };
-        let node_rank = rank(src, env::NODE_RANK, "a rank from 0 to NNODES-1")?.ok_or(
+        let spares = match src.get(env::SPARES) {
+            None => 0,
+            Some(v) => match v.trim().parse::<u32>() {
+                Ok(n) if n <= MAX_SPARES => n,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        var: env::SPARES,
+                        value: v.clone(),
+                        reason: format!("not a count of spare pods up to {MAX_SPARES}"),
+                        accepted: "0 to 1024",
+                    });
+                }
+            },
+        };
+        let node_rank = rank(src, env::NODE_RANK, "a rank from 0 to NNODES+SPARES-1")?.ok_or(
             ConfigError::Missing {
                 var: env::NODE_RANK,
                 why: "the sidecar must know its own rank to skip itself",
             },
         )?;
-        if node_rank >= nnodes.max() {
+        if node_rank >= nnodes.max().saturating_add(spares) {
             return Err(ConfigError::Invalid {
                 var: env::NODE_RANK,
                 value: node_rank.to_string(),
-                reason: format!("must be below the node count {nnodes}"),
-                accepted: "a rank from 0 to NNODES-1",
+                reason: format!("must be below the node count {nnodes} plus {spares} spares"),
+                accepted: "a rank from 0 to NNODES+SPARES-1",
             });
         }
         // `none`: the rendezvous store runs outside the world (etcd-v2), so
@@ -438,6 +462,7 @@ impl Config {
             nnodes,
             selector,
             rdzv_host_rank,
+            spares,
             rdzv_port,
             health_port,
             bind_address,
@@ -591,6 +616,19 @@ mod tests {
         assert_eq!(c.agent_match, vec!["fake_torchrun", "other"]);
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.on_peer_loss, OnPeerLoss::RestartWorkers);
+    }
+
+    #[test]
+    fn spares_add_ranks_beyond_the_world() {
+        assert_eq!(cfg(&[]).expect("default").spares, 0);
+        let c = cfg(&[(env::SPARES, "1"), (env::NODE_RANK, "2")]).expect("the spare's own rank");
+        assert_eq!((c.spares, c.node_rank, c.pods()), (1, 2, 3));
+        let e = cfg(&[(env::NODE_RANK, "2")]).expect_err("no spares: rank 2 of 2 is out");
+        assert!(e.to_string().contains("NNODES+SPARES-1"), "{e}");
+        for bad in ["-1", "x", "1025"] {
+            let e = cfg(&[(env::SPARES, bad)]).expect_err(bad);
+            assert!(e.to_string().contains("TRAINWIRE_SPARES"), "{e}");
+        }
     }
 
     #[test]

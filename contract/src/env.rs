@@ -83,6 +83,10 @@ pub const CONFIRM_AFTER: &str = "TRAINWIRE_CONFIRM_AFTER";
 /// replacement before reporting that none came (default `10m`). The GPUs
 /// stay free meanwhile; a replacement that comes later is still joined.
 pub const REPLACEMENT_WAIT: &str = "TRAINWIRE_REPLACEMENT_WAIT";
+/// Pods beyond the world's size (`trainwire.dev/spares`): hot spares that
+/// wait in torchrun's rendezvous and take a lost node's place. Ranks
+/// `NNODES..NNODES+SPARES` (above an elastic range's MAX) are theirs.
+pub const SPARES: &str = "TRAINWIRE_SPARES";
 
 /// The sidecar's default plain-HTTP port.
 pub const DEFAULT_HEALTH_PORT: u16 = 29600;
@@ -118,4 +122,5 @@ pub const ALL: &[&str] = &[
     CHECKPOINT_POLL_INTERVAL,
     CONFIRM_AFTER,
     REPLACEMENT_WAIT,
+    SPARES,
 ];

@@ -60,6 +60,8 @@ pub struct Situation {
     pub lost_rank: u32,
     pub rdzv_host_rank: Option<u32>,
     pub nnodes: NodeCount,
+    /// Hot spares of the world (pods beyond its size).
+    pub spares: u32,
     /// Nodes of the world still up, this one included.
     pub survivors: u32,
     pub confirmation: Option<Confirmation>,
@@ -220,6 +222,19 @@ pub fn decide(s: &Situation) -> Decision {
             }
             decision(Action::Wait, waiting, "the workers are stopped")
         }
+        // A spare waits in torchrun's rendezvous: when the lost node's
+        // keep-alive expires, it moves to the wait list, the survivors' agents
+        // see a waiting node and restart their workers, and the next round
+        // forms with it. Nothing to do here (restarting the workers early
+        // would only spend a max_restarts attempt).
+        OnPeerLoss::Auto if s.spares > 0 => decision(
+            Action::Done,
+            None,
+            format!(
+                "rank {rank} lost; a spare ({} in the world) takes its place: torchrun forms the next round with it",
+                s.spares
+            ),
+        ),
         OnPeerLoss::Auto => match s.nnodes {
             NodeCount::Elastic { min, .. } if s.survivors >= min => {
                 if s.workers_stopped || s.agent_killed {
@@ -292,6 +307,7 @@ mod tests {
             lost_rank,
             rdzv_host_rank: Some(0),
             nnodes,
+            spares: 0,
             survivors: nnodes.max() - 1,
             confirmation: None,
             replacement_ready: false,
@@ -347,6 +363,11 @@ mod tests {
                                                     ..s.clone()
                                                 });
                                             }
+                                            // With a spare waiting.
+                                            out.push(Situation {
+                                                spares: 1,
+                                                ..s.clone()
+                                            });
                                             out.push(s);
                                         }
                                     }
@@ -358,6 +379,27 @@ mod tests {
             }
         }
         out
+    }
+
+    /// With a spare and the store outside the world, `auto` touches
+    /// nothing: the spare takes the lost node's place in torchrun's next
+    /// round. With the store on pod 0, losing pod 0 still follows the
+    /// rendezvous host's recipe.
+    #[test]
+    fn a_spare_takes_the_place_of_any_lost_node() {
+        for lost_rank in 0..3 {
+            let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(3), lost_rank);
+            s.spares = 1;
+            s.rdzv_host_rank = None;
+            s.confirmation = Some(Confirmation::Kubernetes(LossReason::Deleted));
+            let d = decide(&s);
+            assert_eq!(d.action, Action::Done, "{d:?}");
+            assert!(d.why.contains("a spare"), "{d:?}");
+        }
+        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(3), 0);
+        s.spares = 1;
+        s.confirmation = Some(Confirmation::Kubernetes(LossReason::Deleted));
+        assert_eq!(decide(&s).action, Action::StopWorkers);
     }
 
     #[test]

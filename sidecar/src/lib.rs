@@ -237,8 +237,9 @@ async fn coordinate(
     mut responder: Responder,
 ) {
     let config = &shared.config;
-    let mut peers = Peers::new(
+    let mut peers = Peers::with_spares(
         config.nnodes,
+        config.spares,
         config.node_rank,
         config.heartbeat.misses,
         Instant::now(),

@@ -193,11 +193,28 @@ impl Peers {
     /// All ranks of `nnodes` except `self_rank`, each `Unknown` (or `Absent`
     /// above an elastic minimum).
     pub fn new(nnodes: NodeCount, self_rank: u32, misses_allowed: u32, now: Instant) -> Self {
+        Self::with_spares(nnodes, 0, self_rank, misses_allowed, now)
+    }
+
+    /// [`Peers::new`] with `spares` more ranks after the world's largest
+    /// size: hot spares, expected to exist in a fixed world (`Unknown`),
+    /// `Absent` like the ranks above an elastic minimum otherwise.
+    pub fn with_spares(
+        nnodes: NodeCount,
+        spares: u32,
+        self_rank: u32,
+        misses_allowed: u32,
+        now: Instant,
+    ) -> Self {
         let wall = SystemTime::now();
-        let peers = (0..nnodes.max())
+        let expected = match nnodes {
+            NodeCount::Fixed(n) => n.saturating_add(spares),
+            NodeCount::Elastic { min, .. } => min,
+        };
+        let peers = (0..nnodes.max().saturating_add(spares))
             .filter(|r| *r != self_rank)
             .map(|rank| {
-                let state = if rank >= nnodes.min() {
+                let state = if rank >= expected {
                     State::Absent
                 } else {
                     State::Unknown
@@ -521,6 +538,17 @@ mod tests {
         assert_eq!(p.get(0).map(|x| x.state), Some(State::Lost));
         p.observe(obs(0, Source::Kubernetes, Evidence::Alive(id("b")), t));
         assert_eq!(p.get(0).map(|x| x.state), Some(State::Replaced));
+    }
+
+    #[test]
+    fn spares_are_peers_too() {
+        let t = Instant::now();
+        let p = Peers::with_spares(NodeCount::Fixed(2), 1, 0, 3, t);
+        let states: Vec<_> = p.iter().map(|x| (x.rank, x.state)).collect();
+        assert_eq!(states, vec![(1, State::Unknown), (2, State::Unknown)]);
+        let p = Peers::with_spares(NodeCount::Elastic { min: 1, max: 2 }, 1, 0, 3, t);
+        let states: Vec<_> = p.iter().map(|x| (x.rank, x.state)).collect();
+        assert_eq!(states, vec![(1, State::Absent), (2, State::Absent)]);
     }
 
     #[test]

@@ -637,6 +637,7 @@ impl Responder {
                 lost_rank: rank,
                 rdzv_host_rank: config.rdzv_host_rank,
                 nnodes: config.nnodes,
+                spares: config.spares,
                 survivors,
                 confirmation: ep.confirmation,
                 replacement_ready: ep.replacement_ready,
@@ -1097,6 +1098,9 @@ async fn execute_off_loop(
 
 /// How often [`watch_permission`] checks that the trainer may be signalled.
 pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// How often, in a world with hot spares (whether this pod trains or waits
+/// as a spare is shown within this).
+pub const SPARE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// A `/proc` scan that takes longer than this is abandoned (and reported).
 const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -1141,8 +1145,13 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let matcher = AgentMatcher::new(shared.config.agent_match.clone());
     let self_pid = std::process::id() as i32;
     let mut last: Option<PermissionState> = None;
-    let mut tick = tokio::time::interval(PERMISSION_CHECK_INTERVAL);
-    let mut running: Option<tokio::sync::oneshot::Receiver<Permission>> = None;
+    let mut role = Role::default();
+    let mut tick = tokio::time::interval(if shared.config.spares > 0 {
+        SPARE_CHECK_INTERVAL
+    } else {
+        PERMISSION_CHECK_INTERVAL
+    });
+    let mut running: Option<tokio::sync::oneshot::Receiver<(Permission, signal::Activity)>> = None;
     loop {
         tick.tick().await;
         let pending = match running.take() {
@@ -1151,7 +1160,11 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                 let matcher = matcher.clone();
                 match signal::on_own_thread("trainwire-check", move || {
                     let procs = signal::scan(std::path::Path::new("/proc"));
-                    signal::check_permission(&signal::find_trainers(&procs, &matcher, self_pid))
+                    let trainers = signal::find_trainers(&procs, &matcher, self_pid);
+                    (
+                        signal::check_permission(&trainers),
+                        signal::activity(&trainers),
+                    )
                 }) {
                     Ok(pending) => pending,
                     Err(e) => {
@@ -1168,8 +1181,12 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             }
         };
         let mut pending = pending;
-        let (state, text) = match tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await
-        {
+        let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
+        if let Ok(Ok((_, activity))) = &found {
+            role.observe(&shared, &events, *activity);
+        }
+        let found = found.map(|r| r.map(|(permission, _)| permission));
+        let (state, text) = match found {
             Ok(Ok(Permission::NoTrainer)) => {
                 (PermissionState::NoTrainer, "no trainer running".to_string())
             }
@@ -1201,6 +1218,71 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             }
         };
         publish_permission(&shared, &events, &mut last, state, text);
+    }
+}
+
+/// Whether this pod trains or waits (as a spare), and the hand-over of a
+/// spare that starts training after a loss.
+#[derive(Debug, Default)]
+struct Role {
+    last: Option<signal::Activity>,
+    /// The loss generation whose take-over was already said.
+    took_over: u64,
+}
+
+impl Role {
+    fn observe(&mut self, shared: &Shared, events: &EventSink, now: signal::Activity) {
+        let spares = shared.config.spares;
+        let text = match now {
+            signal::Activity::Training { workers } => {
+                format!("training: the agent runs {workers} workers")
+            }
+            signal::Activity::Waiting if spares > 0 => {
+                "waiting: the agent runs no workers (a hot spare while the world is complete, or a rendezvous in progress)".to_string()
+            }
+            signal::Activity::Waiting => {
+                "waiting: the agent runs no workers (a rendezvous in progress)".to_string()
+            }
+            signal::Activity::NoTrainer => "no trainer running".to_string(),
+        };
+        let label = match now {
+            signal::Activity::Training { .. } => "training",
+            signal::Activity::Waiting => "waiting",
+            signal::Activity::NoTrainer => "no-trainer",
+        };
+        for state in ["training", "waiting", "no-trainer"] {
+            shared
+                .metrics
+                .trainer
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(i64::from(state == label));
+        }
+        let generation = shared.generation();
+        let took_over = spares > 0
+            && self.last == Some(signal::Activity::Waiting)
+            && matches!(now, signal::Activity::Training { .. })
+            && generation > self.took_over;
+        let mut status = shared.status();
+        status.trainer = Some(text);
+        if took_over {
+            let lost = status
+                .last_loss
+                .as_ref()
+                .map(|l| format!("rank {} ({})", l.rank, l.detail))
+                .unwrap_or_else(|| "a lost node".into());
+            drop(status);
+            let note = format!(
+                "this pod ({}) waited as a spare and now trains in place of lost {lost} (loss generation {generation})",
+                shared.config.pod_name
+            );
+            tracing::info!("spare took over: {note}");
+            events.publish(false, "SpareTookOver", "take-over", note);
+            shared.metrics.spare_takeovers.inc();
+            self.took_over = generation;
+        }
+        self.last = Some(now);
     }
 }
 
@@ -1510,6 +1592,58 @@ mod tests {
     /// Heartbeats, rendezvous host lost, its replacement answers at pod 0's
     /// name while its trainer (torchrun, which runs the store) is not up
     /// yet: the agent is restarted only once the store accepts connections.
+    /// A spare's sidecar: waiting, then training after a loss, is one
+    /// take-over (counted and said once per loss); training before any loss
+    /// (the world forming) is none.
+    #[test]
+    fn a_spare_that_starts_training_after_a_loss_took_over_once() {
+        use crate::env;
+        let config = host_loss_config(
+            "127.0.0.1{i}",
+            "heartbeat",
+            &[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")],
+        );
+        let shared = Shared::new(config.clone());
+        let events = EventSink::disabled();
+        let mut role = Role::default();
+        let training = signal::Activity::Training { workers: 2 };
+        // The world forms with this pod waiting, then training: no loss yet.
+        role.observe(&shared, &events, signal::Activity::Waiting);
+        role.observe(&shared, &events, training);
+        assert_eq!(shared.metrics.spare_takeovers.get(), 0);
+        // It waits as the spare; a peer is lost; it trains.
+        role.observe(&shared, &events, signal::Activity::Waiting);
+        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
+        let at = Instant::now();
+        for evidence in [
+            Evidence::Alive(pod(true, Some("10.0.0.1"))),
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+        ] {
+            peers.observe(Observation {
+                rank: 0,
+                source: Source::Kubernetes,
+                evidence,
+                at,
+            });
+        }
+        shared.publish_peers(&peers);
+        role.observe(&shared, &events, training);
+        role.observe(&shared, &events, training);
+        assert_eq!(shared.metrics.spare_takeovers.get(), 1);
+        assert!(
+            shared
+                .status()
+                .trainer
+                .as_deref()
+                .is_some_and(|t| t.starts_with("training")),
+        );
+        let metrics = shared.encode_metrics();
+        assert!(
+            metrics.contains(r#"trainwire_sidecar_trainer{state="training"} 1"#),
+            "{metrics}"
+        );
+    }
+
     /// A signal to `role` that arrived (`None`) or failed.
     fn sent(role: &'static str, signal: &'static str, error: Option<&str>) -> Sent {
         Sent {

@@ -422,6 +422,28 @@ pub fn trainers_before(trainers: Vec<Trainer>, loss_ticks: u64) -> Vec<Trainer> 
         .collect()
 }
 
+/// What the local trainer does, as `/proc` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activity {
+    /// An agent with workers: this pod trains.
+    Training { workers: usize },
+    /// An agent with no workers: it waits in the rendezvous (starting, or a
+    /// hot spare on torchrun's redundancy list while the world is complete).
+    Waiting,
+    /// No agent.
+    NoTrainer,
+}
+
+/// The activity of the trainers found in `/proc`.
+pub fn activity(trainers: &[Trainer]) -> Activity {
+    let workers: usize = trainers.iter().map(|t| t.workers.len()).sum();
+    match (trainers.is_empty(), workers) {
+        (true, _) => Activity::NoTrainer,
+        (false, 0) => Activity::Waiting,
+        (false, workers) => Activity::Training { workers },
+    }
+}
+
 /// Runs `work` on a thread of its own and returns its result when done:
 /// the `/proc` scans and the signals never wait for a shared pool (one that
 /// name lookups or file-system scans could hold), and a scan that hangs (a

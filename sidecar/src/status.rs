@@ -75,6 +75,11 @@ pub struct Metrics {
     /// `denied`, `no-trainer`, `unknown`): 1 for the current one.
     pub signal_permission: Family<StateLabels, Gauge>,
     pub losses_confirmed: Family<ConfirmLabels, Counter>,
+    /// One series per state of the local trainer (`training`, `waiting`,
+    /// `no-trainer`): 1 for the current one.
+    pub trainer: Family<StateLabels, Gauge>,
+    /// Times this pod waited as a hot spare and then started training.
+    pub spare_takeovers: Counter,
 }
 
 impl Metrics {
@@ -96,6 +101,8 @@ impl Metrics {
             signal_failures: Family::default(),
             signal_permission: Family::default(),
             losses_confirmed: Family::default(),
+            trainer: Family::default(),
+            spare_takeovers: Counter::default(),
         };
         registry.register(
             "peers_lost",
@@ -149,6 +156,16 @@ impl Metrics {
             "losses_confirmed",
             "Peer losses confirmed (the only ones acted on), by what confirmed them",
             m.losses_confirmed.clone(),
+        );
+        registry.register(
+            "trainer",
+            "1 for what the local trainer does now: training (its agent runs workers), waiting (an agent without workers: a hot spare, or a rendezvous in progress), no-trainer",
+            m.trainer.clone(),
+        );
+        registry.register(
+            "spare_takeovers",
+            "Times this pod waited as a hot spare and then started training after a peer was lost",
+            m.spare_takeovers.clone(),
         );
         m.signal_permission
             .get_or_create(&StateLabels {
@@ -276,6 +293,10 @@ pub struct StatusDoc {
     /// Whether this sidecar may signal the trainer, checked (without sending
     /// anything) while it runs, before any peer is lost.
     pub signal_permission: Option<String>,
+    /// Hot spares of the world (pods beyond its size).
+    pub spares: u32,
+    /// What the local trainer does: training, or waiting (as a spare).
+    pub trainer: Option<String>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.
@@ -314,6 +335,8 @@ impl Shared {
             checkpoint: None,
             kubernetes_api: None,
             signal_permission: None,
+            spares: config.spares,
+            trainer: None,
         };
         Arc::new(Shared {
             config,
