@@ -19,6 +19,7 @@ pub mod failure;
 pub mod path;
 pub mod peer_loss;
 pub mod quantity;
+pub mod release;
 pub mod rendezvous;
 pub mod values;
 

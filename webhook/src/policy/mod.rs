@@ -28,8 +28,13 @@ pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
 /// The taint a node gets when its kubelet reports it not ready.
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
-/// Default sidecar image, overridden by `--sidecar-image` or the policy.
-pub const DEFAULT_SIDECAR_IMAGE: &str = "ghcr.io/trainwire/trainwire-sidecar:0.1.0";
+/// Default sidecar image, overridden by `--sidecar-image` or the policy: the
+/// image `images/build` makes from this version (docs/deploy.md says how to
+/// point it at one's own registry).
+pub const DEFAULT_SIDECAR_IMAGE: &str = concat!(
+    "ghcr.io/trainwire/trainwire-sidecar:",
+    env!("CARGO_PKG_VERSION")
+);
 
 /// What happens when the user's annotation or manifest conflicts with a
 /// policy value.
