@@ -1,9 +1,33 @@
 use anyhow::Context;
+use clap::Parser;
 
 /// The log filter when `RUST_LOG` is not set.
 const DEFAULT_FILTER: &str = "info,hyper=warn,kube=warn,tower=warn";
 
+/// The command line: only `--help` and `--version`. The configuration is the
+/// `TRAINWIRE_*` environment the webhook sets (trainwire_contract::env), so
+/// that a pod spec holds it in one place.
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainwire-sidecar",
+    version = trainwire_contract::release::VERSION,
+    about = "Watches a torchrun world's peers and checkpoints; restarts the local trainer on a confirmed peer loss",
+    long_about = None,
+    after_help = "\
+Configured by environment only; the webhook injects it (docs/sidecar.md):
+  TRAINWIRE_NNODES       the world's node count, N or MIN:MAX (required)
+  TRAINWIRE_NODE_RANK    this pod's rank, 0 to NNODES-1 (required)
+  TRAINWIRE_PEER_HOSTS   the peers' host pattern, {i} for the rank
+  TRAINWIRE_POD_NAME     this pod's name (default: HOSTNAME)
+  TRAINWIRE_HEALTH_PORT  the HTTP port of /healthz, /readyz, /status, /metrics (default 29600)
+  ...and the optional TRAINWIRE_* settings listed in docs/sidecar.md."
+)]
+struct Cli {}
+
 fn main() -> std::process::ExitCode {
+    // `--help` and `--version` exit here (0), before any env is read; an
+    // unknown argument exits 2 with clap's message.
+    let Cli {} = Cli::parse();
     // A configuration error is a message (with its causes), never a stack
     // backtrace, whatever RUST_BACKTRACE says.
     match run() {

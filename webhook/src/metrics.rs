@@ -135,7 +135,17 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
 }
 
-/// All metrics, registered under the `trainwire_webhook_` prefix.
+/// The labels of `trainwire_build_info`: `version`, and `revision` when the
+/// build was given one ([`trainwire_contract::release`]).
+pub fn build_labels() -> Vec<(&'static str, &'static str)> {
+    use trainwire_contract::release::{REVISION, VERSION};
+    let mut labels = vec![("version", VERSION)];
+    labels.extend(REVISION.map(|r| ("revision", r)));
+    labels
+}
+
+/// All metrics, registered under the `trainwire_webhook_` prefix, and
+/// `trainwire_build_info` (shared with the sidecar, without the prefix).
 pub struct Metrics {
     registry: Registry,
     pub admissions: Family<AdmissionLabels, Counter>,
@@ -163,7 +173,17 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("trainwire_webhook");
+        let mut root = Registry::default();
+        // An info-style gauge, always 1: `version` (and `revision`) as labels,
+        // so a dashboard can join any series with the build that made it.
+        let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+        build_info.get_or_create(&build_labels()).set(1);
+        root.register(
+            "trainwire_build_info",
+            "The trainwire build serving: 1, with its version and source revision as labels",
+            build_info,
+        );
+        let registry = root.sub_registry_with_prefix("trainwire_webhook");
         let admissions = Family::<AdmissionLabels, Counter>::default();
         registry.register(
             "admissions",
@@ -215,7 +235,7 @@ impl Metrics {
         );
         Metrics {
             failure_actions,
-            registry,
+            registry: root,
             scale_guard_unknown,
             admissions,
             admission_duration,
@@ -241,3 +261,26 @@ impl Metrics {
 
 /// Content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_info_is_one_with_the_version_before_any_event() {
+        let text = Metrics::new().encode();
+        let version = trainwire_contract::release::VERSION;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("trainwire_build_info{"))
+            .unwrap_or_default();
+        assert!(line.contains(&format!("version=\"{version}\"")), "{text}");
+        assert!(line.ends_with("} 1"), "{text}");
+        assert!(text.contains("# TYPE trainwire_build_info gauge"), "{text}");
+        // The other families keep their prefix.
+        assert!(
+            text.contains("# TYPE trainwire_webhook_certificate_expiry_timestamp_seconds gauge"),
+            "{text}"
+        );
+    }
+}
