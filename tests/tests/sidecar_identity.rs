@@ -123,7 +123,7 @@ impl Identity {
     }
 }
 
-/// The image's user (`USER 65532:65532` in docker/sidecar.Dockerfile), used
+/// The image's user (`USER 65532:65532`, images/build), used
 /// when the pod does not set one.
 const IMAGE_USER: u32 = 65532;
 
