@@ -248,6 +248,8 @@ fn building_twice_from_the_same_binaries_gives_the_same_digests() -> Result<()> 
 struct Bundle {
     _layout: Layout,
     dir: tempfile::TempDir,
+    /// The `config.json` umoci wrote, which each [`Bundle::configure`] starts from.
+    unpacked: Value,
     /// runc's state directory, this test's own.
     state: tempfile::TempDir,
 }
@@ -262,9 +264,11 @@ impl Bundle {
             .arg("--image")
             .arg(format!("{}:{VERSION}", layout.dir.path().display()))
             .arg(&bundle))?;
+        let unpacked = read_json(&bundle.join("config.json"))?;
         Ok(Bundle {
             _layout: layout,
             dir,
+            unpacked,
             state: tempfile::tempdir()?,
         })
     }
@@ -278,7 +282,7 @@ impl Bundle {
         mounts: &[(&Path, &str, bool)],
     ) -> Result<()> {
         let path = self.dir.path().join("bundle/config.json");
-        let mut config = read_json(&path)?;
+        let mut config = self.unpacked.clone();
         let process = &mut config["process"];
         // umoci takes the user from the image: it must be the non-root one.
         assert_eq!(process["user"]["uid"], USER);
@@ -566,10 +570,11 @@ fn the_sidecar_image_answers_version_and_serves_healthz_as_its_non_root_user() -
         &[
             ("TRAINWIRE_POD_NAME", "train-0"),
             ("TRAINWIRE_POD_NAMESPACE", "default"),
-            ("TRAINWIRE_NNODES", "1"),
+            // Rank 0 of two, the peer (127.0.0.11) not started: absent, not lost.
+            ("TRAINWIRE_NNODES", "2"),
             ("TRAINWIRE_NODE_RANK", "0"),
             ("TRAINWIRE_DETECTION", "heartbeat"),
-            ("TRAINWIRE_PEER_HOSTS", "127.0.0.1"),
+            ("TRAINWIRE_PEER_HOSTS", "127.0.0.1{i}"),
             ("TRAINWIRE_BIND_ADDRESS", "127.0.0.1"),
             ("TRAINWIRE_HEALTH_PORT", &port_text),
         ],
@@ -577,10 +582,17 @@ fn the_sidecar_image_answers_version_and_serves_healthz_as_its_non_root_user() -
     )?;
     let container = bundle.start(&unique_id("sidecar"))?;
     let addr = format!("127.0.0.1:{port}");
-    let answered =
-        trainwire_tests::wait::wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
-            trainwire_tests::net::http_get(&addr, "/healthz").is_some()
-        });
+    let mut answered = false;
+    // Until /healthz answers, or the sidecar exits with its error.
+    trainwire_tests::wait::wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
+        answered = trainwire_tests::net::http_get(&addr, "/healthz").is_some();
+        answered
+            || container
+                .log
+                .lines()
+                .iter()
+                .any(|l| l.text.starts_with("error:"))
+    });
     ensure!(
         answered,
         "the sidecar did not answer /healthz:\n{}",
