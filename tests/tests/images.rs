@@ -429,8 +429,7 @@ impl Container<'_> {
         let root = mountinfo
             .lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .filter(|f| f.get(4) == Some(&"/"))
-            .last()
+            .rfind(|f| f.get(4) == Some(&"/"))
             .context("no root mount")?;
         let options = root.get(5).copied().unwrap_or_default();
         assert!(
