@@ -22,6 +22,7 @@ pub mod quantity;
 pub mod release;
 pub mod rendezvous;
 pub mod values;
+pub mod world;
 
 pub use duration::{Duration, PositiveDuration};
 pub use failure::{ExitCodes, FailureLimit, NodeFailureAction};

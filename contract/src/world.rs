@@ -1,0 +1,358 @@
+//! The state of a training world as the webhook's controller keeps it on the
+//! workload, and the checkpoint record a sidecar keeps on its pod.
+//!
+//! [`ANNOTATION`] (`trainwire.dev/world`) on a StatefulSet or Job holds a JSON
+//! [`WorldStatus`]: its nodes, how many losses it had, the last one and how
+//! long training took to resume, the newest checkpoint the sidecars see, and
+//! whether the world is stopped and why. A workload's `status` belongs to its
+//! own controller, so this lives in an annotation; it outlives Events (which
+//! expire after an hour) and reads with
+//! `kubectl get sts NAME -o jsonpath='{.metadata.annotations.trainwire\.dev/world}'`.
+//!
+//! The schema is versioned ([`SCHEMA_VERSION`]): a field is only ever added
+//! (optional) within a version; a reader refuses a newer version with a
+//! message instead of misreading it. Times are RFC 3339 strings in UTC. The
+//! checkpoint's *age* is not stored (it changes every second, and the
+//! annotation is written only when something changes): readers compute it
+//! from [`CheckpointSeen::newest_at`].
+//!
+//! [`CHECKPOINT_ANNOTATION`] (`trainwire.dev/checkpoint`) on a pod holds the
+//! sidecar's [`CheckpointRecord`]: the newest complete checkpoint it sees
+//! and its modification time, rewritten only when the newest one changes.
+
+use serde::{Deserialize, Serialize};
+
+/// The workload annotation that holds the [`WorldStatus`].
+pub const ANNOTATION: &str = "trainwire.dev/world";
+
+/// The pod annotation that holds the sidecar's [`CheckpointRecord`].
+pub const CHECKPOINT_ANNOTATION: &str = "trainwire.dev/checkpoint";
+
+/// The version this build writes and the newest it reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// At most this many actions are kept for one loss.
+pub const MAX_ACTIONS: usize = 8;
+
+/// Bound on an annotation value this crate parses (the API server's limit
+/// for all of an object's annotations together is 256 KiB).
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+
+/// Where the world is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Phase {
+    /// Not every expected node is Ready yet, and no loss is open.
+    #[default]
+    Forming,
+    /// Every expected node is Ready.
+    Running,
+    /// A node was lost and the world is not whole again yet.
+    Recovering,
+    /// Stopped by trainwire's crash-loop stop (see [`Stopped`]).
+    Stopped,
+    /// Zero nodes asked for (a StatefulSet at `replicas: 0`, a suspended Job).
+    Paused,
+    /// The Job completed.
+    Completed,
+    /// The Job failed.
+    Failed,
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Nodes of the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Nodes {
+    /// Ranks below `expected` whose pod is Ready and not being deleted.
+    pub ready: u32,
+    /// StatefulSet `replicas`, Job `parallelism` (0 when paused).
+    pub expected: u32,
+}
+
+/// The last loss of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Loss {
+    /// The world's generation this loss started (the first loss is 1).
+    pub generation: u64,
+    /// The rank (pod index) that was lost.
+    pub rank: u32,
+    /// When it was first seen lost: the pod's `deletionTimestamp`, the
+    /// sidecar's record time, or when the controller saw it.
+    pub at: String,
+    /// What showed it: `pod-deleted`, `pod-failed`, `pod-replaced`,
+    /// `pod-gone`, `sidecar`.
+    pub detected_by: String,
+    /// What was done, in order: each sidecar's action on it
+    /// (`rank 0: restart-agent signalled`), at most [`MAX_ACTIONS`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<String>,
+    /// When training resumed: the first time after the loss at which every
+    /// expected rank had a Ready pod not being deleted, at least one of them
+    /// Ready since after the loss; the latest of those pods' Ready
+    /// transition times. Absent while recovering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<String>,
+    /// `resumedAt - at`, in whole seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_seconds: Option<u64>,
+}
+
+/// The newest checkpoint the sidecars report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointSeen {
+    /// Its name (file or directory), as the sidecar reports it.
+    pub name: String,
+    /// Its modification time; its age is now minus this.
+    pub newest_at: String,
+    /// How many pods report a checkpoint.
+    pub reported_by: u32,
+}
+
+/// Why and since when the world is stopped (the workload's
+/// `trainwire.dev/stopped-*` annotations).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Stopped {
+    /// `fail-fast-exit-code` or `max-failures`.
+    pub reason: String,
+    pub at: String,
+    /// The pod whose trainer exit stopped it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The command that resumes it.
+    pub resume: String,
+}
+
+/// The `trainwire.dev/world` annotation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WorldStatus {
+    /// [`SCHEMA_VERSION`] of the writer.
+    pub version: u32,
+    pub phase: Phase,
+    pub nodes: Nodes,
+    /// Losses so far (0 for a world that never lost a node).
+    pub generation: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_loss: Option<Loss>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSeen>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<Stopped>,
+    /// When the controller wrote this value.
+    #[serde(default)]
+    pub updated_at: String,
+}
+
+/// An annotation value that is not a status this build can read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorldError {
+    #[error("annotation {annotation}: {bytes} bytes is more than the {MAX_VALUE_BYTES} accepted")]
+    TooLarge {
+        annotation: &'static str,
+        bytes: usize,
+    },
+    #[error("annotation {annotation}: not the JSON this schema describes: {reason}")]
+    NotJson {
+        annotation: &'static str,
+        reason: String,
+    },
+    #[error(
+        "annotation {ANNOTATION}: schema version {found} was written by a newer trainwire; this one reads up to {SCHEMA_VERSION}: upgrade it"
+    )]
+    NewerVersion { found: u32 },
+}
+
+fn bounded(annotation: &'static str, value: &str) -> Result<(), WorldError> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(WorldError::TooLarge {
+            annotation,
+            bytes: value.len(),
+        });
+    }
+    Ok(())
+}
+
+impl WorldStatus {
+    /// The annotation's value (compact JSON).
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read an annotation value.
+    pub fn from_annotation(value: &str) -> Result<WorldStatus, WorldError> {
+        bounded(ANNOTATION, value)?;
+        let status: WorldStatus =
+            serde_json::from_str(value).map_err(|e| WorldError::NotJson {
+                annotation: ANNOTATION,
+                reason: e.to_string(),
+            })?;
+        if status.version > SCHEMA_VERSION {
+            return Err(WorldError::NewerVersion {
+                found: status.version,
+            });
+        }
+        Ok(status)
+    }
+
+    /// Equal but for `updatedAt`: whether writing `other` would change
+    /// anything a reader cares about.
+    pub fn same_as(&self, other: &WorldStatus) -> bool {
+        WorldStatus {
+            updated_at: String::new(),
+            ..self.clone()
+        } == WorldStatus {
+            updated_at: String::new(),
+            ..other.clone()
+        }
+    }
+}
+
+/// What a sidecar records on its pod about the checkpoint directory: the
+/// newest complete checkpoint and its modification time. Written when the
+/// newest checkpoint changes, never to refresh an age.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointRecord {
+    /// Its name in the checkpoint directory.
+    pub name: String,
+    /// Its modification time, RFC 3339.
+    pub at: String,
+}
+
+impl CheckpointRecord {
+    /// The annotation's value (compact JSON).
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Read an annotation value.
+    pub fn from_annotation(value: &str) -> Result<CheckpointRecord, WorldError> {
+        bounded(CHECKPOINT_ANNOTATION, value)?;
+        serde_json::from_str(value).map_err(|e| WorldError::NotJson {
+            annotation: CHECKPOINT_ANNOTATION,
+            reason: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        "[ -~]{0,24}"
+    }
+
+    fn phase() -> impl Strategy<Value = Phase> {
+        prop_oneof![
+            Just(Phase::Forming),
+            Just(Phase::Running),
+            Just(Phase::Recovering),
+            Just(Phase::Stopped),
+            Just(Phase::Paused),
+            Just(Phase::Completed),
+            Just(Phase::Failed),
+        ]
+    }
+
+    prop_compose! {
+        fn loss()(generation in any::<u64>(), rank in any::<u32>(), at in text(), detected_by in text(),
+                  actions in proptest::collection::vec(text(), 0..MAX_ACTIONS),
+                  resumed_at in proptest::option::of(text()), recovery_seconds in proptest::option::of(any::<u64>())) -> Loss {
+            Loss { generation, rank, at, detected_by, actions, resumed_at, recovery_seconds }
+        }
+    }
+
+    prop_compose! {
+        fn status()(phase in phase(), ready in any::<u32>(), expected in any::<u32>(), generation in any::<u64>(),
+                    last_loss in proptest::option::of(loss()),
+                    checkpoint in proptest::option::of((text(), text(), any::<u32>())),
+                    stopped in proptest::option::of((text(), text(), text(), proptest::option::of(any::<i32>()), text())),
+                    updated_at in text()) -> WorldStatus {
+            WorldStatus {
+                version: SCHEMA_VERSION,
+                phase,
+                nodes: Nodes { ready, expected },
+                generation,
+                last_loss,
+                checkpoint: checkpoint.map(|(name, newest_at, reported_by)| CheckpointSeen { name, newest_at, reported_by }),
+                stopped: stopped.map(|(reason, at, pod, exit_code, resume)| Stopped { reason, at, pod, exit_code, resume }),
+                updated_at,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn world_status_round_trips(s in status()) {
+            let text = s.to_annotation();
+            prop_assert_eq!(WorldStatus::from_annotation(&text), Ok(s));
+        }
+
+        #[test]
+        fn checkpoint_record_round_trips(name in text(), at in text()) {
+            let r = CheckpointRecord { name, at };
+            prop_assert_eq!(CheckpointRecord::from_annotation(&r.to_annotation()), Ok(r));
+        }
+    }
+
+    #[test]
+    fn the_documented_example_reads() {
+        let text = r#"{"version":1,"phase":"Running","nodes":{"ready":4,"expected":4},"generation":1,
+            "lastLoss":{"generation":1,"rank":1,"at":"2026-11-25T08:10:00Z","detectedBy":"pod-deleted",
+              "actions":["rank 0: report reported"],"resumedAt":"2026-11-25T08:11:02Z","recoverySeconds":62},
+            "checkpoint":{"name":"step-1200","newestAt":"2026-11-25T08:05:00Z","reportedBy":4},
+            "updatedAt":"2026-11-25T08:11:05Z"}"#;
+        let s = WorldStatus::from_annotation(text).expect("reads");
+        assert_eq!(s.phase, Phase::Running);
+        assert_eq!(s.last_loss.and_then(|l| l.recovery_seconds), Some(62));
+    }
+
+    #[test]
+    fn refuses_newer_versions_garbage_and_huge_values() {
+        let newer = WorldStatus {
+            version: SCHEMA_VERSION + 1,
+            ..WorldStatus::default()
+        };
+        assert_eq!(
+            WorldStatus::from_annotation(&newer.to_annotation()),
+            Err(WorldError::NewerVersion {
+                found: SCHEMA_VERSION + 1
+            })
+        );
+        let err = WorldStatus::from_annotation("{").expect_err("not json");
+        assert!(err.to_string().contains("trainwire.dev/world"), "{err}");
+        let huge = " ".repeat(MAX_VALUE_BYTES + 1);
+        assert!(matches!(
+            CheckpointRecord::from_annotation(&huge),
+            Err(WorldError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn same_as_ignores_only_the_write_time() {
+        let a = WorldStatus {
+            version: 1,
+            updated_at: "a".into(),
+            ..WorldStatus::default()
+        };
+        let mut b = WorldStatus {
+            updated_at: "b".into(),
+            ..a.clone()
+        };
+        assert!(a.same_as(&b));
+        b.generation = 1;
+        assert!(!a.same_as(&b));
+    }
+}
