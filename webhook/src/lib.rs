@@ -25,3 +25,4 @@ pub mod serve;
 pub use trainwire_runtime::shutdown;
 pub mod telemetry;
 pub mod tls;
+pub mod world;

@@ -111,7 +111,7 @@ pub struct ServeArgs {
     pub policy: PolicyArgs,
 }
 
-/// The controllers (headless Services, failures), on the replica that holds
+/// The controllers (headless Services, failures, the world status), on the replica that holds
 /// the Lease only.
 async fn controllers(
     client: kube::Client,
@@ -136,7 +136,11 @@ async fn controllers(
                     tracing::error!(error = %e, "the Job Service reconciler stopped");
                 }
             };
-            futures::join!(services, crate::failures::run(client, policy, metrics));
+            futures::join!(
+                services,
+                crate::failures::run(client.clone(), policy, metrics),
+                crate::world::run(client)
+            );
         }
     })
     .await;

@@ -46,6 +46,10 @@ pub const STOPPED_AT: &str = "trainwire.dev/stopped-at";
 pub const STOPPED_REPLICAS: &str = "trainwire.dev/stopped-replicas";
 pub const STOPPED_EXIT_CODE: &str = "trainwire.dev/stopped-exit-code";
 pub const STOPPED_POD: &str = "trainwire.dev/stopped-pod";
+/// The world's state, kept by the controller ([`crate::world`]): accepted
+/// without a warning, not part of the input hash (a status write is not a
+/// change of the user's), and kept when a stopped world resumes.
+pub const WORLD: &str = trainwire_contract::world::ANNOTATION;
 /// The controller's own annotations: accepted without a warning.
 pub const CONTROLLER_OWNED: &[&str] = &[
     STOPPED_REASON,
@@ -264,7 +268,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
         };
         if KNOWN.contains(&key.as_str()) {
             own.insert(key.as_str(), value.as_str());
-        } else if key != STATUS && !CONTROLLER_OWNED.contains(&key.as_str()) {
+        } else if key != STATUS && key != WORLD && !CONTROLLER_OWNED.contains(&key.as_str()) {
             unknown += 1;
             if unknown <= MAX_UNKNOWN_NAMED {
                 out.warnings.push(unknown_warning(key));

@@ -524,7 +524,9 @@ pub fn input_hash(workload: &Workload, namespace: &str) -> String {
         .annotations
         .iter()
         .flatten()
-        .filter(|(k, _)| k.starts_with(super::annotations::PREFIX))
+        .filter(|(k, _)| {
+            k.starts_with(super::annotations::PREFIX) && k.as_str() != super::annotations::WORLD
+        })
         .collect();
     let digest = sha256_of(|out| {
         use serde_json::to_writer as json;

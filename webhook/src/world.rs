@@ -1,0 +1,742 @@
+//! The world's state on the workload: the `trainwire.dev/world` annotation
+//! ([`trainwire_contract::world`]), kept by the world controller.
+//!
+//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
+//! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
+//! by a shared Pod watch (a pod maps to its controller ownerReference). For
+//! every injected workload (its pod template carries `trainwire.dev/status`)
+//! a reconcile:
+//!
+//! 1. turns each of the workload's pods into a [`PodView`] (rank, Ready and
+//!    since when, being deleted or failed, the sidecar's
+//!    `trainwire.dev/peer-loss` and `trainwire.dev/checkpoint` records);
+//! 2. calls the pure [`observe`], which finds new losses against what this
+//!    replica saw before ([`Memory`]) and derives the status from the last
+//!    one (the annotation as read, or the one this replica computed last);
+//! 3. calls the pure [`decide_write`]: nothing when only `updatedAt` would
+//!    change, else a merge patch of the annotation, at most once per
+//!    [`MIN_WRITE_INTERVAL`] per workload (a write held back is made at the
+//!    end of the interval, with whatever is true then).
+//!
+//! What counts as a loss: a pod of a rank below the expected size that gets
+//! a `deletionTimestamp`, fails, gets a `DisruptionTarget` condition,
+//! disappears or is replaced (a new UID for its rank) without one of those
+//! being seen; or a sidecar's new peer-loss record. Signals about the same
+//! rank while its loss is open are that one loss (the sidecars of every
+//! survivor report it, and a pod deletion is seen too); each loss adds one
+//! to the world's generation.
+//!
+//! What counts as "resumed": the first observation after the loss at which
+//! every expected rank has a pod that is Ready and not being deleted, with
+//! at least one of them Ready since after the loss (or the world seen broken
+//! since). `resumedAt` is the latest of those pods' Ready transition times
+//! (the kubelet's clock, not this controller's delay). A Ready trainer is the
+//! closest observable to "training again": torchrun's rendezvous and the
+//! script's checkpoint load come after it (5 to 8 s in docs/recovery.md's
+//! measurements), and a script step is not visible from the API.
+//!
+//! On a new leader, [`Memory`] starts empty: the first observation of a
+//! workload only learns its pods (no loss is counted) and the history comes
+//! from the annotation, so a loss that happens while no replica leads is
+//! counted only if its signs are still visible afterwards (a replaced pod is
+//! not).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+use tracing::{info, warn};
+use trainwire_contract::peer_loss::{self, PeerLossRecord};
+use trainwire_contract::world::{
+    self, CheckpointRecord, CheckpointSeen, Loss, MAX_ACTIONS, Nodes, Phase, SCHEMA_VERSION,
+    Stopped, WorldError, WorldStatus,
+};
+
+use crate::mutation::annotations as ann;
+
+/// Every Kubernetes API call the world controller makes.
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    ("apps", "statefulsets", "list"),
+    ("apps", "statefulsets", "watch"),
+    ("apps", "statefulsets", "patch"),
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("batch", "jobs", "patch"),
+];
+
+/// At most one write of a workload's annotation per this interval.
+pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(10);
+/// Back-off after a failed reconcile.
+const ERROR_RECHECK: Duration = Duration::from_secs(10);
+/// The field manager of the controller's writes.
+pub const FIELD_MANAGER: &str = "trainwire-world";
+/// The label StatefulSet pods carry their index in.
+const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
+/// The label (and annotation) Indexed Job pods carry their index in.
+const JOB_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+
+#[derive(Debug, Error)]
+pub enum Error {
+    #[error("writing {annotation} on {kind} {namespace}/{name}: {source}", annotation = world::ANNOTATION)]
+    Write {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One pod of the world, as the status needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    pub name: String,
+    pub uid: String,
+    pub rank: u32,
+    /// Its `Ready` condition is `True`.
+    pub ready: bool,
+    /// When its `Ready` condition last changed (to `True` if `ready`).
+    pub ready_since: Option<Timestamp>,
+    /// Lost: when, and what shows it.
+    pub lost: Option<(Timestamp, &'static str)>,
+    pub peer_loss: Option<PeerLossRecord>,
+    pub checkpoint: Option<CheckpointRecord>,
+}
+
+impl PodView {
+    /// The view of a pod; `None` without a rank (index label).
+    pub fn of(pod: &Pod, now: Timestamp) -> Option<PodView> {
+        let meta = &pod.metadata;
+        let rank = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(POD_INDEX).or_else(|| l.get(JOB_INDEX)))
+            .or_else(|| meta.annotations.as_ref().and_then(|a| a.get(JOB_INDEX)))
+            .and_then(|v| v.parse::<u32>().ok())?;
+        let status = pod.status.as_ref();
+        let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
+        let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
+        let ready = ready_condition.is_some_and(|c| c.status == "True");
+        let ready_since = ready_condition.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0));
+        let disrupted = conditions
+            .iter()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+        let lost = if let Some(t) = &meta.deletion_timestamp {
+            Some((t.0, "pod-deleted"))
+        } else if let Some(c) = disrupted {
+            Some((
+                c.last_transition_time.as_ref().map_or(now, |t| t.0),
+                "pod-disrupted",
+            ))
+        } else if status.and_then(|s| s.phase.as_deref()) == Some("Failed") {
+            Some((now, "pod-failed"))
+        } else {
+            None
+        };
+        let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key));
+        Some(PodView {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            rank,
+            ready,
+            ready_since,
+            lost,
+            peer_loss: annotation(peer_loss::ANNOTATION)
+                .and_then(|v| PeerLossRecord::from_annotation(v)),
+            checkpoint: annotation(world::CHECKPOINT_ANNOTATION)
+                .and_then(|v| CheckpointRecord::from_annotation(v).ok()),
+        })
+    }
+}
+
+/// The workload's side: its size, whether it is stopped or finished.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorldOf {
+    /// Nodes asked for (0 when paused).
+    pub expected: u32,
+    /// From the `trainwire.dev/stopped-*` annotations.
+    pub stopped: Option<Stopped>,
+    /// `Completed` or `Failed` for a finished Job.
+    pub finished: Option<Phase>,
+}
+
+fn stopped_of(kind: &str, name: &str, annotations: &BTreeMap<String, String>) -> Option<Stopped> {
+    let reason = annotations.get(ann::STOPPED_REASON)?;
+    Some(Stopped {
+        reason: reason.clone(),
+        at: annotations
+            .get(ann::STOPPED_AT)
+            .cloned()
+            .unwrap_or_default(),
+        pod: annotations
+            .get(ann::STOPPED_POD)
+            .cloned()
+            .unwrap_or_default(),
+        exit_code: annotations
+            .get(ann::STOPPED_EXIT_CODE)
+            .and_then(|c| c.parse().ok()),
+        resume: format!(
+            "kubectl annotate {} {name} {}=now",
+            kind.to_lowercase(),
+            ann::RESUME
+        ),
+    })
+}
+
+impl WorldOf {
+    pub fn of_statefulset(sts: &StatefulSet) -> WorldOf {
+        let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        WorldOf {
+            expected: u32::try_from(replicas).unwrap_or(0),
+            stopped: stopped_of("StatefulSet", &sts.name_any(), sts.annotations()),
+            finished: None,
+        }
+    }
+
+    pub fn of_job(job: &Job) -> WorldOf {
+        let spec = job.spec.as_ref();
+        let suspended = spec.and_then(|s| s.suspend).unwrap_or(false);
+        let parallelism = spec.and_then(|s| s.parallelism).unwrap_or(1);
+        let condition = |t: &str| {
+            job.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == t && c.status == "True"))
+        };
+        let finished = if condition("Complete") {
+            Some(Phase::Completed)
+        } else if condition("Failed") {
+            Some(Phase::Failed)
+        } else {
+            None
+        };
+        WorldOf {
+            expected: if suspended {
+                0
+            } else {
+                u32::try_from(parallelism).unwrap_or(0)
+            },
+            stopped: stopped_of("Job", &job.name_any(), job.annotations()),
+            finished,
+        }
+    }
+}
+
+/// What this replica remembers of one workload between reconciles.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// Whether the pods were observed once (the first observation counts
+    /// no loss: it only learns).
+    primed: bool,
+    /// The current pod of each rank, by UID.
+    ranks: BTreeMap<u32, String>,
+    /// UIDs of pods already counted lost.
+    lost: BTreeSet<String>,
+    /// Sidecar records already counted: (pod UID, the sidecar's generation).
+    records: BTreeSet<(String, u64)>,
+    /// The world was seen not whole since the open loss.
+    broken_since_loss: bool,
+    /// The last status computed (written, or waiting for the interval).
+    status: Option<WorldStatus>,
+    /// When this replica last wrote the annotation.
+    last_write: Option<Timestamp>,
+}
+
+/// A loss seen in one observation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Seen {
+    rank: u32,
+    at: Timestamp,
+    detected_by: &'static str,
+    action: Option<String>,
+}
+
+impl Memory {
+    /// New losses in `pods` since the last observation; learns them.
+    fn losses(&mut self, pods: &[PodView], expected: u32, now: Timestamp) -> Vec<Seen> {
+        let count = self.primed;
+        self.primed = true;
+        let mut out = Vec::new();
+        for p in pods {
+            if let Some((at, how)) = p.lost
+                && self.lost.insert(p.uid.clone())
+                && count
+                && p.rank < expected
+            {
+                out.push(Seen {
+                    rank: p.rank,
+                    at,
+                    detected_by: how,
+                    action: None,
+                });
+            }
+        }
+        for (rank, uid) in &self.ranks {
+            if pods.iter().any(|p| p.uid == *uid) || self.lost.contains(uid) {
+                continue;
+            }
+            self.lost.insert(uid.clone());
+            if *rank < expected {
+                let replaced = pods.iter().any(|p| p.rank == *rank);
+                out.push(Seen {
+                    rank: *rank,
+                    at: now,
+                    detected_by: if replaced { "pod-replaced" } else { "pod-gone" },
+                    action: None,
+                });
+            }
+        }
+        for p in pods {
+            let Some(r) = &p.peer_loss else { continue };
+            if self.records.insert((p.uid.clone(), r.generation)) && count {
+                // The sidecar's clock, but never in the future of ours.
+                let at = r
+                    .at
+                    .parse::<Timestamp>()
+                    .ok()
+                    .filter(|t| *t <= now)
+                    .unwrap_or(now);
+                out.push(Seen {
+                    rank: r.lost_rank,
+                    at,
+                    detected_by: "sidecar",
+                    action: Some(format!("rank {}: {} {}", p.rank, r.action, r.result)),
+                });
+            }
+        }
+        // The current pod of each rank: one not lost, else the newest seen.
+        let mut ranks = BTreeMap::new();
+        for p in pods {
+            if p.lost.is_none() || !ranks.contains_key(&p.rank) {
+                ranks.insert(p.rank, p.uid.clone());
+            }
+        }
+        self.ranks = ranks;
+        // Bounded by the pods that exist.
+        let present: BTreeSet<&String> = pods.iter().map(|p| &p.uid).collect();
+        self.lost.retain(|u| present.contains(u));
+        self.records.retain(|(u, _)| present.contains(u));
+        out.sort_by_key(|s| s.at);
+        out
+    }
+}
+
+fn parse_time(text: &str) -> Option<Timestamp> {
+    text.parse().ok()
+}
+
+/// Whether every rank below `expected` has a Ready pod not being deleted.
+fn whole(expected: u32, pods: &[PodView]) -> bool {
+    expected > 0
+        && (0..expected).all(|r| {
+            pods.iter()
+                .any(|p| p.rank == r && p.ready && p.lost.is_none())
+        })
+}
+
+fn add_loss(status: &mut WorldStatus, seen: Seen) -> bool {
+    if let Some(l) = status.last_loss.as_mut()
+        && l.rank == seen.rank
+    {
+        let open = l.resumed_at.is_none();
+        let before_resume = l
+            .resumed_at
+            .as_deref()
+            .and_then(parse_time)
+            .is_some_and(|r| seen.at <= r);
+        if open || before_resume {
+            // The same loss, told by another source.
+            if parse_time(&l.at).is_none_or(|at| seen.at < at) && open {
+                l.at = seen.at.to_string();
+            }
+            if let Some(a) = seen.action
+                && !l.actions.contains(&a)
+                && l.actions.len() < MAX_ACTIONS
+            {
+                l.actions.push(a);
+            }
+            return false;
+        }
+    }
+    status.generation += 1;
+    status.last_loss = Some(Loss {
+        generation: status.generation,
+        rank: seen.rank,
+        at: seen.at.to_string(),
+        detected_by: seen.detected_by.to_string(),
+        actions: seen.action.into_iter().collect(),
+        resumed_at: None,
+        recovery_seconds: None,
+    });
+    true
+}
+
+/// The world's status now: `previous` (the annotation as read, or what this
+/// replica computed last) moved on by what `pods` show. Pure but for
+/// `memory`, which it updates.
+pub fn observe(
+    previous: Option<&WorldStatus>,
+    memory: &mut Memory,
+    workload: &WorldOf,
+    pods: &[PodView],
+    now: Timestamp,
+) -> WorldStatus {
+    let mut status = previous.cloned().unwrap_or_default();
+    status.version = SCHEMA_VERSION;
+    for seen in memory.losses(pods, workload.expected, now) {
+        if add_loss(&mut status, seen) {
+            memory.broken_since_loss = false;
+        }
+    }
+    let is_whole = whole(workload.expected, pods);
+    if let Some(l) = status.last_loss.as_mut()
+        && l.resumed_at.is_none()
+    {
+        if !is_whole {
+            memory.broken_since_loss = true;
+        } else {
+            let loss_at = parse_time(&l.at).unwrap_or(now);
+            let latest_ready = pods
+                .iter()
+                .filter(|p| p.rank < workload.expected && p.ready && p.lost.is_none())
+                .filter_map(|p| p.ready_since)
+                .max();
+            if latest_ready.is_some_and(|r| r >= loss_at) || memory.broken_since_loss {
+                let resumed = latest_ready.unwrap_or(now).max(loss_at).min(now);
+                l.resumed_at = Some(resumed.to_string());
+                l.recovery_seconds = resumed
+                    .duration_since(loss_at)
+                    .as_secs()
+                    .try_into()
+                    .ok();
+                memory.broken_since_loss = false;
+            }
+        }
+    }
+    status.nodes = Nodes {
+        ready: (0..workload.expected)
+            .filter(|r| {
+                pods.iter()
+                    .any(|p| p.rank == *r && p.ready && p.lost.is_none())
+            })
+            .count()
+            .try_into()
+            .unwrap_or(u32::MAX),
+        expected: workload.expected,
+    };
+    let records: Vec<(&CheckpointRecord, Timestamp)> = pods
+        .iter()
+        .filter_map(|p| p.checkpoint.as_ref())
+        .filter_map(|c| parse_time(&c.at).map(|t| (c, t)))
+        .collect();
+    status.checkpoint = records
+        .iter()
+        .max_by_key(|(_, t)| *t)
+        .map(|(c, t)| CheckpointSeen {
+            name: c.name.clone(),
+            newest_at: t.to_string(),
+            reported_by: records.len().try_into().unwrap_or(u32::MAX),
+        });
+    status.stopped = workload.stopped.clone();
+    let open = status
+        .last_loss
+        .as_ref()
+        .is_some_and(|l| l.resumed_at.is_none());
+    status.phase = if status.stopped.is_some() {
+        Phase::Stopped
+    } else if let Some(finished) = workload.finished {
+        finished
+    } else if workload.expected == 0 {
+        Phase::Paused
+    } else if open {
+        Phase::Recovering
+    } else if is_whole {
+        Phase::Running
+    } else {
+        Phase::Forming
+    };
+    status
+}
+
+/// What to do with a computed status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// The annotation already says it.
+    Unchanged,
+    /// Write it now.
+    Now,
+    /// Written too recently: look again after this long.
+    After(Duration),
+}
+
+/// Whether to write `desired` over `current` (the annotation as read),
+/// given the last write (this replica's, else `current.updatedAt`).
+pub fn decide_write(
+    current: Option<&WorldStatus>,
+    desired: &WorldStatus,
+    last_write: Option<Timestamp>,
+    now: Timestamp,
+    min_interval: Duration,
+) -> Write {
+    if current.is_some_and(|c| c.same_as(desired)) {
+        return Write::Unchanged;
+    }
+    let next = last_write.and_then(|t| t.checked_add(min_interval).ok());
+    match next {
+        Some(next) if next > now => Write::After(
+            next.duration_since(now)
+                .try_into()
+                .unwrap_or(min_interval)
+                .max(Duration::from_secs(1)),
+        ),
+        _ => Write::Now,
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    pub client: Client,
+    pods: Store<Pod>,
+    clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
+    state: Mutex<HashMap<String, Memory>>,
+    min_interval: Duration,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        pods: Store<Pod>,
+        clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
+    ) -> Self {
+        Context {
+            client,
+            pods,
+            clock,
+            state: Mutex::new(HashMap::new()),
+            min_interval: MIN_WRITE_INTERVAL,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memory>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The views of the pods a workload controls.
+    fn pods_of(&self, uid: &str, now: Timestamp) -> Vec<PodView> {
+        self.pods
+            .state()
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.controller == Some(true) && o.uid == uid)
+            })
+            .filter_map(|p| PodView::of(p, now))
+            .collect()
+    }
+}
+
+fn injected(template: Option<&PodTemplateSpec>) -> bool {
+    template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .is_some_and(|a| a.contains_key(ann::STATUS))
+}
+
+/// Reconcile one workload: compute its status, write it when it changed.
+async fn reconcile<K>(
+    object: Arc<K>,
+    ctx: Arc<Context>,
+    kind: &'static str,
+    template: Option<&PodTemplateSpec>,
+    workload: WorldOf,
+) -> Result<Action>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let uid = object.meta().uid.clone().unwrap_or_default();
+    if !injected(template) || object.meta().deletion_timestamp.is_some() {
+        ctx.state().remove(&uid);
+        return Ok(Action::await_change());
+    }
+    let namespace = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    let current = match object.annotations().get(world::ANNOTATION) {
+        None => None,
+        Some(v) => match WorldStatus::from_annotation(v) {
+            Ok(s) => Some(s),
+            Err(e @ WorldError::NewerVersion { .. }) => {
+                warn!(kind, %namespace, %name, error = %e, "leaving the world status to a newer trainwire");
+                return Ok(Action::await_change());
+            }
+            Err(e) => {
+                warn!(kind, %namespace, %name, error = %e, "replacing an unreadable world status");
+                None
+            }
+        },
+    };
+    let now = (ctx.clock)();
+    let pods = ctx.pods_of(&uid, now);
+    let (desired, write) = {
+        let mut state = ctx.state();
+        let memory = state.entry(uid.clone()).or_default();
+        let base = memory.status.clone().or_else(|| current.clone());
+        let mut desired = observe(base.as_ref(), memory, &workload, &pods, now);
+        let last_write = memory.last_write.or_else(|| {
+            current
+                .as_ref()
+                .and_then(|c| parse_time(&c.updated_at))
+                .filter(|t| *t <= now)
+        });
+        let write = decide_write(
+            current.as_ref(),
+            &desired,
+            last_write,
+            now,
+            ctx.min_interval,
+        );
+        if write == Write::Now {
+            desired.updated_at = now.to_string();
+        }
+        memory.status = Some(desired.clone());
+        (desired, write)
+    };
+    match write {
+        Write::Unchanged => return Ok(Action::await_change()),
+        Write::After(wait) => return Ok(Action::requeue(wait)),
+        Write::Now => {}
+    }
+    let patch = json!({"metadata": {"annotations": {world::ANNOTATION: desired.to_annotation()}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    Api::<K>::namespaced(ctx.client.clone(), &namespace)
+        .patch(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Write {
+            kind,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source,
+        })?;
+    if let Some(m) = ctx.state().get_mut(&uid) {
+        m.last_write = Some(now);
+    }
+    info!(kind, %namespace, %name, phase = %desired.phase, generation = desired.generation,
+        ready = desired.nodes.ready, expected = desired.nodes.expected, "world status written");
+    Ok(Action::await_change())
+}
+
+/// Reconcile a StatefulSet's world status.
+pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    let workload = WorldOf::of_statefulset(&sts);
+    let template = sts.spec.as_ref().map(|s| s.template.clone());
+    reconcile(sts, ctx, "StatefulSet", template.as_ref(), workload).await
+}
+
+/// Reconcile a Job's world status.
+pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
+    let workload = WorldOf::of_job(&job);
+    let template = job.spec.as_ref().map(|s| s.template.clone());
+    reconcile(job, ctx, "Job", template.as_ref(), workload).await
+}
+
+fn error_policy<K: Resource>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(
+        namespace = object.meta().namespace.as_deref().unwrap_or_default(),
+        name = object.meta().name.as_deref().unwrap_or_default(),
+        error = %error,
+        "world controller: reconcile failed; retrying"
+    );
+    Action::requeue(ERROR_RECHECK)
+}
+
+/// The workload a pod belongs to, if it is of `kind`.
+fn owner_of<K>(pod: &Pod, kind: &str) -> Option<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let o = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == kind)?;
+    Some(ObjectRef::new(&o.name).within(pod.metadata.namespace.as_deref()?))
+}
+
+/// Run the world controller until aborted.
+pub async fn run(client: Client) {
+    let (pod_store, pod_writer) = reflector::store_shared::<Pod>(256);
+    let Some(pod_events) = pod_writer.subscribe() else {
+        warn!("world controller: no pod subscription; not started");
+        return;
+    };
+    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|p: &mut Pod| {
+            crate::scale::slim(p);
+            if let Some(s) = p.spec.as_mut() {
+                // Only nodeName is read; the containers are the big part.
+                s.containers.clear();
+                s.init_containers = None;
+                s.volumes = None;
+            }
+        })
+        .reflect_shared(pod_writer)
+        .for_each(|_| futures::future::ready(()));
+    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
+    let sts_stream = watcher(
+        Api::<StatefulSet>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(crate::scale::slim)
+    .reflect(sts_writer)
+    .applied_objects();
+    let (job_store, job_writer) = reflector::store::<Job>();
+    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(crate::scale::slim)
+        .reflect(job_writer)
+        .applied_objects();
+    let ctx = Arc::new(Context::new(client, pod_store, Box::new(Timestamp::now)));
+    let statefulsets = Controller::for_stream(sts_stream, sts_store)
+        .watches_shared_stream(pod_events.clone(), |pod: Arc<Pod>| {
+            owner_of::<StatefulSet>(&pod, "StatefulSet")
+        })
+        .run(reconcile_statefulset, error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    let jobs = Controller::for_stream(job_stream, job_store)
+        .watches_shared_stream(pod_events, |pod: Arc<Pod>| owner_of::<Job>(&pod, "Job"))
+        .run(reconcile_job, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()));
+    info!("world controller started: {} on injected workloads", world::ANNOTATION);
+    futures::join!(pods, statefulsets, jobs);
+}
+
+#[cfg(test)]
+mod tests;
