@@ -191,11 +191,10 @@ impl WorldStatus {
     /// Read an annotation value.
     pub fn from_annotation(value: &str) -> Result<WorldStatus, WorldError> {
         bounded(ANNOTATION, value)?;
-        let status: WorldStatus =
-            serde_json::from_str(value).map_err(|e| WorldError::NotJson {
-                annotation: ANNOTATION,
-                reason: e.to_string(),
-            })?;
+        let status: WorldStatus = serde_json::from_str(value).map_err(|e| WorldError::NotJson {
+            annotation: ANNOTATION,
+            reason: e.to_string(),
+        })?;
         if status.version > SCHEMA_VERSION {
             return Err(WorldError::NewerVersion {
                 found: status.version,

@@ -930,7 +930,8 @@ fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
             owned(&[
                 trainwire_webhook::reconciler::API_PERMISSIONS,
                 trainwire_webhook::failures::API_PERMISSIONS,
-                trainwire_webhook::scale::API_PERMISSIONS
+                trainwire_webhook::scale::API_PERMISSIONS,
+                trainwire_webhook::world::API_PERMISSIONS
             ]),
             "{}: webhook ClusterRole",
             rendered.overlay

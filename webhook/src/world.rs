@@ -134,7 +134,8 @@ impl PodView {
         let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
         let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
         let ready = ready_condition.is_some_and(|c| c.status == "True");
-        let ready_since = ready_condition.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0));
+        let ready_since =
+            ready_condition.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0));
         let disrupted = conditions
             .iter()
             .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
@@ -307,12 +308,11 @@ impl Memory {
             let Some(r) = &p.peer_loss else { continue };
             if self.records.insert((p.uid.clone(), r.generation)) && count {
                 // The sidecar's clock, but never in the future of ours.
-                let at = r
-                    .at
-                    .parse::<Timestamp>()
-                    .ok()
-                    .filter(|t| *t <= now)
-                    .unwrap_or(now);
+                let at =
+                    r.at.parse::<Timestamp>()
+                        .ok()
+                        .filter(|t| *t <= now)
+                        .unwrap_or(now);
                 out.push(Seen {
                     rank: r.lost_rank,
                     at,
@@ -421,11 +421,7 @@ pub fn observe(
             if latest_ready.is_some_and(|r| r >= loss_at) || memory.broken_since_loss {
                 let resumed = latest_ready.unwrap_or(now).max(loss_at).min(now);
                 l.resumed_at = Some(resumed.to_string());
-                l.recovery_seconds = resumed
-                    .duration_since(loss_at)
-                    .as_secs()
-                    .try_into()
-                    .ok();
+                l.recovery_seconds = resumed.duration_since(loss_at).as_secs().try_into().ok();
                 memory.broken_since_loss = false;
             }
         }
@@ -734,7 +730,10 @@ pub async fn run(client: Client) {
         .watches_shared_stream(pod_events, |pod: Arc<Pod>| owner_of::<Job>(&pod, "Job"))
         .run(reconcile_job, error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
-    info!("world controller started: {} on injected workloads", world::ANNOTATION);
+    info!(
+        "world controller started: {} on injected workloads",
+        world::ANNOTATION
+    );
     futures::join!(pods, statefulsets, jobs);
 }
 

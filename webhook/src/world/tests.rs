@@ -69,8 +69,20 @@ fn a_world_forms_then_runs() {
     );
     let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
     assert_eq!(phases, [Phase::Forming, Phase::Forming, Phase::Running]);
-    assert_eq!(s[1].nodes, Nodes { ready: 1, expected: 2 });
-    assert_eq!(s[2].nodes, Nodes { ready: 2, expected: 2 });
+    assert_eq!(
+        s[1].nodes,
+        Nodes {
+            ready: 1,
+            expected: 2
+        }
+    );
+    assert_eq!(
+        s[2].nodes,
+        Nodes {
+            ready: 2,
+            expected: 2
+        }
+    );
     assert_eq!(s[2].generation, 0);
     assert_eq!(s[2].last_loss, None);
 }
@@ -236,7 +248,12 @@ fn status(generation: u64, updated: &str) -> WorldStatus {
 #[case::nothing_yet(None, None, 100, Write::Now)]
 #[case::same_but_the_time(Some(status(1, "x")), Some(99), 100, Write::Unchanged)]
 #[case::changed_long_ago(Some(status(0, "x")), Some(50), 100, Write::Now)]
-#[case::changed_too_soon(Some(status(0, "x")), Some(96), 100, Write::After(Duration::from_secs(6)))]
+#[case::changed_too_soon(
+    Some(status(0, "x")),
+    Some(96),
+    100,
+    Write::After(Duration::from_secs(6))
+)]
 #[case::changed_at_the_interval(Some(status(0, "x")), Some(90), 100, Write::Now)]
 fn writes_once_per_change_and_rate_limited(
     #[case] current: Option<WorldStatus>,

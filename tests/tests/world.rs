@@ -1,0 +1,320 @@
+//! The world controller against a mock API server (the `tower-test` pattern
+//! of tests/tests/failures.rs), with a fake clock, fed with the object
+//! shapes a real kube-apiserver produced (the captured StatefulSet and its
+//! pods, `tests/fixtures/admission/`): a world forming, a loss and its
+//! recovery, a stop and a resume. Every request it makes is checked and
+//! answered; a write it should not make hangs the reconcile and fails the
+//! test.
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, Result, ensure};
+use http::{Method, StatusCode};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use trainwire_contract::world::{Phase, WorldStatus};
+use trainwire_tests::fixtures::request_object;
+use trainwire_tests::mock_api::{self, ApiServer, BOUND};
+use trainwire_webhook::world::{self, Context};
+
+const STS_UID: &str = "b3d1982f-226f-440e-8a7c-acca623461a5";
+
+fn at(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+struct Cluster {
+    ctx: Arc<Context>,
+    api: ApiServer,
+    clock: Arc<Mutex<Timestamp>>,
+    pods: Writer<Pod>,
+    /// The StatefulSet as stored, with the controller's writes applied.
+    sts: Value,
+    namespace: String,
+}
+
+/// The captured StatefulSet, as stored after injection (the template's
+/// status annotation) with a UID.
+fn captured_statefulset() -> (Value, String) {
+    let (mut sts, namespace) = request_object("statefulset-create.json");
+    sts["metadata"]["uid"] = json!(STS_UID);
+    sts["metadata"]["namespace"] = json!(namespace);
+    sts["spec"]["template"]["metadata"]["annotations"] = json!({"trainwire.dev/status": "{}"});
+    (sts, namespace)
+}
+
+/// The captured pod of `rank`, running with a UID, Ready since `ready` (or
+/// not Ready).
+fn captured_pod(rank: u32, uid: &str, ready: Option<i64>) -> Value {
+    let fixture = if rank == 0 {
+        "pod-create-from-statefulset.json"
+    } else {
+        "pod-create-from-statefulset-index1.json"
+    };
+    let (mut pod, namespace) = request_object(fixture);
+    pod["metadata"]["namespace"] = json!(namespace);
+    pod["metadata"]["uid"] = json!(uid);
+    pod["metadata"]["annotations"] = json!({"trainwire.dev/status": "{}"});
+    let (status, since) = match ready {
+        Some(t) => ("True", at(t)),
+        None => ("False", at(0)),
+    };
+    pod["status"] = json!({
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": status, "lastTransitionTime": since.to_string()}],
+    });
+    pod
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let (client, api) = mock_api::pair();
+        let (store, pods) = reflector::store::<Pod>();
+        let clock = Arc::new(Mutex::new(at(0)));
+        let c = clock.clone();
+        let ctx = Arc::new(Context::new(
+            client,
+            store,
+            Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
+        ));
+        let (sts, namespace) = captured_statefulset();
+        Cluster {
+            ctx,
+            api,
+            clock,
+            pods,
+            sts,
+            namespace,
+        }
+    }
+
+    fn set_time(&self, s: i64) {
+        *self.clock.lock().unwrap_or_else(|p| p.into_inner()) = at(s);
+    }
+
+    fn pod(&mut self, pod: Value) -> Result<()> {
+        let pod: Pod = serde_json::from_value(pod)?;
+        self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
+        Ok(())
+    }
+
+    fn delete_pod(&mut self, pod: Value) -> Result<()> {
+        let pod: Pod = serde_json::from_value(pod)?;
+        self.pods.apply_watcher_event(&watcher::Event::Delete(pod));
+        Ok(())
+    }
+
+    fn status(&self) -> Result<WorldStatus> {
+        let text = self.sts["metadata"]["annotations"]["trainwire.dev/world"]
+            .as_str()
+            .context("no trainwire.dev/world annotation")?;
+        Ok(WorldStatus::from_annotation(text)?)
+    }
+
+    /// Reconcile, which must make no request.
+    async fn reconcile_quietly(&self) -> Result<Action> {
+        let sts: StatefulSet = serde_json::from_value(self.sts.clone())?;
+        let task = tokio::spawn(world::reconcile_statefulset(
+            Arc::new(sts),
+            self.ctx.clone(),
+        ));
+        tokio::time::timeout(BOUND, task)
+            .await
+            .context("reconcile hung: it made a request")??
+            .map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Reconcile, which must write the annotation (a merge patch of that
+    /// key only, by the world field manager); applies it and returns the
+    /// status written.
+    async fn reconcile_to_a_write(&mut self) -> Result<WorldStatus> {
+        let sts: StatefulSet = serde_json::from_value(self.sts.clone())?;
+        let task = tokio::spawn(world::reconcile_statefulset(
+            Arc::new(sts),
+            self.ctx.clone(),
+        ));
+        let name = self.sts["metadata"]["name"].as_str().unwrap_or_default();
+        let call = self
+            .api
+            .expect(
+                Method::PATCH,
+                &format!(
+                    "/apis/apps/v1/namespaces/{}/statefulsets/{name}",
+                    self.namespace
+                ),
+            )
+            .await?;
+        ensure!(
+            call.content_type == "application/merge-patch+json",
+            "{}",
+            call.content_type
+        );
+        ensure!(
+            call.query.contains("fieldManager=trainwire-world"),
+            "{}",
+            call.query
+        );
+        let annotations = call.body["metadata"]["annotations"]
+            .as_object()
+            .context("no annotations in the patch")?;
+        ensure!(
+            annotations.len() == 1 && call.body.as_object().map(|o| o.len()) == Some(1),
+            "the patch writes more than the annotation: {}",
+            call.body
+        );
+        json_patch::merge(&mut self.sts, &call.body);
+        call.reply(StatusCode::OK, &self.sts);
+        tokio::time::timeout(BOUND, task)
+            .await??
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.status()
+    }
+}
+
+#[tokio::test]
+async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
+    let mut c = Cluster::new();
+
+    // Forming: pod 0 Ready, pod 1 starting.
+    c.pod(captured_pod(0, "pod-0-a", Some(5)))?;
+    c.pod(captured_pod(1, "pod-1-a", None))?;
+    c.set_time(10);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Forming, "{s:?}");
+    ensure!((s.nodes.ready, s.nodes.expected) == (1, 2), "{s:?}");
+    ensure!(s.updated_at == at(10).to_string(), "{s:?}");
+    // Nothing changed: no write, even after the interval.
+    c.set_time(30);
+    c.reconcile_quietly().await?;
+
+    // Formed.
+    c.pod(captured_pod(1, "pod-1-a", Some(31)))?;
+    c.set_time(32);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running && s.nodes.ready == 2, "{s:?}");
+    ensure!(s.generation == 0 && s.last_loss.is_none(), "{s:?}");
+
+    // Rank 1's pod is deleted (its node died, say).
+    let mut dying = captured_pod(1, "pod-1-a", Some(31));
+    dying["metadata"]["deletionTimestamp"] = json!(at(100).to_string());
+    c.pod(dying.clone())?;
+    c.set_time(101);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.rank == 1 && loss.detected_by == "pod-deleted" && loss.at == at(100).to_string(),
+        "{loss:?}"
+    );
+
+    // Rank 0's sidecar records what it did, 4 s after the last write: held
+    // back by the rate limit (a requeue at the end of the interval).
+    let mut survivor = captured_pod(0, "pod-0-a", Some(5));
+    survivor["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(
+        json!({"generation": 1, "lostRank": 1, "confirmedBy": "pod-deleted",
+               "action": "report", "result": "reported", "at": at(102).to_string()})
+        .to_string()
+    );
+    c.pod(survivor.clone())?;
+    c.set_time(105);
+    let action = c.reconcile_quietly().await?;
+    ensure!(format!("{action:?}").contains("6s"), "{action:?}");
+    c.set_time(111);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.generation == 1, "one loss, told twice: {s:?}");
+    ensure!(
+        s.last_loss.as_ref().map(|l| l.actions.clone())
+            == Some(vec!["rank 0: report reported".to_string()]),
+        "{s:?}"
+    );
+
+    // The replacement (a new UID) starts, then is Ready at 160.
+    c.delete_pod(dying)?;
+    c.pod(captured_pod(1, "pod-1-b", None))?;
+    c.set_time(150);
+    c.reconcile_quietly().await?;
+    c.pod(captured_pod(1, "pod-1-b", Some(160)))?;
+    c.set_time(161);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running && s.generation == 1, "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.resumed_at == Some(at(160).to_string()) && loss.recovery_seconds == Some(60),
+        "{loss:?}"
+    );
+
+    // The failure controller stops the world (its annotations, replicas 0).
+    json_patch::merge(
+        &mut c.sts,
+        &json!({"metadata": {"annotations": {
+            "trainwire.dev/stopped-reason": "fail-fast-exit-code",
+            "trainwire.dev/stopped-at": at(200).to_string(),
+            "trainwire.dev/stopped-exit-code": "3",
+            "trainwire.dev/stopped-pod": "llama-ft-1",
+            "trainwire.dev/stopped-replicas": "2"}},
+            "spec": {"replicas": 0}}),
+    );
+    c.delete_pod(captured_pod(0, "pod-0-a", Some(5)))?;
+    c.delete_pod(captured_pod(1, "pod-1-b", Some(160)))?;
+    c.set_time(205);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Stopped, "{s:?}");
+    let stopped = s.stopped.clone().context("no stop")?;
+    ensure!(
+        stopped.reason == "fail-fast-exit-code"
+            && stopped.exit_code == Some(3)
+            && stopped.pod == "llama-ft-1"
+            && stopped.resume == "kubectl annotate statefulset llama-ft trainwire.dev/resume=now",
+        "{stopped:?}"
+    );
+    ensure!(
+        s.generation == 1,
+        "a stop by scale-down is not a loss: {s:?}"
+    );
+
+    // Resumed: the annotations go, the replicas come back, pods start.
+    json_patch::merge(
+        &mut c.sts,
+        &json!({"metadata": {"annotations": {
+            "trainwire.dev/stopped-reason": null, "trainwire.dev/stopped-at": null,
+            "trainwire.dev/stopped-exit-code": null, "trainwire.dev/stopped-pod": null,
+            "trainwire.dev/stopped-replicas": null}},
+            "spec": {"replicas": 2}}),
+    );
+    c.pod(captured_pod(0, "pod-0-c", Some(300)))?;
+    c.pod(captured_pod(1, "pod-1-c", Some(301)))?;
+    c.set_time(302);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(
+        s.phase == Phase::Running && s.stopped.is_none() && s.generation == 1,
+        "{s:?}"
+    );
+    Ok(())
+}
+
+/// A new leader starts from the annotation: it counts nothing it did not
+/// see happen, keeps the history, and rate-limits from `updatedAt`.
+#[tokio::test]
+async fn a_new_leader_keeps_the_history_it_reads() -> Result<()> {
+    let mut c = Cluster::new();
+    let written = json!({"version": 1, "phase": "Running", "nodes": {"ready": 2, "expected": 2},
+        "generation": 4, "updatedAt": at(95).to_string()});
+    c.sts["metadata"]["annotations"]["trainwire.dev/world"] = json!(written.to_string());
+    c.pod(captured_pod(0, "pod-0-a", Some(5)))?;
+    c.pod(captured_pod(1, "pod-1-a", None))?;
+    c.set_time(100);
+    let action = c.reconcile_quietly().await?;
+    ensure!(format!("{action:?}").contains("5s"), "{action:?}");
+    c.set_time(105);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(
+        s.generation == 4 && s.phase == Phase::Forming && s.nodes.ready == 1,
+        "{s:?}"
+    );
+    Ok(())
+}
