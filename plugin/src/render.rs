@@ -273,7 +273,7 @@ pub fn check(r: &Report) -> String {
     if r.warnings.is_empty() {
         field("Warnings:", "none".to_string());
     } else {
-        field("Warnings:", String::new());
+        out.push_str("Warnings:\n");
         for w in &r.warnings {
             out.push_str(&format!("  - {w}\n"));
         }

@@ -82,13 +82,7 @@ impl FakeApiServer {
 
     /// A kubeconfig for this server, written to `dir/kubeconfig`.
     pub fn kubeconfig(&self, dir: &Path, namespace: &str) -> std::io::Result<PathBuf> {
-        let path = dir.join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\nusers:\n- name: sidecar\n  user:\n    token: fake\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: sidecar\n    namespace: {namespace}\ncurrent-context: fake\n",
-            self.addr
-        );
-        std::fs::write(&path, text)?;
-        Ok(path)
+        write_kubeconfig(dir, self.addr, namespace)
     }
 
     /// Adds or replaces a pod (by `metadata.name`), giving it the next
@@ -145,6 +139,17 @@ impl FakeApiServer {
     fn lock(&self) -> std::sync::MutexGuard<'_, Pods> {
         self.shared.pods.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// A kubeconfig for a plain-HTTP API server at `addr` whose context is
+/// `fake` with `namespace`, written to `dir/kubeconfig`.
+pub fn write_kubeconfig(dir: &Path, addr: SocketAddr, namespace: &str) -> std::io::Result<PathBuf> {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\nusers:\n- name: sidecar\n  user:\n    token: fake\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: sidecar\n    namespace: {namespace}\ncurrent-context: fake\n"
+    );
+    std::fs::write(&path, text)?;
+    Ok(path)
 }
 
 /// A running pod of a StatefulSet: `name` with its index label, `uid`, at

@@ -12,6 +12,7 @@ pub mod apiserver;
 pub mod kubelet;
 pub mod mock_api;
 pub mod netns;
+pub mod recorded_api;
 pub mod torch;
 
 /// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
