@@ -120,7 +120,8 @@ pub struct CheckpointSeen {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Stopped {
-    /// `fail-fast-exit-code` or `max-failures`.
+    /// The `trainwire.dev/stopped-reason` annotation: `FailFastExitCode` or
+    /// `MaxFailures`.
     pub reason: String,
     pub at: String,
     /// The pod whose trainer exit stopped it.

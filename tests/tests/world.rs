@@ -252,7 +252,7 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
     json_patch::merge(
         &mut c.sts,
         &json!({"metadata": {"annotations": {
-            "trainwire.dev/stopped-reason": "fail-fast-exit-code",
+            "trainwire.dev/stopped-reason": "FailFastExitCode",
             "trainwire.dev/stopped-at": at(200).to_string(),
             "trainwire.dev/stopped-exit-code": "3",
             "trainwire.dev/stopped-pod": "llama-ft-1",
@@ -266,7 +266,7 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
     ensure!(s.phase == Phase::Stopped, "{s:?}");
     let stopped = s.stopped.clone().context("no stop")?;
     ensure!(
-        stopped.reason == "fail-fast-exit-code"
+        stopped.reason == "FailFastExitCode"
             && stopped.exit_code == Some(3)
             && stopped.pod == "llama-ft-1"
             && stopped.resume == "kubectl annotate statefulset llama-ft trainwire.dev/resume=now",

@@ -196,7 +196,7 @@ fn scaling_down_is_not_a_loss() {
 }
 
 #[rstest]
-#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "max-failures".into(), ..Stopped::default() }), finished: None }, Phase::Stopped)]
+#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "MaxFailures".into(), ..Stopped::default() }), finished: None }, Phase::Stopped)]
 #[case::paused(of(0), Phase::Paused)]
 #[case::completed(WorldOf { expected: 2, stopped: None, finished: Some(Phase::Completed) }, Phase::Completed)]
 #[case::running(of(1), Phase::Running)]
