@@ -510,6 +510,8 @@ pub fn decide_write(
 pub struct Context {
     pub client: Client,
     pods: Store<Pod>,
+    /// The workloads, to forget those deleted ([`Context::with_workloads`]).
+    workloads: Option<(Store<StatefulSet>, Store<Job>)>,
     clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     state: Mutex<HashMap<String, Memory>>,
     min_interval: Duration,
@@ -524,10 +526,35 @@ impl Context {
         Context {
             client,
             pods,
+            workloads: None,
             clock,
             state: Mutex::new(HashMap::new()),
             min_interval: MIN_WRITE_INTERVAL,
         }
+    }
+
+    /// Forget the memory of workloads no longer in these stores.
+    pub fn with_workloads(mut self, statefulsets: Store<StatefulSet>, jobs: Store<Job>) -> Self {
+        self.workloads = Some((statefulsets, jobs));
+        self
+    }
+
+    /// Drop the memory of deleted workloads (bounded by the live ones).
+    fn forget_deleted(&self) {
+        let Some((statefulsets, jobs)) = &self.workloads else {
+            return;
+        };
+        let mut state = self.state();
+        if state.len() <= statefulsets.state().len() + jobs.state().len() {
+            return;
+        }
+        let live: std::collections::HashSet<String> = statefulsets
+            .state()
+            .iter()
+            .filter_map(|s| s.metadata.uid.clone())
+            .chain(jobs.state().iter().filter_map(|j| j.metadata.uid.clone()))
+            .collect();
+        state.retain(|uid, _| live.contains(uid));
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memory>> {
@@ -593,6 +620,7 @@ where
             }
         },
     };
+    ctx.forget_deleted();
     let now = (ctx.clock)();
     let pods = ctx.pods_of(&uid, now);
     let (desired, write) = {
@@ -719,7 +747,10 @@ pub async fn run(client: Client) {
         .modify(crate::scale::slim)
         .reflect(job_writer)
         .applied_objects();
-    let ctx = Arc::new(Context::new(client, pod_store, Box::new(Timestamp::now)));
+    let ctx = Arc::new(
+        Context::new(client, pod_store, Box::new(Timestamp::now))
+            .with_workloads(sts_store.clone(), job_store.clone()),
+    );
     let statefulsets = Controller::for_stream(sts_stream, sts_store)
         .watches_shared_stream(pod_events.clone(), |pod: Arc<Pod>| {
             owner_of::<StatefulSet>(&pod, "StatefulSet")
