@@ -274,9 +274,9 @@ fn writes_once_per_change_and_rate_limited(
     );
 }
 
-/// The controller's write is not a change of the user's: the injection of a
-/// workload carrying a world status is the same, and re-admitting it after
-/// the write changes nothing.
+/// The controller's write is not a change of the user's: re-admitting a
+/// workload after the write keeps its injection as it is, even under a
+/// policy that would now inject differently.
 #[test]
 fn a_world_status_write_never_re_injects() {
     let sts = json!({
@@ -294,7 +294,12 @@ fn a_world_status_write_never_re_injects() {
     let mut with_status = mutated.clone();
     with_status["metadata"]["annotations"][world::ANNOTATION] =
         json!(status(2, "2026-11-25T08:00:00Z").to_annotation());
-    match crate::mutation::mutate(&with_status, None, &profile) {
+    // A newer sidecar image since: a real re-injection would change the
+    // template (and roll the training).
+    let mut upgraded = crate::policy::Policy::default();
+    upgraded.apply_sidecar_image("registry.example.invalid/trainwire-sidecar:9.9");
+    let upgraded = upgraded.profile_for("ml").into_owned();
+    match crate::mutation::mutate(&with_status, None, &upgraded) {
         Ok(crate::mutation::Outcome::Mutated(m)) => {
             assert!(m.patch.0.is_empty(), "re-injected: {:?}", m.patch);
             assert!(
