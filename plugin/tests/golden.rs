@@ -25,6 +25,11 @@ const CASES: &[(&str, &[&str])] = &[
     ("status-job-no-world-yet", &["status", "job/bert-pretrain"]),
     ("status-stopped", &["status", "gpt-small"]),
     ("status-empty-namespace", &["-n", "empty", "status"]),
+    (
+        "status-named-context",
+        &["--context", "fake", "status", "job/bert-pretrain"],
+    ),
+    ("status-unknown-context", &["--context", "nope", "status"]),
     ("status-not-found", &["status", "nope"]),
     ("status-bad-kind", &["status", "deployment/web"]),
     ("check-inject-injected", &["check-inject", "llama-ft"]),
@@ -59,13 +64,15 @@ fn run(kubeconfig: &Path, args: &[&str]) -> Result<String> {
         .stdin(Stdio::null())
         .output()
         .context("running kubectl-trainwire")?;
-    Ok(format!(
+    let text = format!(
         "$ kubectl trainwire {}\nexit: {}\n--- stdout\n{}--- stderr\n{}",
         args.join(" "),
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    ))
+    );
+    // The temporary directory's name changes from run to run.
+    Ok(text.replace(&kubeconfig.display().to_string(), "KUBECONFIG"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
