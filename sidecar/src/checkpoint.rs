@@ -232,6 +232,32 @@ pub fn should_poll(mode: PollMode, dir: &Path) -> (bool, String) {
 /// Tracks stale episodes so each is reported once.
 struct Freshness {
     stale: bool,
+    /// The newest checkpoint as last recorded on the pod, and when.
+    recorded: Option<(
+        trainwire_contract::world::CheckpointRecord,
+        std::time::Instant,
+    )>,
+}
+
+/// The shortest time between two records of the newest checkpoint on the
+/// pod (one merge patch each): a job that checkpoints every few seconds
+/// still costs the API server at most one write per pod per this.
+pub const RECORD_EVERY: Duration = Duration::from_secs(30);
+
+/// The record of `newest` to write now, if it differs from the one last
+/// recorded and that one is at least [`RECORD_EVERY`] old.
+fn record_due(
+    recorded: Option<&(
+        trainwire_contract::world::CheckpointRecord,
+        std::time::Instant,
+    )>,
+    newest: &trainwire_contract::world::CheckpointRecord,
+    now: std::time::Instant,
+) -> bool {
+    match recorded {
+        None => true,
+        Some((last, at)) => last != newest && now.saturating_duration_since(*at) >= RECORD_EVERY,
+    }
 }
 
 /// Time after which a file-system call of the checkpoint thread that has
@@ -371,7 +397,10 @@ pub async fn run(shared: Arc<Shared>, config: CheckpointConfig, events: EventSin
         }
     }
     let dir = config.dir.clone();
-    let mut fresh = Freshness { stale: false };
+    let mut fresh = Freshness {
+        stale: false,
+        recorded: None,
+    };
     let mut said_missing = false;
     let mut watcher: &'static str = "waiting";
     let mut last: Option<Scan> = None;
@@ -517,6 +546,32 @@ fn update(
         );
     }
     fresh.stale = stale;
+    let mut next_record = None;
+    if let Some(n) = &newest {
+        let record = trainwire_contract::world::CheckpointRecord {
+            name: n
+                .path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            at: rfc3339(n.modified),
+        };
+        let mono = std::time::Instant::now();
+        if record_due(fresh.recorded.as_ref(), &record, mono) {
+            events.record_checkpoint(&record);
+            fresh.recorded = Some((record, mono));
+        } else if fresh
+            .recorded
+            .as_ref()
+            .is_some_and(|(last, _)| *last != record)
+        {
+            // A newer one waits for its turn: look again then.
+            next_record = fresh
+                .recorded
+                .as_ref()
+                .map(|(_, at)| RECORD_EVERY.saturating_sub(mono.saturating_duration_since(*at)));
+        }
+    }
     let status = CheckpointStatus {
         dir: config.dir.display().to_string(),
         watcher,
@@ -528,16 +583,40 @@ fn update(
         problem,
     };
     shared.status().checkpoint = Some(status);
-    if stale {
+    let next = if stale {
         Duration::from_secs(60)
     } else {
         (config.max_age - age + Duration::from_millis(100)).min(Duration::from_secs(60))
-    }
+    };
+    next_record.map_or(next, |r| next.min(r + Duration::from_millis(100)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_newest_checkpoint_is_recorded_at_most_every_30s() {
+        use trainwire_contract::world::CheckpointRecord;
+        let rec = |name: &str| CheckpointRecord {
+            name: name.into(),
+            at: "2026-11-25T10:00:00Z".into(),
+        };
+        let t = std::time::Instant::now();
+        assert!(record_due(None, &rec("a"), t));
+        let last = (rec("a"), t);
+        assert!(!record_due(
+            Some(&last),
+            &rec("a"),
+            t + Duration::from_secs(120)
+        ));
+        assert!(!record_due(
+            Some(&last),
+            &rec("b"),
+            t + Duration::from_secs(29)
+        ));
+        assert!(record_due(Some(&last), &rec("b"), t + RECORD_EVERY));
+    }
 
     #[test]
     fn temporary_names() {

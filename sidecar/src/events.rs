@@ -47,22 +47,41 @@ impl EventSink {
     /// webhook's failure controller: a trainer exit this action caused is
     /// then never counted as a script failure. Best effort, like Events.
     pub fn record_peer_loss(&self, record: &trainwire_contract::peer_loss::PeerLossRecord) {
-        let Some((pods, name)) = self.pods.clone() else {
-            return;
-        };
         let Some(value) = record.to_annotation() else {
             return;
         };
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            trainwire_contract::peer_loss::ANNOTATION: value
-        }}});
+        self.annotate(
+            trainwire_contract::peer_loss::ANNOTATION,
+            value,
+            "the peer loss",
+        );
+    }
+
+    /// Records the newest complete checkpoint on this pod's annotation
+    /// `trainwire.dev/checkpoint`, which the webhook's world controller
+    /// reads (the age of a world's checkpoint in its `trainwire.dev/world`).
+    pub fn record_checkpoint(&self, record: &trainwire_contract::world::CheckpointRecord) {
+        self.annotate(
+            trainwire_contract::world::CHECKPOINT_ANNOTATION,
+            record.to_annotation(),
+            "the newest checkpoint",
+        );
+    }
+
+    /// Sets one annotation of this pod, in the background (a merge patch of
+    /// that key only).
+    fn annotate(&self, key: &'static str, value: String, what: &'static str) {
+        let Some((pods, name)) = self.pods.clone() else {
+            return;
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": { key: value }}});
         tokio::spawn(async move {
             let params = kube::api::PatchParams::default();
             if let Err(e) = pods
                 .patch(&name, &params, &kube::api::Patch::Merge(&patch))
                 .await
             {
-                tracing::warn!(error = %e, "could not record the peer loss on this pod (RBAC: patch pods)");
+                tracing::warn!(error = %e, "could not record {what} on this pod (RBAC: patch pods)");
             }
         });
     }
