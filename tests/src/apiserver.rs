@@ -35,6 +35,8 @@ struct Shared {
     nodes_allowed: bool,
     /// Every request, `METHOD path`, for the test to look at.
     requests: Mutex<Vec<String>>,
+    /// The bodies of the pod patches, with the pod's name.
+    patches: Mutex<Vec<(String, Value)>>,
 }
 
 /// The fake API server; stops with the runtime it was started on.
@@ -53,6 +55,7 @@ impl FakeApiServer {
             events,
             nodes_allowed: false,
             requests: Mutex::new(Vec::new()),
+            patches: Mutex::new(Vec::new()),
         });
         let app = Router::new()
             .route(
@@ -62,7 +65,7 @@ impl FakeApiServer {
             .route("/api/v1/namespaces/{ns}/pods", get(pods))
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
-                get(one_pod).patch(one_pod),
+                get(one_pod).patch(patch_pod),
             )
             .route("/api/v1/namespaces/{ns}/events", post(created))
             .route(
@@ -125,6 +128,15 @@ impl FakeApiServer {
     /// The pod named `name`, as last set.
     pub fn pod(&self, name: &str) -> Option<Value> {
         self.lock().items.get(name).cloned()
+    }
+
+    /// The merge patches sent to pods so far: (pod name, body).
+    pub fn patches(&self) -> Vec<(String, Value)> {
+        self.shared
+            .patches
+            .lock()
+            .map(|p| p.clone())
+            .unwrap_or_default()
     }
 
     /// How many watch requests have reached the server.
@@ -254,6 +266,18 @@ async fn one_pod(
         Some(pod) => axum::Json(pod).into_response(),
         None => not_found().await,
     }
+}
+
+async fn patch_pod(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> Response {
+    let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if let Ok(mut p) = shared.patches.lock() {
+        p.push((name.clone(), patch));
+    }
+    one_pod(State(shared), axum::extract::Path((ns, name))).await
 }
 
 async fn created(axum::Json(body): axum::Json<Value>) -> Response {

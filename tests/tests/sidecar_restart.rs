@@ -108,6 +108,20 @@ impl World {
         );
     }
 
+    /// The values of annotation `key` patched onto pod `name`.
+    fn annotated(&self, name: &str, key: &str) -> Vec<String> {
+        self.api
+            .patches()
+            .into_iter()
+            .filter(|(pod, _)| pod == name)
+            .filter_map(|(_, p)| {
+                p["metadata"]["annotations"][key]
+                    .as_str()
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
     fn status(&self, rank: u32) -> Value {
         status(&loopback_addr(rank, self.port))
     }
@@ -253,5 +267,51 @@ fn a_peer_restarted_in_place_is_healthy_again_and_its_next_loss_is_acted_on() {
     assert_eq!(s["last_loss"]["reason"], "deleted", "{s:#}");
     assert_eq!(s["last_action"]["result"], "signalled", "{s:#}");
     assert_eq!(s["actions_total"], 3, "{s:#}");
+    drop(w.runtime);
+}
+
+/// The sidecar keeps the newest complete checkpoint on its own pod
+/// (`trainwire.dev/checkpoint`), for the world controller, and its peer-loss
+/// record (`trainwire.dev/peer-loss`) when it acts.
+#[test]
+fn the_sidecar_records_its_checkpoint_and_peer_losses_on_its_own_pod() {
+    let w = World::new();
+    let ckpt = w.dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).expect("checkpoint dir");
+    std::fs::write(ckpt.join("ckpt-00000040.pt"), b"weights").expect("a checkpoint");
+    let kubeconfig = w.api.kubeconfig(w.dir.path(), "e2e").expect("kubeconfig");
+    let bin = trainwire_tests::sidecar_binary().expect("the sidecar binary");
+    let log = std::fs::File::create(w.dir.path().join("sidecar-1.log")).expect("log");
+    let _sidecar = KillOnDrop(
+        loopback_sidecar(bin, 1, 2, w.port)
+            .env("KUBECONFIG", kubeconfig)
+            .env("TRAINWIRE_POD_NAMESPACE", "e2e")
+            .env("TRAINWIRE_DETECTION", "kubernetes")
+            .env("TRAINWIRE_SELECTOR", "app=train")
+            .env("TRAINWIRE_CHECKPOINT_DIR", &ckpt)
+            .env("TRAINWIRE_CHECKPOINT_SETTLE", "100ms")
+            .env("TRAINWIRE_AGENT_MATCH", "no-such-agent-5d1e")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start trainwire-sidecar"),
+    );
+    w.until("the checkpoint record", Duration::from_secs(30), || {
+        !w.annotated("job-1", "trainwire.dev/checkpoint").is_empty()
+    });
+    let record: Value =
+        serde_json::from_str(&w.annotated("job-1", "trainwire.dev/checkpoint")[0]).expect("JSON");
+    assert_eq!(record["name"], "ckpt-00000040.pt", "{record}");
+    assert!(
+        record["at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{record}"
+    );
+    w.until("rank 0 healthy", Duration::from_secs(30), || {
+        w.peer_state(1, 0).as_deref() == Some("healthy")
+    });
+    w.api.delete_pod("job-0");
+    w.until("the peer-loss record", Duration::from_secs(30), || {
+        !w.annotated("job-1", "trainwire.dev/peer-loss").is_empty()
+    });
     drop(w.runtime);
 }
