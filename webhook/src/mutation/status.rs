@@ -366,12 +366,15 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
     {
         strip_container(c, status);
     }
+    let had = Lengths {
+        init_containers: len(&spec.init_containers),
+        volumes: len(&spec.volumes),
+        node_selector: spec.node_selector.as_ref().map_or(0, BTreeMap::len),
+    };
     if let Some(inits) = spec.init_containers.as_mut() {
         inits.retain(|c| status.init_containers.get(&c.name) != Some(&fingerprint(c)));
-        if inits.is_empty() {
-            spec.init_containers = None;
-        }
     }
+    unset_if_emptied(&mut spec.init_containers, had.init_containers);
     if let Some(volumes) = spec.volumes.as_mut() {
         let mut kept = Vec::with_capacity(volumes.len());
         for v in volumes.drain(..) {
@@ -382,10 +385,8 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
             }
         }
         *volumes = kept;
-        if volumes.is_empty() {
-            spec.volumes = None;
-        }
     }
+    unset_if_emptied(&mut spec.volumes, had.volumes);
     strip_tolerations(spec, status);
     if let Some(sel) = spec.node_selector.as_mut() {
         for (key, value) in &status.node_selector {
@@ -396,10 +397,8 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
                 };
             }
         }
-        if sel.is_empty() {
-            spec.node_selector = None;
-        }
     }
+    unset_if_emptied(&mut spec.node_selector, had.node_selector);
     let mut workload_fields = Vec::new();
     for field in &status.fields {
         match field.as_str() {
@@ -416,7 +415,44 @@ fn strip_entries(template: &mut PodTemplateSpec, status: &Status) -> Vec<String>
     workload_fields
 }
 
+/// How many entries the pod's lists held before [`strip_entries`].
+struct Lengths {
+    init_containers: usize,
+    volumes: usize,
+    node_selector: usize,
+}
+
+fn len<T>(list: &Option<Vec<T>>) -> usize {
+    list.as_ref().map_or(0, Vec::len)
+}
+
+/// A list or map that held entries and that stripping emptied goes back to
+/// absent (the injection created it, or filled it); one the user wrote empty
+/// (`volumes: []`, `requests: {}`) and that held nothing of trainwire's is
+/// the user's and stays, so re-injecting it writes the same object.
+fn unset_if_emptied<C: Emptiable>(field: &mut Option<C>, had: usize) {
+    if had > 0 && field.as_ref().is_some_and(Emptiable::is_empty) {
+        *field = None;
+    }
+}
+
+trait Emptiable {
+    fn is_empty(&self) -> bool;
+}
+impl<T> Emptiable for Vec<T> {
+    fn is_empty(&self) -> bool {
+        Vec::is_empty(self)
+    }
+}
+impl<K, V> Emptiable for BTreeMap<K, V> {
+    fn is_empty(&self) -> bool {
+        BTreeMap::is_empty(self)
+    }
+}
+
 fn strip_container(c: &mut Container, status: &Status) {
+    let had_env = len(&c.env);
+    let had_mounts = len(&c.volume_mounts);
     if let Some(env) = c.env.as_mut() {
         let mut kept = Vec::with_capacity(env.len());
         for var in env.drain(..) {
@@ -430,17 +466,15 @@ fn strip_container(c: &mut Container, status: &Status) {
             }
         }
         *env = kept;
-        if env.is_empty() {
-            c.env = None;
-        }
     }
+    unset_if_emptied(&mut c.env, had_env);
     if let Some(mounts) = c.volume_mounts.as_mut() {
         mounts.retain(|m| status.volume_mounts.get(&m.mount_path) != Some(&fingerprint(m)));
-        if mounts.is_empty() {
-            c.volume_mounts = None;
-        }
     }
+    unset_if_emptied(&mut c.volume_mounts, had_mounts);
     if let Some(res) = c.resources.as_mut() {
+        let had_limits = res.limits.as_ref().map_or(0, BTreeMap::len);
+        let had_requests = res.requests.as_ref().map_or(0, BTreeMap::len);
         for (key, value) in &status.resources {
             let Some((kind, name)) = key.split_once('/') else {
                 continue;
@@ -456,12 +490,8 @@ fn strip_container(c: &mut Container, status: &Status) {
                 map.remove(name);
             }
         }
-        if res.limits.as_ref().is_some_and(|m| m.is_empty()) {
-            res.limits = None;
-        }
-        if res.requests.as_ref().is_some_and(|m| m.is_empty()) {
-            res.requests = None;
-        }
+        unset_if_emptied(&mut res.limits, had_limits);
+        unset_if_emptied(&mut res.requests, had_requests);
     }
 }
 
@@ -469,6 +499,7 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
     let Some(tols) = spec.tolerations.as_mut() else {
         return;
     };
+    let had = tols.len();
     let mut kept = Vec::with_capacity(tols.len());
     for t in tols.drain(..) {
         let fp = fingerprint(&t);
@@ -479,9 +510,7 @@ fn strip_tolerations(spec: &mut PodSpec, status: &Status) {
         }
     }
     *tols = kept;
-    if tols.is_empty() {
-        spec.tolerations = None;
-    }
+    unset_if_emptied(&mut spec.tolerations, had);
 }
 
 /// The input hash: what the user controls, and nothing else. That is the

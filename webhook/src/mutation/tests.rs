@@ -993,6 +993,36 @@ fn plausible_value() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The workloads the idempotency property starts from: a StatefulSet, an
+/// Indexed Job, and Jobs the apiserver defaulted to `NonIndexed`.
+const WORKLOADS: [&str; 4] = [
+    "statefulset-create.json",
+    "job-indexed-create.json",
+    "job-create-no-completion-mode.json",
+    "job-nonindexed-create.json",
+];
+
+/// Empty fields a user may write (`parent`, key, JSON value).
+const EMPTY_FIELDS: [(&str, &str, &str); 9] = [
+    (
+        "/spec/template/spec/containers/0",
+        "resources",
+        r#"{"requests":{}}"#,
+    ),
+    (
+        "/spec/template/spec/containers/0",
+        "resources",
+        r#"{"limits":{}}"#,
+    ),
+    ("/spec/template/spec/containers/0", "env", "[]"),
+    ("/spec/template/spec/containers/0", "volumeMounts", "[]"),
+    ("/spec/template/spec", "volumes", "[]"),
+    ("/spec/template/spec", "initContainers", "[]"),
+    ("/spec/template/spec", "tolerations", "[]"),
+    ("/spec/template/spec", "nodeSelector", "{}"),
+    ("/spec/template", "metadata", r#"{"annotations":{}}"#),
+];
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
@@ -1000,11 +1030,19 @@ proptest! {
     fn arbitrary_annotations_never_panic_and_round_trip(
         pairs in proptest::collection::vec((0..KEYS.len(), plausible_value()), 0..6),
         replicas in 0i32..6,
-        job in any::<bool>(),
+        kind in 0..WORKLOADS.len(),
+        empties in proptest::collection::vec(0..EMPTY_FIELDS.len(), 0..4),
     ) {
-        let (mut obj, ns) = if job { fixture("job-indexed-create.json") } else { sts_fixture() };
+        let (mut obj, ns) = fixture(WORKLOADS[kind]);
+        let job = obj["kind"] == "Job";
         if !job {
             obj["spec"]["replicas"] = json!(replicas);
+        }
+        for e in &empties {
+            let (parent, key, value) = EMPTY_FIELDS[*e];
+            if let Some(at) = obj.pointer_mut(parent) {
+                at[key] = serde_json::from_str(value).expect("json");
+            }
         }
         for (k, v) in &pairs {
             obj["metadata"]["annotations"][KEYS[*k]] = json!(v);
@@ -1834,5 +1872,47 @@ fn entries_without_required_fields_are_refused() {
             ))),
             "{path}"
         );
+    }
+}
+
+/// Found by fuzzing: a Job that arrived `NonIndexed` (so its re-admission
+/// recomputes the injection) with an empty field of the user's lost that
+/// field on re-admission, and got a new status hash. Empty user fields are
+/// the user's: kept on the first injection and on every later one, for
+/// Jobs and StatefulSets alike.
+#[rstest]
+#[case::requests("/spec/template/spec/containers/0", "resources", json!({"requests": {}}))]
+#[case::limits("/spec/template/spec/containers/0", "resources", json!({"limits": {}}))]
+#[case::both("/spec/template/spec/containers/0", "resources", json!({"limits": {}, "requests": {}}))]
+#[case::env("/spec/template/spec/containers/0", "env", json!([]))]
+#[case::mounts("/spec/template/spec/containers/0", "volumeMounts", json!([]))]
+#[case::volumes("/spec/template/spec", "volumes", json!([]))]
+#[case::init_containers("/spec/template/spec", "initContainers", json!([]))]
+#[case::tolerations("/spec/template/spec", "tolerations", json!([]))]
+#[case::node_selector("/spec/template/spec", "nodeSelector", json!({}))]
+fn empty_user_fields_are_kept_on_reinjection(
+    #[case] parent: &str,
+    #[case] key: &str,
+    #[case] value: Value,
+) {
+    for name in [
+        "job-create-no-completion-mode.json",
+        "job-apply-no-completion-mode.json",
+        "job-nonindexed-create.json",
+        "job-indexed-create.json",
+        "statefulset-create.json",
+    ] {
+        let (mut obj, ns) = fixture(name);
+        let at = obj.pointer_mut(parent).expect("parent");
+        at[key] = value.clone();
+        let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+        // Still there when trainwire adds nothing to it.
+        let out = &m.object.pointer(parent).expect("parent")[key];
+        if out.as_array().is_some_and(Vec::is_empty)
+            || out.as_object().is_some_and(serde_json::Map::is_empty)
+            || value.get("limits").is_some()
+        {
+            assert_eq!(out, &value, "{name}: {parent}/{key}");
+        }
     }
 }
