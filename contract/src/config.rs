@@ -201,9 +201,7 @@ pub fn format_duration(d: Duration) -> String {
 fn var<S: Source + ?Sized, T: Grammar>(src: &S, var: &'static str) -> Result<Option<T>> {
     match src.get(var) {
         None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse::<T>()
+        Some(v) => T::read(&v)
             .map(Some)
             .map_err(|e: Invalid| ConfigError::Invalid {
                 var,
@@ -704,6 +702,26 @@ mod tests {
         let e =
             Config::from_source([(env::NODE_RANK, "0")].as_slice()).expect_err("must be refused");
         assert!(matches!(e, ConfigError::Missing { var, .. } if var == env::NNODES));
+    }
+
+    /// The checkpoint directory is read with the path grammar as written:
+    /// a value the webhook would refuse (`/ckpt /`, `/ckpt `) stops the
+    /// sidecar with the variable named, instead of being trimmed into a
+    /// directory that is not the mount.
+    #[test]
+    fn checkpoint_dir_is_read_with_the_path_grammar() {
+        let c = cfg(&[(env::CHECKPOINT_DIR, "/ckpt/")]).expect("a path");
+        assert_eq!(
+            c.checkpoint.expect("checkpoint").dir,
+            PathBuf::from("/ckpt")
+        );
+        for bad in ["/ckpt /", "/ckpt ", " /ckpt", "/ ", "/k "] {
+            let e = cfg(&[(env::CHECKPOINT_DIR, bad)]).expect_err(bad);
+            assert_eq!(e.var(), env::CHECKPOINT_DIR);
+            let text = e.to_string();
+            assert!(text.contains(&format!("{bad:?}")), "{text}");
+            assert!(text.contains(MountPath::ACCEPTED), "{text}");
+        }
     }
 
     #[test]

@@ -60,6 +60,14 @@ impl Invalid {
 pub trait Grammar: std::str::FromStr<Err = Invalid> + std::fmt::Display {
     /// The accepted forms, as shown in refusals.
     const ACCEPTED: &'static str;
+
+    /// The value as a reader of the contract finds it written (an
+    /// annotation, a policy field, an env variable): blanks around it are
+    /// ignored unless the grammar itself says what blanks mean. Every reader
+    /// goes through this, so they all accept the same texts.
+    fn read(text: &str) -> Result<Self, Invalid> {
+        text.trim().parse()
+    }
 }
 
 /// serde as the `Display`/`FromStr` string, and `Debug` as that string
@@ -80,9 +88,9 @@ macro_rules! string_value {
                         write!(f, "{}", <$t as $crate::Grammar>::ACCEPTED)
                     }
                     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$t, E> {
-                        // Surrounding blanks are ignored, as the annotation
-                        // parser and the sidecar's env reader ignore them.
-                        v.trim().parse().map_err(|e: $crate::Invalid| E::custom(e))
+                        // Read as the annotation parser and the sidecar's
+                        // env reader read it.
+                        <$t as $crate::Grammar>::read(v).map_err(|e: $crate::Invalid| E::custom(e))
                     }
                     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<$t, E> {
                         self.visit_str(&v.to_string())

@@ -216,9 +216,7 @@ fn list_entries<'a>(key: &str, raw: &'a str, accepted: &str) -> Result<Vec<&'a s
 /// Parse one annotation with its contract type; a refusal names the
 /// annotation, the value and the accepted forms.
 fn typed<T: Grammar>(key: &str, raw: &str) -> Result<T, Refusal> {
-    raw.trim()
-        .parse()
-        .map_err(|e: Invalid| bad(key, raw, &e.reason, e.accepted))
+    T::read(raw).map_err(|e: Invalid| bad(key, raw, &e.reason, e.accepted))
 }
 
 /// A DNS-1123 label (container names): lowercase alphanumerics and `-`, at
@@ -358,7 +356,9 @@ fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
     for entry in list_entries(VOLUMES, raw, VOLUME_FORMS)? {
         let mut parts = entry.split(':');
         let claim = parts.next().unwrap_or_default().trim();
-        let path = parts.next().map(str::trim);
+        // The path as written between the separators: the path grammar
+        // says what blanks in it mean.
+        let path = parts.next();
         let mode = parts.next().map(str::trim);
         let extra = parts.next();
         let read_only = match mode {
@@ -397,7 +397,7 @@ fn parse_volumes(raw: &str) -> Result<Vec<SharedVolume>, Refusal> {
                 VOLUME_FORMS,
             ));
         }
-        let path = match path.parse::<MountPath>() {
+        let path = match MountPath::read(path) {
             Ok(p) => p.to_string(),
             Err(e) => {
                 return Err(bad(

@@ -542,11 +542,25 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-path", "ckpt"),
-    "annotation trainwire.dev/checkpoint-path: \"ckpt\" is not valid: not an absolute path; accepted: an absolute directory path below / without '..' or ',', such as /checkpoints"
+    "annotation trainwire.dev/checkpoint-path: \"ckpt\" is not valid: not an absolute path; accepted: an absolute directory path below / without '..' or ',' and with no blank at the start or end of a segment, such as /checkpoints"
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-max-age", "30 minutes"),
     "annotation trainwire.dev/checkpoint-max-age: \"30 minutes\" is not valid: \" minutes\" is not a unit; accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)"
+)]
+// Found by fuzzing: mounted at "/ckpt " while the sidecar (which trims its
+// env) watched "/ckpt".
+#[case(
+    with_annotation("trainwire.dev/checkpoint-path", "/ckpt /"),
+    "annotation trainwire.dev/checkpoint-path: \"/ckpt /\" is not valid: the segment \"ckpt \" starts or ends with a blank, which readers that trim values would drop; accepted: an absolute directory path below / without '..' or ',' and with no blank at the start or end of a segment, such as /checkpoints"
+)]
+#[case(
+    with_annotation("trainwire.dev/checkpoint-path", "/ckpt "),
+    "annotation trainwire.dev/checkpoint-path: \"/ckpt \" is not valid: it starts or ends with a blank, which readers that trim values would drop; accepted: an absolute directory path below / without '..' or ',' and with no blank at the start or end of a segment, such as /checkpoints"
+)]
+#[case(
+    with_annotation("trainwire.dev/volumes", "data:/d /:ro"),
+    "annotation trainwire.dev/volumes: \"data:/d /:ro\" is not valid: \"/d /\" is not a mount path: the segment \"d \" starts or ends with a blank, which readers that trim values would drop; accepted: comma-separated \"claim:/path\" or \"claim:/path:ro\", e.g. \"datasets:/data:ro,outputs:/out\""
 )]
 #[case(
     with_annotation("trainwire.dev/volumes", "data"),
@@ -603,7 +617,7 @@ fn with_annotation(key: &str, value: &str) -> Value {
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-path", "//"),
-    "annotation trainwire.dev/checkpoint-path: \"//\" is not valid: it is the root directory; accepted: an absolute directory path below / without '..' or ',', such as /checkpoints"
+    "annotation trainwire.dev/checkpoint-path: \"//\" is not valid: it is the root directory; accepted: an absolute directory path below / without '..' or ',' and with no blank at the start or end of a segment, such as /checkpoints"
 )]
 #[case(
     with_annotation("trainwire.dev/checkpoint-max-age", "18446744073709551615s"),
