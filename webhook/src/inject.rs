@@ -294,31 +294,16 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
     if let [(_, single)] = parsed.as_slice()
         && is_resource_list(single)
     {
-        let (answer, failed) = render_resource_list(single, opts);
-        let mut rendered = Rendered {
-            output: to_yaml(&answer),
+        // Only this run's own messages count: `results` that came with
+        // the input (an earlier function's) are passed on, not re-judged.
+        let answer = render_resource_list(single, opts);
+        return Ok(Rendered {
+            output: to_yaml(&answer.list),
             resource_list: true,
-            ..Rendered::default()
-        };
-        for r in answer
-            .get("results")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let msg = r
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            match r.get("severity").and_then(Value::as_str) {
-                Some("error") => rendered.refusals.push(msg),
-                Some("info") => rendered.notes.push(msg),
-                _ => rendered.warnings.push(msg),
-            }
-        }
-        debug_assert_eq!(failed, !rendered.refusals.is_empty());
-        return Ok(rendered);
+            warnings: answer.warnings,
+            refusals: answer.refusals,
+            notes: answer.notes,
+        });
     }
     let mut warnings = Vec::new();
     let mut refusals = Vec::new();
@@ -400,9 +385,22 @@ fn resource_ref(obj: &Value) -> Value {
     Value::Object(r)
 }
 
-/// Answer a KRM ResourceList: its items injected, warnings and refusals in
-/// `results`. The flag is true when any item was refused.
-pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
+/// The answer to a KRM ResourceList, and what this run said about it.
+#[derive(Debug)]
+pub struct ListAnswer {
+    /// The ResourceList to print: items injected, the input's `results`
+    /// followed by this run's.
+    pub list: Value,
+    /// This run's refusals (`severity: error`), warnings and notes; the
+    /// input's own `results` are not among them.
+    pub refusals: Vec<String>,
+    pub warnings: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// Answer a KRM ResourceList: its items injected, warnings and refusals
+/// appended to `results`.
+pub fn render_resource_list(list: &Value, opts: &Options) -> ListAnswer {
     let mut warnings = Vec::new();
     let mut refusals = Vec::new();
     let items = list
@@ -439,19 +437,24 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
         infos.push((note, resource_ref(&service)));
         out.push(service);
     }
-    let failed = !refusals.is_empty();
     let mut results: Vec<Value> = list
         .get("results")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    for (severity, entries) in [("error", refusals), ("warning", warnings), ("info", infos)] {
+    let mut said = [Vec::new(), Vec::new(), Vec::new()];
+    for ((severity, entries), texts) in
+        [("error", refusals), ("warning", warnings), ("info", infos)]
+            .into_iter()
+            .zip(said.iter_mut())
+    {
         for (message, reference) in entries {
             results.push(json!({
                 "message": message,
                 "severity": severity,
                 "resourceRef": reference,
             }));
+            texts.push(message);
         }
     }
     let mut answer = list.clone();
@@ -459,7 +462,13 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> (Value, bool) {
     if !results.is_empty() {
         answer["results"] = Value::Array(results);
     }
-    (answer, failed)
+    let [refusals, warnings, notes] = said;
+    ListAnswer {
+        list: answer,
+        refusals,
+        warnings,
+        notes,
+    }
 }
 
 fn read_input(file: &std::path::Path) -> Result<String, InjectError> {

@@ -308,6 +308,55 @@ fn krm_refusal_is_an_error_result_and_a_failure() {
     );
 }
 
+/// Found by fuzzing: a ResourceList that arrives with `results` of an
+/// earlier function (`severity: error` among them) hit an assertion, and a
+/// release build said "1 workload(s) refused" and failed though nothing was
+/// refused. Those results are passed on as they came; only this run's own
+/// refusals count, in the exit status and on stderr.
+#[test]
+fn krm_results_from_earlier_functions_are_passed_on_not_counted() {
+    let earlier = serde_json::json!([
+        {"message": "an earlier function refused something", "severity": "error"},
+        {"message": "an earlier warning", "severity": "warning"},
+        {"message": "no severity at all"},
+        {"message": "an earlier note", "severity": "info"},
+    ]);
+    let docs: Vec<&str> = MANIFEST.split("---\n").collect();
+    let mut input: Value = serde_json::from_str(&resource_list(&docs)).expect("json");
+    input["results"] = earlier.clone();
+    for args in [&[][..], &["inject"][..]] {
+        let out = run(args, &input.to_string());
+        let stderr = text(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("refused"), "{stderr}");
+        assert!(!stderr.contains("earlier"), "{stderr}");
+        let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
+        let results = v["results"].as_array().expect("results");
+        assert_eq!(results[..4], earlier.as_array().expect("array")[..]);
+        // This run's own warning follows them.
+        assert_eq!(results[4]["severity"], "warning");
+        assert_eq!(
+            v["items"][1]["spec"]["template"]["spec"]["initContainers"][0]["name"],
+            "trainwire-sidecar"
+        );
+    }
+
+    // With a refusal of its own: exactly one counted.
+    let bad = MANIFEST.replace(
+        "trainwire.dev/nnode: \"2\"",
+        "trainwire.dev/rdzv-backend: etcd",
+    );
+    let docs: Vec<&str> = bad.split("---\n").collect();
+    let mut input: Value = serde_json::from_str(&resource_list(&docs)).expect("json");
+    input["results"] = earlier;
+    let out = run(&[], &input.to_string());
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("1 workload(s) refused"), "{stderr}");
+    let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
+    assert_eq!(v["results"][4]["severity"], "error");
+}
+
 /// kpt runs the binary as an exec function. (`kubectl kustomize` cannot: it
 /// has no `--enable-exec`; the standalone `kustomize` can, the same way.)
 #[test]
