@@ -99,6 +99,11 @@ pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityCo
     let trainer_gid = container
         .and_then(|s| s.run_as_group)
         .or_else(|| pod.and_then(|p| p.run_as_group));
+    // `runAsNonRoot` resolves like the UID: the container's, else the pod's.
+    let non_root = match container.and_then(|s| s.run_as_non_root) {
+        Some(v) => Some((v, "the trainer container")),
+        None => pod.and_then(|p| p.run_as_non_root).map(|v| (v, "the pod")),
+    };
     let pinned = ctx.profile.sidecar.run_as_user;
     let (uid, gid) = match pinned {
         Some(uid) => {
@@ -120,10 +125,12 @@ pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityCo
     // Root needs KILL for a trainer of another (or an unknown) UID; the
     // same UID needs no capability.
     let kill = uid == 0 && trainer_uid != Some(0);
-    if uid == 0 && pod.and_then(|p| p.run_as_non_root) == Some(true) {
-        ctx.warn(
-            "the pod sets runAsNonRoot but not the trainer's UID, so the sidecar runs as root with only KILL to be able to signal it; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability (Pod Security restricted)".to_string(),
-        );
+    if uid == 0
+        && let Some((true, whose)) = non_root
+    {
+        ctx.warn(format!(
+            "{whose} sets runAsNonRoot without the trainer's UID: the sidecar runs as root with only KILL to signal it, which Pod Security restricted refuses; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability"
+        ));
     }
     SecurityContext {
         allow_privilege_escalation: Some(false),

@@ -938,19 +938,50 @@ fn the_sidecar_runs_as_the_trainer_or_as_root_with_kill_only(
     );
 }
 
-#[test]
-fn a_root_sidecar_in_a_run_as_non_root_pod_is_explained() {
+/// `runAsNonRoot` without a UID, on the pod or on the trainer container
+/// (the container's wins, as for the UID): the sidecar must run as root to
+/// signal a trainer of unknown UID, which Pod Security `restricted` refuses;
+/// one warning says so and names where it was set.
+#[rstest]
+#[case::pod(json!(null), json!({"runAsNonRoot": true}), Some("the pod"))]
+#[case::container(json!({"runAsNonRoot": true}), json!(null), Some("the trainer container"))]
+#[case::both(json!({"runAsNonRoot": true}), json!({"runAsNonRoot": true}), Some("the trainer container"))]
+#[case::container_overrides_pod(json!({"runAsNonRoot": false}), json!({"runAsNonRoot": true}), None)]
+#[case::container_over_pod_false(json!({"runAsNonRoot": true}), json!({"runAsNonRoot": false}), Some("the trainer container"))]
+#[case::uid_known(json!({"runAsNonRoot": true, "runAsUser": 1000}), json!(null), None)]
+#[case::pod_uid_known(json!({"runAsNonRoot": true}), json!({"runAsUser": 1000}), None)]
+fn a_root_sidecar_beside_a_run_as_non_root_trainer_is_explained(
+    #[case] container: Value,
+    #[case] pod: Value,
+    #[case] whose: Option<&str>,
+) {
     let (mut obj, ns) = sts_fixture();
-    obj["spec"]["template"]["spec"]["securityContext"] = json!({"runAsNonRoot": true});
-    let m = mutated(&obj, Some(&ns), &Profile::default());
+    if !container.is_null() {
+        obj["spec"]["template"]["spec"]["containers"][0]["securityContext"] = container;
+    }
+    if !pod.is_null() {
+        obj["spec"]["template"]["spec"]["securityContext"] = pod;
+    }
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
     let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
-    assert_eq!(sc["runAsUser"], 0);
-    assert_eq!(sc["runAsNonRoot"], false);
-    assert!(
-        m.warnings.iter().any(|w| w.contains("set runAsUser")),
-        "{:?}",
-        m.warnings
-    );
+    let warned: Vec<&String> = m
+        .warnings
+        .iter()
+        .filter(|w| w.contains("sets runAsNonRoot"))
+        .collect();
+    match whose {
+        Some(whose) => {
+            assert_eq!(sc["runAsUser"], 0);
+            assert_eq!(sc["runAsNonRoot"], false);
+            assert_eq!(
+                warned,
+                [&format!(
+                    "{whose} sets runAsNonRoot without the trainer's UID: the sidecar runs as root with only KILL to signal it, which Pod Security restricted refuses; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability"
+                )]
+            );
+        }
+        None => assert!(warned.is_empty(), "{warned:?}"),
+    }
 }
 
 #[test]
