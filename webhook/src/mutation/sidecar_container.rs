@@ -151,6 +151,10 @@ pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityCo
     }
 }
 
+/// The sidecar's startupProbe: every second, for up to a minute.
+pub const STARTUP_PERIOD_SECONDS: i32 = 1;
+pub const STARTUP_FAILURE_THRESHOLD: i32 = 60;
+
 /// Add the sidecar (first among the init containers, so it runs while the
 /// others do) and `shareProcessNamespace: true` so it can signal the trainer.
 pub fn inject(
@@ -234,6 +238,12 @@ pub fn inject(
         }]
     });
     let port = i32::from(env::DEFAULT_HEALTH_PORT);
+    let http_get = |path: &str| HTTPGetAction {
+        path: Some(path.to_string()),
+        port: IntOrString::Int(port),
+        scheme: Some("HTTP".to_string()),
+        ..Default::default()
+    };
     let sidecar = Container {
         name: NAME.to_string(),
         image: Some(image),
@@ -246,13 +256,23 @@ pub fn inject(
             protocol: Some("TCP".to_string()),
             ..Default::default()
         }]),
+        // The kubelet starts the trainer as soon as a native sidecar without
+        // a startupProbe has started (a liveness probe does not hold it
+        // back): this one holds it until the sidecar serves `/readyz`, which
+        // it does once its detection has started. Probed every second so
+        // the trainer waits no longer than it must; a minute of failures
+        // (the sidecar's own API access check takes at most 10 s) before the
+        // kubelet restarts the sidecar.
+        startup_probe: Some(Probe {
+            http_get: Some(http_get("/readyz")),
+            period_seconds: Some(STARTUP_PERIOD_SECONDS),
+            timeout_seconds: Some(1),
+            success_threshold: Some(1),
+            failure_threshold: Some(STARTUP_FAILURE_THRESHOLD),
+            ..Default::default()
+        }),
         liveness_probe: Some(Probe {
-            http_get: Some(HTTPGetAction {
-                path: Some("/healthz".to_string()),
-                port: IntOrString::Int(port),
-                scheme: Some("HTTP".to_string()),
-                ..Default::default()
-            }),
+            http_get: Some(http_get("/healthz")),
             initial_delay_seconds: Some(10),
             period_seconds: Some(10),
             timeout_seconds: Some(2),

@@ -82,7 +82,8 @@ pub struct Status {
     pub replaced_node_selector: BTreeMap<String, String>,
     /// Scalar fields trainwire set because they were absent
     /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`,
-    /// a Job's `podFailurePolicy`), or replaced: `podReplacementPolicy` (was
+    /// a Job's `podFailurePolicy`), or replaced: `completionMode=NonIndexed`,
+    /// `podReplacementPolicy` (was
     /// absent) or `podReplacementPolicy=<previous value>`, `dnsPolicy` (was
     /// absent) or `dnsPolicy=ClusterFirst` (on the host's network).
     #[serde(skip_serializing_if = "Vec::is_empty")]

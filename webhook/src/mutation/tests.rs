@@ -1238,6 +1238,84 @@ fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
     );
 }
 
+/// A Job that arrived `NonIndexed` records the value it replaced, so its
+/// re-admission strips back to the input that was hashed: the same input is
+/// a no-op even under another policy or sidecar image, as for any workload.
+#[rstest]
+#[case("job-create-no-completion-mode.json")]
+#[case("job-apply-no-completion-mode.json")]
+#[case("job-nonindexed-create.json")]
+fn a_nonindexed_job_keeps_its_injection_under_a_new_policy(#[case] name: &str) {
+    let (obj, ns) = fixture(name);
+    let first = mutated(&obj, Some(&ns), &Profile::default());
+    let st = status_of(&first.object);
+    assert!(
+        st.fields.iter().any(|f| f == "completionMode=NonIndexed"),
+        "{:?}",
+        st.fields
+    );
+    let upgraded = profile(|p| {
+        p.sidecar.image = enforced("registry.example/sidecar:9".to_string(), Enforce::Default);
+    });
+    let again = mutated(&first.object, Some(&ns), &upgraded);
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+}
+
+fn status_of(obj: &Value) -> status::Status {
+    let raw = obj["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"]
+        .as_str()
+        .expect("status annotation");
+    serde_json::from_str(raw).expect("status")
+}
+
+/// The injected sidecar's startupProbe holds the trainer until the sidecar
+/// serves `/readyz` (a native sidecar without one lets the kubelet start the
+/// next container at once). An object injected before the probe existed
+/// keeps its sidecar on an update that changes nothing the user controls
+/// (an upgrade never rolls training), and gets the probe, replacing the old
+/// sidecar, at the user's next real change.
+#[test]
+fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_change() {
+    let (obj, ns) = sts_fixture();
+    let m = check_round_trip(&obj, Some(&ns), &Profile::default());
+    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0];
+    assert_eq!(sidecar["name"], "trainwire-sidecar");
+    assert_eq!(
+        sidecar["startupProbe"],
+        json!({
+            "httpGet": {"path": "/readyz", "port": 29600, "scheme": "HTTP"},
+            "periodSeconds": 1, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 60,
+        })
+    );
+
+    // What an engine without the probe wrote: its sidecar, its fingerprint.
+    let mut old = m.object.clone();
+    let old_sidecar = {
+        let s = &mut old["spec"]["template"]["spec"]["initContainers"][0];
+        s.as_object_mut().expect("sidecar").remove("startupProbe");
+        s.clone()
+    };
+    let typed: k8s_openapi::api::core::v1::Container =
+        serde_json::from_value(old_sidecar.clone()).expect("container");
+    let mut st = status_of(&old);
+    st.init_containers
+        .insert("trainwire-sidecar".into(), status::fingerprint(&typed));
+    old["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"] =
+        json!(serde_json::to_string(&st).expect("json"));
+
+    let kept = mutated(&old, Some(&ns), &Profile::default());
+    assert!(kept.patch.0.is_empty(), "{:?}", kept.patch);
+
+    let mut scaled = old.clone();
+    scaled["spec"]["replicas"] = json!(3);
+    let changed = check_round_trip(&scaled, Some(&ns), &Profile::default());
+    let inits = changed.object["spec"]["template"]["spec"]["initContainers"]
+        .as_array()
+        .expect("init containers");
+    assert_eq!(inits.len(), 1, "{inits:?}");
+    assert_eq!(inits[0]["startupProbe"], sidecar["startupProbe"]);
+}
+
 #[rstest]
 #[case("job-create-no-completion-mode.json", 2)]
 #[case("job-apply-no-completion-mode.json", 2)]

@@ -294,7 +294,8 @@ impl Workload {
         }
     }
 
-    /// Unset workload-level fields an earlier injection set (see the status).
+    /// Unset workload-level fields an earlier injection set, and restore the
+    /// values it replaced (see the status).
     pub fn unset(&mut self, fields: &[String]) {
         if let Workload::Job(j) = self
             && let Some(spec) = j.spec.as_mut()
@@ -302,6 +303,7 @@ impl Workload {
             for f in fields {
                 match f.as_str() {
                     "completionMode" => spec.completion_mode = None,
+                    FIELD_NON_INDEXED => spec.completion_mode = Some("NonIndexed".to_string()),
                     "completions" => spec.completions = None,
                     FIELD_POD_FAILURE_POLICY => spec.pod_failure_policy = None,
                     FIELD_POD_REPLACEMENT_POLICY => spec.pod_replacement_policy = None,
@@ -393,7 +395,10 @@ impl Workload {
                     Some("Indexed") => {}
                     Some("NonIndexed") => {
                         spec.completion_mode = Some("Indexed".to_string());
-                        ctx.status.fields.push("completionMode".to_string());
+                        // Recorded with the value it replaced, so that a
+                        // re-admission strips back to the very input that
+                        // was hashed, and the same input stays a no-op.
+                        ctx.status.fields.push(FIELD_NON_INDEXED.to_string());
                         ctx.warn(format!(
                             "Job {name}: spec.completionMode NonIndexed (the apiserver's default when the manifest does not set it) is changed to Indexed: a torchrun world needs a node rank per pod, which only an Indexed Job gives"
                         ));
@@ -561,6 +566,11 @@ fn containers(d: &mut patch::Differ, b: Vec<Container>, a: Vec<Container>) {
         },
     );
 }
+
+/// The status `fields` entry for `spec.completionMode` made `Indexed` where
+/// it was `NonIndexed` (the apiserver's default before admission); a plain
+/// `completionMode` means it was absent.
+pub const FIELD_NON_INDEXED: &str = "completionMode=NonIndexed";
 
 /// The status `fields` entry for an injected `spec.podFailurePolicy`.
 pub const FIELD_POD_FAILURE_POLICY: &str = "podFailurePolicy";
