@@ -148,7 +148,7 @@ impl Rng {
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -158,7 +158,7 @@ impl Rng {
     }
     /// A number below `n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        (self.next_u64() % n.max(1) as u64) as usize
     }
     pub fn chance(&mut self, one_in: usize) -> bool {
         self.below(one_in) == 0
@@ -549,7 +549,8 @@ fn edit_string(rng: &mut Rng, s: &mut String) {
         }
         2 => {
             let i = at(rng, s);
-            s.insert_str(i, *rng.pick(STRINGS));
+            let piece = rng.pick::<&str>(STRINGS);
+            s.insert_str(i, piece);
         }
         _ => {
             if !s.is_empty() {
