@@ -776,6 +776,20 @@ pub fn run(
     limits: Limits,
     max_findings: usize,
 ) -> Report {
+    run_with_progress(surface, seeds, count, seed, limits, max_findings, |_| {})
+}
+
+/// [`run`], calling `progress` with the report so far every
+/// [`PROGRESS_EVERY`] inputs.
+pub fn run_with_progress(
+    surface: Surface,
+    seeds: &Seeds,
+    count: u64,
+    seed: u64,
+    limits: Limits,
+    max_findings: usize,
+    mut progress: impl FnMut(&Report),
+) -> Report {
     let started = Instant::now();
     let mut rng = Rng::new(seed ^ ((surface as u64 + 1) << 32));
     let mut report = Report::default();
@@ -819,6 +833,10 @@ pub fn run(
                 ));
             }
         }
+        if report.inputs % PROGRESS_EVERY == 0 {
+            report.elapsed = started.elapsed();
+            progress(&report);
+        }
         if let Some(oracle) = broken {
             report.findings.push(Finding {
                 surface,
@@ -835,6 +853,9 @@ pub fn run(
     report.elapsed = started.elapsed();
     report
 }
+
+/// How often [`run_with_progress`] reports.
+pub const PROGRESS_EVERY: u64 = 50_000;
 
 /// One input.
 enum Input {

@@ -53,7 +53,15 @@ fn main() -> anyhow::Result<()> {
     let seeds = Seeds::load(&trainwire_tests::repo_root())?;
     let mut failed = false;
     for surface in surfaces {
-        let report = fuzz::run(surface, &seeds, count, seed, Limits::default(), 20);
+        let report = fuzz::run_with_progress(
+            surface,
+            &seeds,
+            count,
+            seed,
+            Limits::default(),
+            20,
+            |so_far| println!("  {}", so_far.summary(surface, seed)),
+        );
         println!("{}", report.summary(surface, seed));
         failed |= !report.findings.is_empty();
     }
