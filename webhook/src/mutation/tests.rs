@@ -1316,6 +1316,26 @@ fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_c
     assert_eq!(inits[0]["startupProbe"], sidecar["startupProbe"]);
 }
 
+/// Found by fuzzing `inject`: a workload whose name is not a DNS-1123 label
+/// (here with a trailing no-break space) is refused, naming the name; its
+/// pods' DNS names, and offline the Job's Service, could not be right.
+#[rstest]
+#[case::nbsp("eval-nonindexed\u{a0}")]
+#[case::dot("a.b")]
+#[case::upper("Train")]
+#[case::long(&"a".repeat(64))]
+fn a_workload_name_that_is_not_a_dns_label_is_refused(#[case] name: &str) {
+    for fixture_name in ["job-nonindexed-create.json", "statefulset-create.json"] {
+        let (mut obj, _) = fixture(fixture_name);
+        obj["metadata"]["name"] = json!(name);
+        let message = refusal(&obj, &Profile::default());
+        assert!(
+            message.contains(&format!("metadata.name {name:?} is not a DNS-1123 label")),
+            "{message}"
+        );
+    }
+}
+
 #[rstest]
 #[case("job-create-no-completion-mode.json", 2)]
 #[case("job-apply-no-completion-mode.json", 2)]

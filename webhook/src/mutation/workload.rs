@@ -334,6 +334,16 @@ impl Workload {
                 "the {kind} has no metadata.name; trainwire needs a fixed name for the pods' DNS names (generateName is not supported)"
             ))
         })?;
+        // The name becomes the pods' host names and the rendezvous host's
+        // DNS name (`<name>-0.<service>...`), and a Job's Service name and
+        // selector: found by fuzzing, a name the apiserver would never
+        // accept (`eval\u{a0}`) gave `inject` a Service that read back as
+        // another name.
+        if !super::annotations::is_dns_label(&name) {
+            return Err(Refusal::Workload(format!(
+                "the {kind}'s metadata.name {name:?} is not a DNS-1123 label (lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters); trainwire needs one for the pods' DNS names ({name}-0.<service>.{namespace}.svc)"
+            )));
+        }
         if self.template().and_then(|t| t.spec.as_ref()).is_none() {
             return Err(Refusal::Workload(format!(
                 "{kind} {name} has no spec.template.spec; add the pod template with the trainer container"
