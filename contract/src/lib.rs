@@ -29,8 +29,8 @@ pub use failure::{ExitCodes, FailureLimit, NodeFailureAction};
 pub use path::MountPath;
 pub use quantity::{ByteSize, Quantity, ShmSize};
 pub use values::{
-    Count, Detection, LogFormat, NodeCount, PeerLossAction, PollMode, Port, PositiveCount,
-    RdzvBackend,
+    Count, Detection, Framework, LogFormat, NodeCount, PeerLossAction, PollMode, Port,
+    PositiveCount, RdzvBackend,
 };
 
 /// A value that does not fit its grammar. Callers add what holds it (the

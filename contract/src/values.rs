@@ -261,6 +261,16 @@ choice!(
 });
 
 choice!(
+    /// The training framework a workload runs (`trainwire.dev/framework`,
+    /// the policy's `framework`): what the trainer's env is made for.
+    Framework, "pytorch, tensorflow", {
+    /// torchrun: `PET_*` env, the c10d/static/etcd-v2 rendezvous.
+    PyTorch => "pytorch",
+    /// TensorFlow's multi-worker strategies: `TF_CONFIG`, a fixed world.
+    TensorFlow => "tensorflow",
+});
+
+choice!(
     /// Log line format of both programs.
     LogFormat, "text, json", {
     /// Human-readable text (no colour unless stderr is a terminal).
@@ -279,6 +289,12 @@ impl Default for PeerLossAction {
 impl Default for RdzvBackend {
     fn default() -> Self {
         RdzvBackend::C10d
+    }
+}
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
+impl Default for Framework {
+    fn default() -> Self {
+        Framework::PyTorch
     }
 }
 #[allow(clippy::derivable_impls)] // the enum comes from `choice!`
@@ -315,6 +331,9 @@ mod tests {
             let e = bad.parse::<NodeCount>().expect_err(bad).to_string();
             assert!(e.contains("MIN:MAX"), "{e}");
         }
+        assert_eq!("tensorflow".parse::<Framework>(), Ok(Framework::TensorFlow));
+        let e = "tf".parse::<Framework>().expect_err("tf").to_string();
+        assert!(e.contains("pytorch, tensorflow"), "{e}");
         let e = "reboot"
             .parse::<PeerLossAction>()
             .expect_err("x")
@@ -340,6 +359,7 @@ mod tests {
             for a in PollMode::ALL { round_trip(*a)?; }
             for a in RdzvBackend::ALL { round_trip(*a)?; }
             for a in LogFormat::ALL { round_trip(*a)?; }
+            for a in Framework::ALL { round_trip(*a)?; }
         }
 
         #[test]

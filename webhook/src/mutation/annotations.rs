@@ -11,8 +11,8 @@ use serde_json::Value;
 
 use super::Refusal;
 use trainwire_contract::{
-    Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount, PositiveDuration,
-    RdzvBackend, ShmSize,
+    Framework, Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount,
+    PositiveDuration, RdzvBackend, ShmSize,
 };
 
 pub const PREFIX: &str = "trainwire.dev/";
@@ -32,6 +32,8 @@ pub const NCCL: &str = "trainwire.dev/nccl";
 pub const SHM_SIZE: &str = "trainwire.dev/shm-size";
 pub const SIDECAR: &str = "trainwire.dev/sidecar";
 pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
+/// The training framework: `pytorch` (torchrun's env) or `tensorflow` (`TF_CONFIG`).
+pub const FRAMEWORK: &str = "trainwire.dev/framework";
 /// Written by trainwire on the pod template (never read from the workload).
 pub const STATUS: &str = "trainwire.dev/status";
 /// Trainer exit codes that stop the world at once (read by the controller).
@@ -77,6 +79,7 @@ pub const KNOWN: &[&str] = &[
     SHM_SIZE,
     SIDECAR,
     ON_PEER_LOSS,
+    FRAMEWORK,
     FAIL_FAST_EXIT_CODES,
     MAX_FAILURES,
     RESUME,
@@ -131,6 +134,7 @@ pub struct Annotations {
     pub shm_size: Option<ShmSize>,
     pub sidecar: Option<bool>,
     pub on_peer_loss: Option<PeerLossAction>,
+    pub framework: Option<Framework>,
     /// Read by the controller, checked here so a bad value is refused.
     pub fail_fast_exit_codes: Option<trainwire_contract::ExitCodes>,
     pub max_failures: Option<trainwire_contract::FailureLimit>,
@@ -343,6 +347,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 });
             }
             ON_PEER_LOSS => out.on_peer_loss = Some(typed(key, raw)?),
+            FRAMEWORK => out.framework = Some(typed(key, raw)?),
             FAIL_FAST_EXIT_CODES => out.fail_fast_exit_codes = Some(typed(key, raw)?),
             MAX_FAILURES => out.max_failures = Some(typed(key, raw)?),
             _ => {}

@@ -24,6 +24,7 @@ pub mod placement;
 pub mod rendezvous;
 pub mod sidecar_container;
 pub mod status;
+pub mod tensorflow;
 pub mod trainer;
 pub mod volumes;
 pub mod workload;
@@ -31,7 +32,7 @@ pub mod workload;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::policy::Profile;
+use crate::policy::{Framework, Profile};
 use status::Status;
 use trainer::{Conflict, Desired};
 use workload::Workload;
@@ -317,10 +318,26 @@ fn inject(
     let trainer = trainer::find(spec, ann)?;
     ctx.status.container = spec.containers[trainer].name.clone();
     let gpus = gpu::apply(ctx, spec, trainer, ann)?;
-    let world = rendezvous::world(ctx, &shape, ann, gpus)?;
+    let framework = tensorflow::framework(ctx, ann)?;
+    let mut world = rendezvous::world(ctx, &shape, ann, gpus)?;
+    world.framework = framework;
     ctx.status.nnodes = world.nnodes.map(|n| n.to_string()).unwrap_or_default();
-    let mut desired = rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer]);
-    desired.extend(nccl::desired(ctx, ann)?);
+    let mut desired = match framework {
+        Framework::PyTorch => {
+            rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer])
+        }
+        Framework::TensorFlow => {
+            tensorflow::check(ctx, ann, &world)?;
+            tensorflow::desired(ctx, &shape, ann, &world, &spec.containers[trainer])?
+        }
+    };
+    // PyTorch's own NCCL switch means nothing to TensorFlow (the NCCL_*
+    // env of the policy and the annotation applies to both).
+    desired.extend(
+        nccl::desired(ctx, ann)?.into_iter().filter(|d| {
+            framework == Framework::PyTorch || d.var.name != nccl::ASYNC_ERROR_HANDLING
+        }),
+    );
     let checkpoint = volumes::checkpoint(ctx, &shape, ann, spec, trainer)?;
     if let Some(cp) = &checkpoint {
         desired.push(Desired::value(
@@ -333,7 +350,11 @@ fn inject(
     trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
     rendezvous::host_network_dns(ctx, spec);
     ctx.status.service = shape.service.clone();
-    ctx.status.rdzv_port = rendezvous::store_port(&world, ann, &spec.containers[trainer]);
+    ctx.status.rdzv_port = match framework {
+        Framework::PyTorch => rendezvous::store_port(&world, ann, &spec.containers[trainer]),
+        // Each worker's TensorFlow server (the Service exposes it).
+        Framework::TensorFlow => Some(ann.rdzv_port),
+    };
     volumes::shared(ctx, &shape, ann, spec, trainer)?;
     volumes::shm(ctx, ann, spec, trainer)?;
     placement::apply(ctx, spec)?;

@@ -11,7 +11,7 @@ use super::annotations::{self, Annotations, Nnodes, Nproc};
 use super::trainer::{self, Conflict, Desired};
 use super::workload::Shape;
 use super::{Ctx, Refusal};
-use crate::policy::{self, RdzvBackend};
+use crate::policy::{self, Framework, RdzvBackend};
 
 pub const RDZV_CONF: &str = "PET_RDZV_CONF";
 pub const DISABLE_SHARE_STORE: &str = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
@@ -46,6 +46,9 @@ pub struct World {
     pub endpoint: String,
     /// Pod 0's DNS name, the rendezvous host for c10d and static.
     pub host: String,
+    /// The framework the world runs (the caller sets it; see
+    /// [`super::tensorflow`]).
+    pub framework: Framework,
 }
 
 pub fn backend_name(b: RdzvBackend) -> &'static str {
@@ -176,6 +179,7 @@ fn finish(
         backend,
         endpoint,
         host,
+        framework: Framework::PyTorch,
     })
 }
 

@@ -23,7 +23,7 @@ use super::trainer::field_env;
 use super::volumes::Checkpoint;
 use super::workload::Shape;
 use super::{Ctx, Refusal};
-use crate::policy::{self, PeerLossAction, RdzvBackend};
+use crate::policy::{self, Framework, PeerLossAction, RdzvBackend};
 
 pub const NAME: &str = "trainwire-sidecar";
 
@@ -177,6 +177,7 @@ pub fn inject(
     if let Some(w) = action.warning {
         ctx.warn(w);
     }
+    let tensorflow = world.framework == Framework::TensorFlow;
     let image = policy::resolve(profile, "sidecar.image", &profile.sidecar.image, None)?.value;
 
     let mut vars = vec![
@@ -195,9 +196,10 @@ pub fn inject(
     }
     // c10d and static run the store in pod 0; etcd-v2's store is external,
     // so no peer's loss strands the local agent.
+    // TensorFlow has no rendezvous store: no peer's loss is special.
     vars.push(plain(
         env::RDZV_HOST_RANK,
-        if world.backend == RdzvBackend::EtcdV2 {
+        if world.backend == RdzvBackend::EtcdV2 || tensorflow {
             "none"
         } else {
             "0"
@@ -205,7 +207,7 @@ pub fn inject(
     ));
     // Where pod 0's store listens: a replacement host is there for the
     // survivors' restarted torchrun only once it accepts connections.
-    if let Some(port) = ctx.status.rdzv_port {
+    if let Some(port) = ctx.status.rdzv_port.filter(|_| !tensorflow) {
         vars.push(plain(env::RDZV_PORT, port.to_string()));
     }
     vars.push(plain(
@@ -216,7 +218,23 @@ pub fn inject(
         vars.push(plain(env::CHECKPOINT_DIR, cp.path.clone()));
         vars.push(plain(env::CHECKPOINT_MAX_AGE, cp.max_age.to_string()));
     }
-    vars.push(plain(env::ON_PEER_LOSS, peer_loss_name(action.value)));
+    let action_name = if tensorflow {
+        super::tensorflow::sidecar_action(action.value)
+    } else {
+        peer_loss_name(action.value)
+    };
+    vars.push(plain(env::ON_PEER_LOSS, action_name));
+    if tensorflow && !profile.sidecar.env.contains_key(env::AGENT_MATCH) {
+        match super::tensorflow::agent_match(&spec.containers[trainer]) {
+            Some(pattern) => vars.push(plain(env::AGENT_MATCH, pattern)),
+            None if action.value != PeerLossAction::None => ctx.warn(format!(
+                "{}: tensorflow: the trainer container's command names no Python script or module, so the sidecar cannot find the trainer process to restart it after a lost worker and only reports (TensorFlow's own error exit restarts it in most cases); give the container a command such as [python, train.py], or set {} in the policy's sidecar.env",
+                annotations::FRAMEWORK,
+                env::AGENT_MATCH
+            )),
+            None => {}
+        }
+    }
     for (k, v) in &profile.sidecar.env {
         if vars.iter().any(|e| &e.name == k) {
             ctx.warn(format!(

@@ -59,6 +59,12 @@ pub struct Setting<T> {
     pub enforce: Enforce,
 }
 
+impl<T: Default> Default for Setting<T> {
+    fn default() -> Self {
+        Setting::default_value(T::default())
+    }
+}
+
 impl<T> Setting<T> {
     pub fn default_value(value: T) -> Self {
         Setting {
@@ -69,8 +75,8 @@ impl<T> Setting<T> {
 }
 
 pub use trainwire_contract::{
-    ExitCodes, FailureLimit, MountPath, NodeFailureAction, PeerLossAction, PositiveDuration,
-    RdzvBackend, ShmSize,
+    ExitCodes, FailureLimit, Framework, MountPath, NodeFailureAction, PeerLossAction,
+    PositiveDuration, RdzvBackend, ShmSize,
 };
 
 /// Dead-node reclaim (`nodeFailure`): off unless a profile sets it.
@@ -266,6 +272,10 @@ pub struct Profile {
     pub max_gpus_per_node: Option<u32>,
     #[serde(default = "default_rdzv_backend")]
     pub rdzv_backend: Setting<RdzvBackend>,
+    /// The training framework (`pytorch`), which `trainwire.dev/framework`
+    /// overrides unless enforced.
+    #[serde(default)]
+    pub framework: Setting<Framework>,
     /// `host:port` of an external etcd, for `etcd-v2`.
     #[serde(default)]
     pub etcd_endpoint: Option<String>,
@@ -406,6 +416,7 @@ impl Default for Profile {
             max_nodes: None,
             max_gpus_per_node: None,
             rdzv_backend: default_rdzv_backend(),
+            framework: Setting::default(),
             etcd_endpoint: None,
             cluster_domain: None,
             sidecar: SidecarPolicy::default(),

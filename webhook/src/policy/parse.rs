@@ -328,6 +328,7 @@ const SETTING_FIELDS: &[&str] = &[
     "checkpointMaxAge",
     "shmSize",
     "rdzvBackend",
+    "framework",
     "image",
     "onPeerLoss",
     "enabled",
