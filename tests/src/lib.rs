@@ -14,6 +14,7 @@ pub mod kubelet;
 pub mod mock_api;
 pub mod netns;
 pub mod recorded_api;
+pub mod tensorflow;
 pub mod torch;
 
 /// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
@@ -59,6 +60,55 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
     if !out.status.success() {
         return Err(format!(
             "`cargo build -p trainwire-sidecar` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!("{} does not exist after the build", bin.display()))
+    }
+}
+
+/// The `trainwire-webhook` binary of this build (`target/<profile>/`), for
+/// tests that run the real `inject` CLI; built with `cargo build -p
+/// trainwire-webhook` when missing or older than its sources.
+/// `$TRAINWIRE_WEBHOOK_BIN` overrides it.
+pub fn webhook_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("TRAINWIRE_WEBHOOK_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("trainwire-webhook"))
+        .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+    let root = repo_root();
+    let sources = ["webhook", "contract", "runtime", "Cargo.lock"]
+        .iter()
+        .filter_map(|p| newest_mtime(&root.join(p)))
+        .max();
+    if built.is_some_and(|b| sources.is_none_or(|s| s <= b)) {
+        return Ok(bin);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let out = std::process::Command::new(&cargo)
+        .args([
+            "build",
+            "-p",
+            "trainwire-webhook",
+            "--bin",
+            "trainwire-webhook",
+        ])
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "`cargo build -p trainwire-webhook` failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
