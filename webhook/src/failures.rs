@@ -144,14 +144,18 @@ pub fn injected(pod: &Pod) -> bool {
         .is_some_and(|a| a.contains_key(ann::STATUS))
 }
 
-/// The trainer container: the one the engine gave the rendezvous env.
+/// The trainer container: the one the engine gave the rendezvous env
+/// (torchrun's `PET_RDZV_BACKEND`, or TensorFlow's `TF_CONFIG`).
 fn trainer_name(pod: &Pod) -> String {
     pod.spec
         .as_ref()
         .and_then(|s| {
-            s.containers
-                .iter()
-                .find(|c| c.env.iter().flatten().any(|e| e.name == "PET_RDZV_BACKEND"))
+            s.containers.iter().find(|c| {
+                c.env
+                    .iter()
+                    .flatten()
+                    .any(|e| e.name == "PET_RDZV_BACKEND" || e.name == "TF_CONFIG")
+            })
         })
         .map_or_else(|| "trainer".to_string(), |c| c.name.clone())
 }
