@@ -39,7 +39,7 @@ const DATA: &str = "tests/data/policy";
 #[case::syntax_error("syntax-error", &[r#"7:12: profiles[0].nccl.NCCL_DEBUG: while parsing a flow mapping, did not find expected ',' or '}'"#])]
 #[case::toleration_shape("toleration-shape", &[r#"8:16: profiles[0].tolerations[0].value: a toleration with operator Exists has no value; remove value or use operator Equal"#, r#"12:28: profiles[0].tolerations[1].tolerationSeconds: tolerationSeconds applies only to effect NoExecute; set effect: NoExecute or remove it"#])]
 #[case::two_fallbacks("two-fallbacks", &[r#"5:11: profiles[1].name: profile "cpu" has no namespaces, like profiles[0] before it: only the first profile without namespaces is the fallback, so this one would never apply; give it namespaces"#])]
-#[case::unknown_field("unknown-field", &[r#"5:5: profiles[0].shmsize: unknown field "shmsize", expected one of name, namespaces, nccl, nodeSelector, tolerations, nodeFailureTolerationSeconds, nodeFailure, crashLoop, checkpoint, checkpointPath, checkpointMaxAge, allowedClaims, shmSize, maxNodes, maxGpusPerNode, rdzvBackend, etcdEndpoint, clusterDomain, sidecar (did you mean "shmSize"?)"#])]
+#[case::unknown_field("unknown-field", &[r#"5:5: profiles[0].shmsize: unknown field "shmsize", expected one of name, namespaces, nccl, nodeSelector, tolerations, nodeFailureTolerationSeconds, nodeFailure, crashLoop, checkpoint, checkpointPath, checkpointMaxAge, allowedClaims, shmSize, maxNodes, maxGpusPerNode, rdzvBackend, framework, etcdEndpoint, clusterDomain, sidecar (did you mean "shmSize"?)"#])]
 #[case::unknown_toleration_field("unknown-toleration-field", &[r#"9:9: profiles[0].tolerations[0].tolerationSecond: unknown field "tolerationSecond", expected one of key, operator, value, effect, tolerationSeconds (did you mean "tolerationSeconds"?)"#])]
 #[case::unknown_variant("unknown-variant", &[r#"9:18: profiles[0].nccl.NCCL_SOCKET_IFNAME.enforce: unknown variant "warn", expected one of default, refuse, overwrite"#])]
 #[case::wrong_type("wrong-type", &[r#"5:15: profiles[0].maxNodes: expected a whole number (0 or more)"#])]
@@ -97,7 +97,7 @@ fn check_command_accepts_the_example_policy() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "ok: 2 profiles (gpu-a100, cpu)\n"
+        "ok: 3 profiles (gpu-a100, resilient, cpu)\n"
     );
     assert!(out.stderr.is_empty());
 }

@@ -803,7 +803,19 @@ mod tests {
     fn the_example_policy_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policy.yaml");
         let p = load_file(&path).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(p.profile_names(), ["gpu-a100", "cpu"]);
+        assert_eq!(p.profile_names(), ["gpu-a100", "resilient", "cpu"]);
+        // The failure features' example profile.
+        let resilient = p.profile_for("ml-prod");
+        assert_eq!(resilient.name, "resilient");
+        let nf = resilient.node_failure.as_ref().expect("nodeFailure");
+        assert_eq!(nf.reclaim_after.to_string(), "30s");
+        assert_eq!(nf.action, NodeFailureAction::ForceDelete);
+        assert_eq!(nf.toleration_seconds(), 30);
+        let codes = &resilient.crash_loop.fail_fast_exit_codes;
+        assert!(codes.contains(2) && codes.contains(126) && codes.contains(127));
+        assert!(!codes.contains(1) && !codes.contains(137));
+        assert_eq!(resilient.crash_loop.max_failures.failures, 5);
+        assert_eq!(resilient.crash_loop.max_failures.window.to_string(), "30m");
         let gpu = p.profile_for("ml-vision");
         assert_eq!(gpu.name, "gpu-a100");
         assert_eq!(
