@@ -28,6 +28,9 @@ pub enum Confirmation {
 }
 
 impl Confirmation {
+    /// Every value of [`Confirmation::as_str`].
+    pub const LABELS: [&'static str; 3] = ["kubernetes", "replacement-answered", "outage"];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Confirmation::Kubernetes(_) => "kubernetes",

@@ -21,6 +21,8 @@ pub enum Source {
 }
 
 impl Source {
+    pub const ALL: [Source; 2] = [Source::Heartbeat, Source::Kubernetes];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Source::Heartbeat => "heartbeat",
@@ -79,6 +81,18 @@ pub enum LossReason {
 }
 
 impl LossReason {
+    pub const ALL: [LossReason; 9] = [
+        LossReason::MissedHeartbeats,
+        LossReason::IdentityChanged,
+        LossReason::Deleted,
+        LossReason::Failed,
+        LossReason::NotReady,
+        LossReason::ContainerRestarted,
+        LossReason::NodeUnreachable,
+        LossReason::Disrupted,
+        LossReason::StuckTerminating,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             LossReason::MissedHeartbeats => "missed-heartbeats",

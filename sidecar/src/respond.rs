@@ -1250,7 +1250,7 @@ impl Role {
             signal::Activity::Waiting => "waiting",
             signal::Activity::NoTrainer => "no-trainer",
         };
-        for state in ["training", "waiting", "no-trainer"] {
+        for state in crate::status::TRAINER_STATES {
             shared
                 .metrics
                 .trainer

@@ -194,6 +194,8 @@ pub enum Plan {
 }
 
 impl Plan {
+    pub const ALL: [Plan; 3] = [Plan::ReportOnly, Plan::TermWorkers, Plan::KillAgent];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Plan::ReportOnly => "report-only",
@@ -240,6 +242,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Signalled,
+        Outcome::Reported,
+        Outcome::NoTrainer,
+        Outcome::Cooldown,
+        Outcome::Capped,
+        Outcome::Partial,
+        Outcome::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Signalled => "signalled",

@@ -60,6 +60,14 @@ pub struct StateLabels {
     pub state: String,
 }
 
+/// The `state` label values of `trainwire_sidecar_peers` ([`State`] in kebab case).
+const PEER_STATES: [&str; 6] = [
+    "unknown", "absent", "healthy", "suspect", "lost", "replaced",
+];
+
+/// The `state` label values of `trainwire_sidecar_trainer`.
+pub const TRAINER_STATES: [&str; 3] = ["training", "waiting", "no-trainer"];
+
 /// The Prometheus metrics.
 pub struct Metrics {
     pub peers_lost: Family<LossLabels, Counter>,
@@ -172,7 +180,58 @@ impl Metrics {
                 state: "unknown".into(),
             })
             .set(1);
+        m.initialise();
         m
+    }
+
+    /// Creates every series whose labels are a known, small set, at 0, so
+    /// that `/metrics` shows each family from the start and alerts see a
+    /// series before the first event. `signal_failures` has an open `error`
+    /// label (errno names): only `EPERM`, the failure that matters, is made.
+    fn initialise(&self) {
+        use crate::peers::{LossReason, Source};
+        use crate::respond::PermissionState;
+        use crate::signal::{Outcome, Plan};
+        let label = |s: &str| StateLabels { state: s.into() };
+        for source in Source::ALL {
+            for reason in LossReason::ALL {
+                let _ = self.peers_lost.get_or_create(&LossLabels {
+                    source: source.as_str().into(),
+                    reason: reason.as_str().into(),
+                });
+            }
+            let _ = self.detection_latency.get_or_create(&SourceLabels {
+                source: source.as_str().into(),
+            });
+        }
+        for plan in Plan::ALL {
+            for outcome in Outcome::ALL {
+                let _ = self.actions.get_or_create(&ActionLabels {
+                    action: plan.as_str().into(),
+                    result: outcome.as_str().into(),
+                });
+            }
+        }
+        for role in ["agent", "worker", "worker-child"] {
+            let _ = self.signal_failures.get_or_create(&SignalFailureLabels {
+                role: role.into(),
+                error: "EPERM".into(),
+            });
+        }
+        for confirmation in crate::decide::Confirmation::LABELS {
+            let _ = self.losses_confirmed.get_or_create(&ConfirmLabels {
+                confirmation: confirmation.into(),
+            });
+        }
+        for state in PEER_STATES {
+            let _ = self.peers.get_or_create(&label(state));
+        }
+        for state in PermissionState::ALL {
+            let _ = self.signal_permission.get_or_create(&label(state.as_str()));
+        }
+        for state in TRAINER_STATES {
+            let _ = self.trainer.get_or_create(&label(state));
+        }
     }
 }
 
@@ -391,9 +450,7 @@ impl Shared {
                 misses: p.misses,
             })
             .collect();
-        for state in [
-            "unknown", "absent", "healthy", "suspect", "lost", "replaced",
-        ] {
+        for state in PEER_STATES {
             let n = list
                 .iter()
                 .filter(|p| {
@@ -441,5 +498,46 @@ impl Shared {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_series_before_any_event() {
+        let mut registry = Registry::with_prefix("trainwire_sidecar");
+        let _metrics = Metrics::new(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap_or_default();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert!(families.len() >= 13, "{text}");
+        for family in families {
+            assert!(
+                text.lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(family)),
+                "{family} has no series at start:\n{text}"
+            );
+        }
+        for series in [
+            r#"trainwire_sidecar_actions_total{action="restart-agent",result="failed"} 0"#,
+            r#"trainwire_sidecar_peers_lost_total{source="heartbeat",reason="missed-heartbeats"} 0"#,
+            r#"trainwire_sidecar_signal_failures_total{role="agent",error="EPERM"} 0"#,
+            r#"trainwire_sidecar_signal_permission{state="denied"} 0"#,
+            r#"trainwire_sidecar_signal_permission{state="unknown"} 1"#,
+            r#"trainwire_sidecar_peers{state="lost"} 0"#,
+            r#"trainwire_sidecar_trainer{state="training"} 0"#,
+            r#"trainwire_sidecar_losses_confirmed_total{confirmation="outage"} 0"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == series),
+                "{series} missing:\n{text}"
+            );
+        }
     }
 }

@@ -233,7 +233,7 @@ impl Metrics {
             "statefulsets/scale requests allowed with a warning because the scale guard could not check them, by reason",
             scale_guard_unknown.clone(),
         );
-        Metrics {
+        let metrics = Metrics {
             failure_actions,
             registry: root,
             scale_guard_unknown,
@@ -243,6 +243,81 @@ impl Metrics {
             cert_reloads,
             cert_expiry,
             policy_reloads,
+        };
+        metrics.initialise();
+        metrics
+    }
+
+    /// Creates every series whose labels are a known, small set, at 0, so
+    /// that `/metrics` shows each family from the start and alerts and
+    /// dashboards see a series before the first event (a counter that
+    /// appears at 1 has no increase to alert on). Admissions and their
+    /// durations: the kinds and operations the webhook configuration sends
+    /// (manifests/base/webhook.yaml), with every outcome.
+    fn initialise(&self) {
+        const ROUTED: [(Kind, Operation); 4] = [
+            (Kind::StatefulSet, Operation::CREATE),
+            (Kind::StatefulSet, Operation::UPDATE),
+            (Kind::Job, Operation::CREATE),
+            (Kind::Scale, Operation::UPDATE),
+        ];
+        for (kind, operation) in ROUTED {
+            for outcome in [
+                Outcome::patched,
+                Outcome::allowed,
+                Outcome::denied,
+                Outcome::invalid,
+            ] {
+                let _ = self.admissions.get_or_create(&AdmissionLabels {
+                    kind,
+                    operation,
+                    outcome,
+                });
+            }
+            let _ = self.admission_duration.get_or_create(&KindLabels { kind });
+        }
+        // An unreadable review is counted with no kind and no operation.
+        let _ = self.admissions.get_or_create(&AdmissionLabels {
+            kind: Kind::Other,
+            operation: Operation::UNKNOWN,
+            outcome: Outcome::invalid,
+        });
+        for reason in [
+            Rejection::bad_request,
+            Rejection::too_large,
+            Rejection::unsupported_media_type,
+        ] {
+            let _ = self
+                .rejected_requests
+                .get_or_create(&RejectionLabels { reason });
+        }
+        for result in [ReloadResult::success, ReloadResult::failure] {
+            let _ = self.cert_reloads.get_or_create(&ReloadLabels { result });
+            let _ = self.policy_reloads.get_or_create(&ReloadLabels { result });
+        }
+        for action in [
+            FailureAction::force_delete,
+            FailureAction::out_of_service,
+            FailureAction::rate_limited,
+            FailureAction::stop_fail_fast,
+            FailureAction::stop_max_failures,
+            FailureAction::resume,
+        ] {
+            let _ = self
+                .failure_actions
+                .get_or_create(&FailureLabels { action });
+        }
+        use crate::scale::Unknown;
+        for reason in [
+            Unknown::no_client,
+            Unknown::not_synced,
+            Unknown::watch_error,
+            Unknown::not_cached,
+            Unknown::unreadable_status,
+        ] {
+            let _ = self
+                .scale_guard_unknown
+                .get_or_create(&ScaleGuardLabels { reason });
         }
     }
 
@@ -282,5 +357,35 @@ mod tests {
             text.contains("# TYPE trainwire_webhook_certificate_expiry_timestamp_seconds gauge"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_family_has_series_before_any_event() {
+        let text = Metrics::new().encode();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert!(families.len() >= 9, "{text}");
+        for family in families {
+            assert!(
+                text.lines()
+                    .any(|l| !l.starts_with('#') && l.starts_with(family)),
+                "{family} has no series at start:\n{text}"
+            );
+        }
+        for series in [
+            r#"trainwire_webhook_admissions_total{kind="StatefulSet",operation="CREATE",outcome="denied"} 0"#,
+            r#"trainwire_webhook_admissions_total{kind="Other",operation="UNKNOWN",outcome="invalid"} 0"#,
+            r#"trainwire_webhook_certificate_reloads_total{result="failure"} 0"#,
+            r#"trainwire_webhook_failure_actions_total{action="stop_max_failures"} 0"#,
+            r#"trainwire_webhook_admission_duration_seconds_count{kind="Job"} 0"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == series),
+                "{series} missing:\n{text}"
+            );
+        }
     }
 }
