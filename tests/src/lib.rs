@@ -27,17 +27,40 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("TRAINWIRE_SIDECAR_BIN") {
         return Ok(PathBuf::from(bin));
     }
+    workspace_binary(
+        "trainwire-sidecar",
+        &["sidecar", "contract", "runtime", "Cargo.lock"],
+    )
+}
+
+/// The `trainwire-webhook` binary of this build, built like
+/// [`sidecar_binary`] when missing or older than its sources;
+/// `$TRAINWIRE_WEBHOOK_BIN` overrides it.
+pub fn webhook_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("TRAINWIRE_WEBHOOK_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    workspace_binary(
+        "trainwire-webhook",
+        &["webhook", "contract", "runtime", "Cargo.lock"],
+    )
+}
+
+/// `target/<profile>/<package>` (the package's binary of the same name),
+/// built with `cargo build -p <package>` when it is missing or older than
+/// `sources` (paths under the repository).
+fn workspace_binary(package: &str, sources: &[&str]) -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    // target/<profile>/deps/<test binary> -> target/<profile>/trainwire-sidecar
+    // target/<profile>/deps/<test binary> -> target/<profile>/<package>
     let bin = exe
         .parent()
         .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("trainwire-sidecar"))
+        .map(|profile| profile.join(package))
         .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
     let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
     let root = repo_root();
-    // The sidecar's own sources and the crates it is built from.
-    let sources = ["sidecar", "contract", "runtime", "Cargo.lock"]
+    // The package's own sources and the crates it is built from.
+    let sources = sources
         .iter()
         .filter_map(|p| newest_mtime(&root.join(p)))
         .max();
@@ -46,20 +69,14 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
     let out = std::process::Command::new(&cargo)
-        .args([
-            "build",
-            "-p",
-            "trainwire-sidecar",
-            "--bin",
-            "trainwire-sidecar",
-        ])
+        .args(["build", "-p", package, "--bin", package])
         .current_dir(&root)
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|e| format!("cannot run {cargo}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "`cargo build -p trainwire-sidecar` failed: {}",
+            "`cargo build -p {package}` failed: {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
