@@ -5,6 +5,7 @@
 
 pub use trainwire_contract::LogFormat;
 
+pub mod exposition;
 pub mod logging;
 pub mod shutdown;
 pub mod watch;

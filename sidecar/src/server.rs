@@ -36,12 +36,18 @@ async fn status(State(shared): State<Arc<Shared>>) -> Response {
     Json(doc).into_response()
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+async fn metrics(State(shared): State<Arc<Shared>>, headers: axum::http::HeaderMap) -> Response {
+    use trainwire_runtime::exposition;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if exposition::wants_classic_text(accept) {
+        return (
+            [(header::CONTENT_TYPE, exposition::PROMETHEUS_TEXT)],
+            exposition::classic_text(&shared.encode_metrics()),
+        )
+            .into_response();
+    }
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, exposition::OPENMETRICS)],
         shared.encode_metrics(),
     )
         .into_response()

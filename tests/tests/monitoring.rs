@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use trainwire_test_support::net::{free_port, http_get};
+use trainwire_test_support::net::free_port;
 use trainwire_test_support::process::{Log, Proc, Tag};
 use trainwire_test_support::sidecar::{loopback_addr, loopback_sidecar};
 use trainwire_test_support::wait::wait_for;
@@ -31,8 +31,36 @@ fn promtool(test: &str) -> bool {
     )
 }
 
-/// The `/metrics` text of a real `trainwire-webhook serve` (certificate
-/// loaded) and of a real sidecar (rank 0 of 2 on loopback), right after start.
+/// The body of `GET /metrics` on `addr` with the `Accept` header `accept`.
+fn get_metrics(addr: &str, accept: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+/// What Prometheus sends when it scrapes.
+const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+/// The sample lines of an exposition.
+fn samples(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect()
+}
+
+/// The `/metrics` text (classic format, `Accept: text/plain`) of a real
+/// `trainwire-webhook serve` (certificate loaded) and of a real sidecar (rank
+/// 0 of 2 on loopback), right after start. Each is also fetched as
+/// Prometheus scrapes it (OpenMetrics), with the same samples.
 fn real_metrics() -> Result<(String, String)> {
     let webhook = trainwire_tests::webhook_binary().map_err(anyhow::Error::msg)?;
     let sidecar = trainwire_tests::sidecar_binary().map_err(anyhow::Error::msg)?;
@@ -65,7 +93,7 @@ fn real_metrics() -> Result<(String, String)> {
     let mut webhook_text = String::new();
     // Served once the certificate is loaded (its notAfter is then non-zero).
     let loaded = wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
-        webhook_text = http_get(&probe_addr, "/metrics").unwrap_or_default();
+        webhook_text = get_metrics(&probe_addr, "text/plain").unwrap_or_default();
         webhook_text.lines().any(|l| {
             l.starts_with("trainwire_webhook_certificate_expiry_timestamp_seconds ")
                 && !l.ends_with(" 0")
@@ -88,14 +116,25 @@ fn real_metrics() -> Result<(String, String)> {
     let addr = loopback_addr(0, port);
     let mut sidecar_text = String::new();
     let up = wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
-        sidecar_text = http_get(&addr, "/metrics").unwrap_or_default();
-        sidecar_text.contains("# EOF")
+        sidecar_text = get_metrics(&addr, "text/plain").unwrap_or_default();
+        sidecar_text.contains("trainwire_build_info")
     });
     if !up {
         bail!(
             "the sidecar did not serve /metrics:\n{}",
             sidecar_log.tail(40)
         );
+    }
+    for (who, at, classic) in [
+        ("webhook", &probe_addr, &webhook_text),
+        ("sidecar", &addr, &sidecar_text),
+    ] {
+        assert!(!classic.contains("# EOF"), "{who}: {classic}");
+        let scraped = get_metrics(at, PROMETHEUS_ACCEPT).unwrap_or_default();
+        assert!(scraped.ends_with("# EOF\n"), "{who}: {scraped}");
+        // The same series in both formats.
+        assert_eq!(sample_names(&scraped), sample_names(classic), "{who}");
+        assert_eq!(samples(&scraped).len(), samples(classic).len(), "{who}");
     }
     Ok((webhook_text, sidecar_text))
 }

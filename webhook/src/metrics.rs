@@ -335,7 +335,7 @@ impl Metrics {
 }
 
 /// Content type of [`Metrics::encode`].
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = trainwire_runtime::exposition::OPENMETRICS;
 
 #[cfg(test)]
 mod tests {

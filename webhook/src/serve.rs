@@ -220,7 +220,16 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    use trainwire_runtime::exposition;
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if exposition::wants_classic_text(accept) {
+        return (
+            [(header::CONTENT_TYPE, exposition::PROMETHEUS_TEXT)],
+            exposition::classic_text(&state.metrics.encode()),
+        )
+            .into_response();
+    }
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
         state.metrics.encode(),
