@@ -117,7 +117,7 @@ fn real_metrics() -> Result<(String, String)> {
     let mut sidecar_text = String::new();
     let up = wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
         sidecar_text = get_metrics(&addr, "text/plain").unwrap_or_default();
-        sidecar_text.contains("trainwire_build_info")
+        sidecar_text.contains("trainwire_sidecar_peers")
     });
     if !up {
         bail!(
@@ -203,6 +203,7 @@ fn both_metrics_endpoints_pass_promtool_and_show_every_family_from_the_start() -
                 r#"trainwire_webhook_admissions_total{kind="StatefulSet",operation="CREATE",outcome="denied"} 0"#,
                 r#"trainwire_webhook_certificate_reloads_total{result="success"} 1"#,
                 r#"trainwire_webhook_failure_actions_total{action="stop_fail_fast"} 0"#,
+                "# TYPE trainwire_build_info gauge",
             ][..],
         ),
         (
@@ -224,7 +225,6 @@ fn both_metrics_endpoints_pass_promtool_and_show_every_family_from_the_start() -
             empty.is_empty(),
             "{who}: families without a series at start: {empty:?}\n{text}"
         );
-        assert!(text.contains("trainwire_build_info{"), "{who}: {text}");
         for series in expected {
             assert!(
                 text.lines().any(|l| l == *series),
@@ -495,5 +495,43 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
     )?;
     assert_eq!(json["uid"], "trainwire");
     assert!(find("PrometheusRule").is_ok());
+
+    // The webhook's NetworkPolicy admits exactly the webhook container's two
+    // ports (the Service's targets), and the webhook runs at
+    // system-cluster-critical with a quota that admits that class.
+    let deployment = find("Deployment")?;
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+    let quota = find("ResourceQuota")?;
+    assert_eq!(
+        quota["spec"]["scopeSelector"]["matchExpressions"][0]["values"][0],
+        "system-cluster-critical"
+    );
+    let container_ports: BTreeSet<String> = pod["containers"][0]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect();
+    let policy = find("NetworkPolicy")?;
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let allowed: BTreeSet<String> = policy["spec"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|rule| rule["ports"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p["port"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(allowed, container_ports, "{policy:#}");
+    let targets: BTreeSet<String> = service["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["targetPort"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(targets, container_ports, "{service:#}");
     Ok(())
 }
