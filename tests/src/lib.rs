@@ -33,19 +33,6 @@ pub fn sidecar_binary() -> Result<PathBuf, String> {
     )
 }
 
-/// The `trainwire-webhook` binary of this build, built like
-/// [`sidecar_binary`] when missing or older than its sources;
-/// `$TRAINWIRE_WEBHOOK_BIN` overrides it.
-pub fn webhook_binary() -> Result<PathBuf, String> {
-    if let Some(bin) = std::env::var_os("TRAINWIRE_WEBHOOK_BIN") {
-        return Ok(PathBuf::from(bin));
-    }
-    workspace_binary(
-        "trainwire-webhook",
-        &["webhook", "contract", "runtime", "Cargo.lock"],
-    )
-}
-
 /// `target/<profile>/<package>` (the package's binary of the same name),
 /// built with `cargo build -p <package>` when it is missing or older than
 /// `sources` (paths under the repository).
@@ -95,45 +82,10 @@ pub fn webhook_binary() -> Result<PathBuf, String> {
     if let Some(bin) = std::env::var_os("TRAINWIRE_WEBHOOK_BIN") {
         return Ok(PathBuf::from(bin));
     }
-    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
-    let bin = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .map(|profile| profile.join("trainwire-webhook"))
-        .ok_or_else(|| format!("cannot find the target directory from {}", exe.display()))?;
-    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
-    let root = repo_root();
-    let sources = ["webhook", "contract", "runtime", "Cargo.lock"]
-        .iter()
-        .filter_map(|p| newest_mtime(&root.join(p)))
-        .max();
-    if built.is_some_and(|b| sources.is_none_or(|s| s <= b)) {
-        return Ok(bin);
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = std::process::Command::new(&cargo)
-        .args([
-            "build",
-            "-p",
-            "trainwire-webhook",
-            "--bin",
-            "trainwire-webhook",
-        ])
-        .current_dir(&root)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {cargo}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "`cargo build -p trainwire-webhook` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    if bin.is_file() {
-        Ok(bin)
-    } else {
-        Err(format!("{} does not exist after the build", bin.display()))
-    }
+    workspace_binary(
+        "trainwire-webhook",
+        &["webhook", "contract", "runtime", "Cargo.lock"],
+    )
 }
 
 /// The newest modification time of a file, or of the files under a directory.
