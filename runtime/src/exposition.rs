@@ -6,6 +6,26 @@
 //! gets that: the same samples, with each counter's HELP and TYPE under the
 //! sample name (`x_total`), and no `# UNIT` or `# EOF` lines.
 
+use prometheus_client::metrics::{family::Family, gauge::Gauge};
+use prometheus_client::registry::Registry;
+
+/// Registers `trainwire_build_info` (no prefix; both programs serve it): an
+/// info-style gauge, always 1, with `version` and, when the build was given
+/// one, `revision` as labels ([`trainwire_contract::release`]), so a
+/// dashboard can join any series with the build that made it.
+pub fn register_build_info(root: &mut Registry) {
+    use trainwire_contract::release::{REVISION, VERSION};
+    let mut labels = vec![("version", VERSION)];
+    labels.extend(REVISION.map(|r| ("revision", r)));
+    let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
+    build_info.get_or_create(&labels).set(1);
+    root.register(
+        "trainwire_build_info",
+        "The trainwire build serving: 1, with its version and source revision as labels",
+        build_info,
+    );
+}
+
 /// The content type of OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of the classic Prometheus text format.

@@ -372,8 +372,9 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(config: Config) -> Arc<Self> {
-        let mut registry = Registry::with_prefix("trainwire_sidecar");
-        let metrics = Metrics::new(&mut registry);
+        let mut registry = Registry::default();
+        trainwire_runtime::exposition::register_build_info(&mut registry);
+        let metrics = Metrics::new(registry.sub_registry_with_prefix("trainwire_sidecar"));
         let started = SystemTime::now();
         let started_text = rfc3339(started);
         let status = StatusDoc {
@@ -504,6 +505,23 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_is_reported() {
+        let shared = Shared::new(
+            Config::from_source(
+                [(crate::env::NNODES, "2"), (crate::env::NODE_RANK, "0")].as_slice(),
+            )
+            .expect("config"),
+        );
+        let text = shared.encode_metrics();
+        let version = format!(
+            "trainwire_build_info{{version=\"{}\"",
+            trainwire_contract::release::VERSION
+        );
+        assert!(text.contains(&version), "{text}");
+        assert!(text.contains("trainwire_sidecar_loss_generation"), "{text}");
+    }
 
     #[test]
     fn every_family_has_series_before_any_event() {

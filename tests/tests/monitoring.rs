@@ -214,6 +214,7 @@ fn both_metrics_endpoints_pass_promtool_and_show_every_family_from_the_start() -
                 r#"trainwire_sidecar_signal_failures_total{role="worker",error="EPERM"} 0"#,
                 r#"trainwire_sidecar_signal_permission{state="denied"} 0"#,
                 r#"trainwire_sidecar_checkpoint_stale 0"#,
+                "# TYPE trainwire_build_info gauge",
             ][..],
         ),
     ] {

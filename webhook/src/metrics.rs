@@ -135,15 +135,6 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
 }
 
-/// The labels of `trainwire_build_info`: `version`, and `revision` when the
-/// build was given one ([`trainwire_contract::release`]).
-pub fn build_labels() -> Vec<(&'static str, &'static str)> {
-    use trainwire_contract::release::{REVISION, VERSION};
-    let mut labels = vec![("version", VERSION)];
-    labels.extend(REVISION.map(|r| ("revision", r)));
-    labels
-}
-
 /// All metrics, registered under the `trainwire_webhook_` prefix, and
 /// `trainwire_build_info` (shared with the sidecar, without the prefix).
 pub struct Metrics {
@@ -174,15 +165,7 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
-        // An info-style gauge, always 1: `version` (and `revision`) as labels,
-        // so a dashboard can join any series with the build that made it.
-        let build_info = Family::<Vec<(&'static str, &'static str)>, Gauge>::default();
-        build_info.get_or_create(&build_labels()).set(1);
-        root.register(
-            "trainwire_build_info",
-            "The trainwire build serving: 1, with its version and source revision as labels",
-            build_info,
-        );
+        trainwire_runtime::exposition::register_build_info(&mut root);
         let registry = root.sub_registry_with_prefix("trainwire_webhook");
         let admissions = Family::<AdmissionLabels, Counter>::default();
         registry.register(
