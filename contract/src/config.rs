@@ -166,7 +166,7 @@ pub struct Config {
 }
 
 /// The most spare pods a world may have (`TRAINWIRE_SPARES`).
-pub const MAX_SPARES: u32 = 1024;
+pub use crate::values::MAX_SPARES;
 
 /// Defaults, documented in `docs/sidecar.md`.
 pub mod defaults {
@@ -305,20 +305,9 @@ impl Config {
                 });
             }
         };
-        let spares = match src.get(env::SPARES) {
-            None => 0,
-            Some(v) => match v.trim().parse::<u32>() {
-                Ok(n) if n <= MAX_SPARES => n,
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        var: env::SPARES,
-                        value: v.clone(),
-                        reason: format!("not a count of spare pods up to {MAX_SPARES}"),
-                        accepted: "0 to 1024",
-                    });
-                }
-            },
-        };
+        let spares = var::<_, crate::SpareCount>(src, env::SPARES)?
+            .unwrap_or_default()
+            .get();
         let node_rank = rank(src, env::NODE_RANK, "a rank from 0 to NNODES+SPARES-1")?.ok_or(
             ConfigError::Missing {
                 var: env::NODE_RANK,

@@ -108,6 +108,51 @@ impl Grammar for PositiveCount {
     const ACCEPTED: &'static str = "a whole number from 1 to 4294967295, such as 8";
 }
 
+/// The most hot spares a world may have (`trainwire.dev/spares`,
+/// `TRAINWIRE_SPARES`).
+pub const MAX_SPARES: u32 = 1024;
+
+/// How many hot spares a world has: pods beyond its size that torchrun's
+/// dynamic rendezvous keeps waiting (its redundancy list) and moves into the
+/// world when a participant is lost. 0 to [`MAX_SPARES`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct SpareCount(u32);
+
+impl SpareCount {
+    pub const NONE: SpareCount = SpareCount(0);
+    pub const fn new(n: u32) -> Option<Self> {
+        if n <= MAX_SPARES {
+            Some(SpareCount(n))
+        } else {
+            None
+        }
+    }
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+impl FromStr for SpareCount {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Invalid> {
+        let bad = |r: &str| Invalid::new(s, r, <SpareCount as Grammar>::ACCEPTED);
+        if !digits_only(s) {
+            return Err(bad("not a whole number"));
+        }
+        s.parse::<u32>()
+            .ok()
+            .and_then(SpareCount::new)
+            .ok_or_else(|| bad("more than 1024 spares"))
+    }
+}
+impl fmt::Display for SpareCount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+impl Grammar for SpareCount {
+    const ACCEPTED: &'static str = "a whole number of spare pods from 0 to 1024, such as 1";
+}
+
 /// How many nodes the world has: `N`, or `MIN:MAX` for an elastic world.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NodeCount {
@@ -175,6 +220,7 @@ string_value!(Port);
 string_value!(Count);
 string_value!(PositiveCount);
 string_value!(NodeCount);
+string_value!(SpareCount);
 
 /// A choice among names: canonical spellings first, then aliases.
 macro_rules! choice {
@@ -261,6 +307,18 @@ choice!(
 });
 
 choice!(
+    /// Where torchrun's c10d rendezvous store runs (`trainwire.dev/rdzv-store`,
+    /// the policy's `rdzvStore`).
+    RdzvStore, "pod0, dedicated", {
+    /// In pod 0's torchrun agent (torchrun's own behaviour): losing pod 0
+    /// loses the store, and the world waits for its replacement.
+    Pod0 => "pod0",
+    /// In a small workload of its own (`<name>-rdzv`), running torch's
+    /// `TCPStore` from the trainer's image: no training pod is special.
+    Dedicated => "dedicated",
+});
+
+choice!(
     /// The training framework a workload runs (`trainwire.dev/framework`,
     /// the policy's `framework`): what the trainer's env is made for.
     Framework, "pytorch, tensorflow", {
@@ -289,6 +347,12 @@ impl Default for PeerLossAction {
 impl Default for RdzvBackend {
     fn default() -> Self {
         RdzvBackend::C10d
+    }
+}
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
+impl Default for RdzvStore {
+    fn default() -> Self {
+        RdzvStore::Pod0
     }
 }
 #[allow(clippy::derivable_impls)] // the enum comes from `choice!`
@@ -341,6 +405,24 @@ mod tests {
         assert!(e.contains("restart-workers"), "{e}");
     }
 
+    #[test]
+    fn spares_are_bounded_whole_numbers() {
+        assert_eq!("0".parse::<SpareCount>().map(SpareCount::get), Ok(0));
+        assert_eq!("1024".parse::<SpareCount>().map(SpareCount::get), Ok(1024));
+        for bad in ["1025", "-1", "one", "", "1.0", "99999999999"] {
+            let e = bad.parse::<SpareCount>().expect_err(bad).to_string();
+            assert!(e.contains("0 to 1024"), "{bad}: {e}");
+        }
+        assert_eq!("dedicated".parse::<RdzvStore>(), Ok(RdzvStore::Dedicated));
+        assert!(
+            "etcd"
+                .parse::<RdzvStore>()
+                .expect_err("etcd")
+                .to_string()
+                .contains("pod0, dedicated")
+        );
+    }
+
     fn round_trip<T: Grammar + PartialEq + fmt::Debug>(x: T) -> Result<(), TestCaseError> {
         prop_assert_eq!(x.to_string().parse::<T>(), Ok(x));
         Ok(())
@@ -360,6 +442,8 @@ mod tests {
             for a in RdzvBackend::ALL { round_trip(*a)?; }
             for a in LogFormat::ALL { round_trip(*a)?; }
             for a in Framework::ALL { round_trip(*a)?; }
+            for a in RdzvStore::ALL { round_trip(*a)?; }
+            if let Some(s) = SpareCount::new(n % 2048) { round_trip(s)?; }
         }
 
         #[test]
@@ -369,6 +453,8 @@ mod tests {
             let _ = s.parse::<Port>();
             let _ = s.parse::<NodeCount>();
             let _ = s.parse::<Detection>();
+            let _ = s.parse::<SpareCount>();
+            let _ = s.parse::<RdzvStore>();
         }
     }
 }

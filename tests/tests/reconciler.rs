@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use trainwire_tests::mock_api::{self, ApiServer, BOUND, Call};
+use trainwire_webhook::policy::{Policy, SharedPolicy};
 use trainwire_webhook::reconciler::{self, Context, Error};
 
 /// The reconcile's result, once it has finished.
@@ -36,7 +37,10 @@ const STS_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a002";
 
 fn mock() -> (Arc<Context>, ApiServer) {
     let (client, server) = mock_api::pair();
-    (Arc::new(Context::new(client)), server)
+    (
+        Arc::new(Context::new(client, SharedPolicy::new(Policy::default()))),
+        server,
+    )
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {

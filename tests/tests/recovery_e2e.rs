@@ -223,7 +223,7 @@ impl Cluster {
             .nnodes
             .parse()
             .map_err(|e| format!("nnodes {}: {e:?}", self.nnodes))?;
-        let conf = rendezvous::rdzv_conf_pairs(Some(nnodes))
+        let conf = rendezvous::rdzv_conf_pairs(Some(nnodes), trainwire_contract::RdzvStore::Pod0)
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect::<Vec<_>>()

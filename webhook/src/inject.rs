@@ -153,6 +153,103 @@ fn missing_job_services(
     out
 }
 
+/// The dedicated rendezvous stores (Deployment and Service `<name>-rdzv`)
+/// the injected workloads among `objects` need and the input does not have,
+/// with a note for each: offline there is no reconciler to create them.
+fn missing_stores(
+    objects: &[(String, &Value)],
+    inputs: &[&Value],
+    default_namespace: &str,
+    opts: &Options,
+) -> Vec<(String, Value)> {
+    let namespace_of = |v: &Value| {
+        v.pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or(default_namespace)
+            .to_string()
+    };
+    let present = |kind: &str, name: &str, namespace: &str, out: &[(String, Value)]| {
+        inputs
+            .iter()
+            .copied()
+            .chain(out.iter().map(|(_, v)| v))
+            .any(|v| {
+                v.get("kind").and_then(Value::as_str) == Some(kind)
+                    && v.pointer("/metadata/name").and_then(Value::as_str) == Some(name)
+                    && namespace_of(v) == namespace
+            })
+    };
+    let mut out: Vec<(String, Value)> = Vec::new();
+    for (who, obj) in objects {
+        let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
+        let (api_version, kind, name) = (
+            str_at("/apiVersion"),
+            str_at("/kind"),
+            str_at("/metadata/name"),
+        );
+        if !crate::mutation::workload::is_managed_kind(api_version, kind) {
+            continue;
+        }
+        let Some(template) = obj.pointer("/spec/template").and_then(|t| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::PodTemplateSpec>(t.clone()).ok()
+        }) else {
+            continue;
+        };
+        let Some(status) = crate::mutation::status::read(&template) else {
+            continue;
+        };
+        let namespace = namespace_of(obj);
+        let written = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty());
+        let owner = crate::rdzv_store::Owner {
+            api_version,
+            kind,
+            name,
+            namespace: written,
+            uid: None,
+        };
+        let profile = opts.profile_for(&namespace);
+        let Some(store) = crate::rdzv_store::desired(&owner, &template, &status, &profile) else {
+            continue;
+        };
+        let store_name = status.rdzv_store.clone();
+        let mut added = Vec::new();
+        for (object_kind, value) in [
+            ("Deployment", serde_json::to_value(&store.deployment)),
+            ("Service", serde_json::to_value(&store.service)),
+        ] {
+            let Ok(mut value) = value else { continue };
+            if present(object_kind, &store_name, &namespace, &out) {
+                continue;
+            }
+            if let Some(map) = value.as_object_mut() {
+                let api = if object_kind == "Deployment" {
+                    "apps/v1"
+                } else {
+                    "v1"
+                };
+                map.insert("apiVersion".to_string(), Value::String(api.to_string()));
+                map.insert("kind".to_string(), Value::String(object_kind.to_string()));
+            }
+            added.push(object_kind);
+            out.push((String::new(), value));
+        }
+        if !added.is_empty() {
+            let note = format!(
+                "{who}: note: added the dedicated rendezvous store {store_name} ({}; in the cluster the webhook's reconciler creates it, owned by the {kind}; these have no owner: delete them with it)",
+                added.join(" and ")
+            );
+            // The note goes with the first object added for this workload.
+            let first = out.len() - added.len();
+            out[first].0 = note;
+        }
+    }
+    out
+}
+
 /// One object's outcome.
 enum Injected {
     Unchanged,
@@ -333,9 +430,14 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
     let inputs: Vec<&Value> = parsed.iter().flat_map(|(_, v)| items_of(v)).collect();
     let default_namespace = opts.namespace.as_deref().unwrap_or("default");
     let mut notes = Vec::new();
-    for (note, service) in missing_job_services(&objects, &inputs, default_namespace) {
+    for (note, service) in missing_job_services(&objects, &inputs, default_namespace)
+        .into_iter()
+        .chain(missing_stores(&objects, &inputs, default_namespace, opts))
+    {
         out.push(to_yaml(&service));
-        notes.push(note);
+        if !note.is_empty() {
+            notes.push(note);
+        }
     }
     Ok(Rendered {
         output: out.join("---\n"),
@@ -430,11 +532,15 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> ListAnswer {
         let objects = flatten(&rendered);
         let inputs: Vec<&Value> = items.iter().flat_map(items_of).collect();
         let default_namespace = opts.namespace.as_deref().unwrap_or("default");
-        missing_job_services(&objects, &inputs, default_namespace)
+        let mut notes = missing_job_services(&objects, &inputs, default_namespace);
+        notes.extend(missing_stores(&objects, &inputs, default_namespace, opts));
+        notes
     };
     let mut infos = Vec::new();
     for (note, service) in notes {
-        infos.push((note, resource_ref(&service)));
+        if !note.is_empty() {
+            infos.push((note, resource_ref(&service)));
+        }
         out.push(service);
     }
     let mut results: Vec<Value> = list

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod mutation;
 pub mod nodefailure;
 pub mod policy;
+pub mod rdzv_store;
 pub mod reconciler;
 pub mod scale;
 pub mod serve;

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     ObjectReference, PodTemplateSpec, Service, ServicePort, ServiceSpec,
@@ -102,6 +102,13 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "services", "watch"),
     ("", "services", "create"),
     ("", "services", "patch"),
+    // The dedicated rendezvous stores (crate::rdzv_store).
+    ("apps", "deployments", "get"),
+    ("apps", "deployments", "list"),
+    ("apps", "deployments", "watch"),
+    ("apps", "deployments", "create"),
+    ("apps", "deployments", "patch"),
+    ("apps", "deployments", "delete"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
 ];
@@ -529,6 +536,8 @@ pub struct Context {
     pub client: Client,
     recorder: Recorder,
     reported: Mutex<HashSet<(String, String)>>,
+    /// The policy (the dedicated store's placement, per namespace).
+    policy: crate::policy::SharedPolicy,
 }
 
 /// The Event recorder of the webhook's controllers: reported as
@@ -542,11 +551,12 @@ pub fn recorder(client: Client) -> Recorder {
 }
 
 impl Context {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, policy: crate::policy::SharedPolicy) -> Self {
         Context {
             recorder: recorder(client.clone()),
             client,
             reported: Mutex::new(HashSet::new()),
+            policy,
         }
     }
 
@@ -580,20 +590,253 @@ impl Context {
     }
 }
 
-/// Reconcile one Job.
+/// Reconcile one Job: its headless Service, and its dedicated store while
+/// it runs (deleted once the Job has finished: nothing rendezvouses then).
 pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
-    match Workload::from_job(&job)? {
-        Some(workload) => ensure_service(&ctx, &workload, &job.object_ref(&())).await,
-        None => Ok(Action::await_change()),
+    let regarding = job.object_ref(&());
+    let service = match Workload::from_job(&job)? {
+        Some(workload) => ensure_service(&ctx, &workload, &regarding).await?,
+        None => Action::await_change(),
+    };
+    let Some(spec) = job.spec.as_ref() else {
+        return Ok(service);
+    };
+    if job.metadata.deletion_timestamp.is_some() {
+        return Ok(service);
+    }
+    let store = if job_finished(&job) {
+        remove_store(&ctx, Kind::Job, &job.metadata, &spec.template).await?
+    } else {
+        ensure_store(&ctx, Kind::Job, &job.metadata, &spec.template, &regarding).await?
+    };
+    Ok(sooner(service, store))
+}
+
+/// Reconcile one StatefulSet: its headless Service (when missing) and its
+/// dedicated store.
+pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    let regarding = sts.object_ref(&());
+    let service = match Workload::from_statefulset(&sts)? {
+        Some(workload) => ensure_service(&ctx, &workload, &regarding).await?,
+        None => Action::await_change(),
+    };
+    let Some(spec) = sts.spec.as_ref() else {
+        return Ok(service);
+    };
+    if sts.metadata.deletion_timestamp.is_some() {
+        return Ok(service);
+    }
+    let store = ensure_store(
+        &ctx,
+        Kind::StatefulSet,
+        &sts.metadata,
+        &spec.template,
+        &regarding,
+    )
+    .await?;
+    Ok(sooner(service, store))
+}
+
+/// The action that looks again sooner (an `await_change` is never sooner).
+fn sooner(a: Action, b: Action) -> Action {
+    if a == Action::await_change() { b } else { a }
+}
+
+/// Whether `object` is controlled by the workload with this UID.
+fn owned_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid)
+}
+
+/// The dedicated store objects the workload needs, if any.
+fn store_objects(
+    ctx: &Context,
+    kind: Kind,
+    meta: &ObjectMeta,
+    template: &PodTemplateSpec,
+) -> Result<Option<crate::rdzv_store::Objects>> {
+    if !injected(template) {
+        return Ok(None);
+    }
+    let Some(status) = crate::mutation::status::read(template) else {
+        return Ok(None);
+    };
+    if status.rdzv_store.is_empty() {
+        return Ok(None);
+    }
+    let (namespace, name, uid) = identity(kind, meta)?;
+    let policy = ctx.policy.current();
+    let profile = policy.profile_for(&namespace);
+    let owner = crate::rdzv_store::Owner {
+        api_version: kind.api_version(),
+        kind: kind.as_str(),
+        name: &name,
+        namespace: Some(&namespace),
+        uid: Some(&uid),
+    };
+    Ok(crate::rdzv_store::desired(
+        &owner, template, &status, &profile,
+    ))
+}
+
+/// Make the workload's dedicated store (Deployment and Service) exist as it
+/// should: created when missing, applied when ours (a server-side apply of
+/// an unchanged object writes nothing), left alone and reported once when
+/// an object of that name is not ours.
+pub async fn ensure_store(
+    ctx: &Context,
+    kind: Kind,
+    meta: &ObjectMeta,
+    template: &PodTemplateSpec,
+    regarding: &ObjectReference,
+) -> Result<Action> {
+    let Some(objects) = store_objects(ctx, kind, meta, template)? else {
+        return Ok(Action::await_change());
+    };
+    let (namespace, _, uid) = identity(kind, meta)?;
+    let workload = describe(kind, meta);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let mut action = Action::await_change();
+    let name = objects.deployment.metadata.name.clone().unwrap_or_default();
+    let deployment = apply_owned(
+        ctx,
+        &deployments,
+        &objects.deployment,
+        &uid,
+        &workload,
+        regarding,
+    )
+    .await?;
+    let service = apply_owned(ctx, &services, &objects.service, &uid, &workload, regarding).await?;
+    if deployment == Applied::Foreign || service == Applied::Foreign {
+        action = Action::requeue(FOREIGN_RECHECK);
+    }
+    if deployment == Applied::Created {
+        info!(%workload, store = %name, "created the dedicated rendezvous store");
+        ctx.event(
+            regarding,
+            EventType::Normal,
+            "StoreCreated",
+            format!(
+                "created the dedicated rendezvous store {namespace}/{name} (Deployment and Service)"
+            ),
+        )
+        .await;
+    }
+    Ok(action)
+}
+
+/// What [`apply_owned`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Applied {
+    Created,
+    Updated,
+    Foreign,
+}
+
+async fn apply_owned<K>(
+    ctx: &Context,
+    api: &Api<K>,
+    desired: &K,
+    uid: &str,
+    workload: &str,
+    regarding: &ObjectReference,
+) -> Result<Applied>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let what = format!(
+        "{} {}/{}",
+        K::kind(&()),
+        desired.meta().namespace.as_deref().unwrap_or_default(),
+        name
+    );
+    let existing = api.get_opt(&name).await.map_err(|source| Error::Api {
+        action: format!("reading {what} for {workload}"),
+        source,
+    })?;
+    match existing {
+        None => {
+            let params = PostParams {
+                field_manager: Some(FIELD_MANAGER.to_string()),
+                ..PostParams::default()
+            };
+            match api.create(&params, desired).await {
+                Ok(_) => Ok(Applied::Created),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Applied::Updated),
+                Err(source) => Err(Error::Api {
+                    action: format!("creating {what} for {workload}"),
+                    source,
+                }),
+            }
+        }
+        Some(existing) if owned_by(existing.meta(), uid) => {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch(&name, &params, &Patch::Apply(desired))
+                .await
+                .map_err(|source| Error::Api {
+                    action: format!("updating {what} for {workload}"),
+                    source,
+                })?;
+            Ok(Applied::Updated)
+        }
+        Some(_) => {
+            let note = format!(
+                "{what} exists and was not created by trainwire for this workload, so the dedicated rendezvous store cannot run under that name and the world does not form; delete it or rename the workload"
+            );
+            if ctx.first_report(uid, &note) {
+                warn!(%workload, object = %what, "a foreign object holds the dedicated store's name; left alone");
+                ctx.event(regarding, EventType::Warning, "StoreConflict", note)
+                    .await;
+            }
+            Ok(Applied::Foreign)
+        }
     }
 }
 
-/// Reconcile one StatefulSet.
-pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
-    match Workload::from_statefulset(&sts)? {
-        Some(workload) => ensure_service(&ctx, &workload, &sts.object_ref(&())).await,
-        None => Ok(Action::await_change()),
+/// Delete the store Deployment of a finished Job (its pod would run for
+/// nothing); the Service stays with the Job.
+async fn remove_store(
+    ctx: &Context,
+    kind: Kind,
+    meta: &ObjectMeta,
+    template: &PodTemplateSpec,
+) -> Result<Action> {
+    let Some(objects) = store_objects(ctx, kind, meta, template)? else {
+        return Ok(Action::await_change());
+    };
+    let (namespace, _, uid) = identity(kind, meta)?;
+    let name = objects.deployment.metadata.name.clone().unwrap_or_default();
+    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
+    let existing = api.get_opt(&name).await.map_err(|source| Error::Api {
+        action: format!("reading Deployment {namespace}/{name}"),
+        source,
+    })?;
+    if let Some(existing) = existing
+        && owned_by(&existing.metadata, &uid)
+    {
+        match api.delete(&name, &Default::default()).await {
+            Ok(_) => {
+                info!(workload = %describe(kind, meta), store = %name, "the Job finished: deleted its rendezvous store");
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(source) => {
+                return Err(Error::Api {
+                    action: format!("deleting Deployment {namespace}/{name} of a finished Job"),
+                    source,
+                });
+            }
+        }
     }
+    Ok(Action::await_change())
 }
 
 /// Make the workload's Service exist, as [`plan`] says.
@@ -729,8 +972,9 @@ pub async fn run(
     client: kube::Client,
     statefulsets: crate::scale::StatefulSetCache,
     writer: reflector::store::Writer<StatefulSet>,
+    policy: crate::policy::SharedPolicy,
 ) -> anyhow::Result<()> {
-    let ctx = Arc::new(Context::new(client.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), policy));
     let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
 
     let (job_store, job_writer) = reflector::store::<Job>();
@@ -742,6 +986,7 @@ pub async fn run(
         .predicate_filter(predicates::generation, Default::default());
     let jobs = Controller::for_stream(job_stream, job_store)
         .owns(Api::<Service>::all(client.clone()), owned.clone())
+        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
         .run(reconcile_job, error_policy, ctx.clone())
         .for_each(log_result);
 
@@ -753,11 +998,14 @@ pub async fn run(
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
     let statefulsets = Controller::for_stream(sts_stream, sts_store)
-        .owns(Api::<Service>::all(client), owned)
+        .owns(Api::<Service>::all(client.clone()), owned.clone())
+        .owns(Api::<Deployment>::all(client), owned)
         .run(reconcile_statefulset, error_policy, ctx)
         .for_each(log_result);
 
-    info!("reconciler started: headless Services for injected Jobs and StatefulSets");
+    info!(
+        "reconciler started: headless Services and dedicated rendezvous stores for injected Jobs and StatefulSets"
+    );
     futures::join!(jobs, statefulsets);
     Ok(())
 }

@@ -130,9 +130,12 @@ async fn controllers(
         let metrics = metrics.clone();
         async move {
             let services_client = client.clone();
+            let services_policy = policy.clone();
             let services = async move {
                 let (cache, writer) = StatefulSetCache::new();
-                if let Err(e) = crate::reconciler::run(services_client, cache, writer).await {
+                if let Err(e) =
+                    crate::reconciler::run(services_client, cache, writer, services_policy).await
+                {
                     tracing::error!(error = %e, "the Job Service reconciler stopped");
                 }
             };

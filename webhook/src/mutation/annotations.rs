@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::Refusal;
 use trainwire_contract::{
     Framework, Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount,
-    PositiveDuration, RdzvBackend, ShmSize,
+    PositiveDuration, RdzvBackend, RdzvStore, ShmSize, SpareCount,
 };
 
 pub const PREFIX: &str = "trainwire.dev/";
@@ -23,6 +23,10 @@ pub const NPROC_PER_NODE: &str = "trainwire.dev/nproc-per-node";
 pub const GPUS_PER_NODE: &str = "trainwire.dev/gpus-per-node";
 pub const RDZV_BACKEND: &str = "trainwire.dev/rdzv-backend";
 pub const RDZV_PORT: &str = "trainwire.dev/rdzv-port";
+/// Where the c10d store runs: `pod0` (torchrun's own) or `dedicated`.
+pub const RDZV_STORE: &str = "trainwire.dev/rdzv-store";
+/// Hot spares: pods beyond the world's size that take over a lost node.
+pub const SPARES: &str = "trainwire.dev/spares";
 pub const MAX_RESTARTS: &str = "trainwire.dev/max-restarts";
 pub const CHECKPOINT_PVC: &str = "trainwire.dev/checkpoint-pvc";
 pub const CHECKPOINT_PATH: &str = "trainwire.dev/checkpoint-path";
@@ -70,6 +74,8 @@ pub const KNOWN: &[&str] = &[
     GPUS_PER_NODE,
     RDZV_BACKEND,
     RDZV_PORT,
+    RDZV_STORE,
+    SPARES,
     MAX_RESTARTS,
     CHECKPOINT_PVC,
     CHECKPOINT_PATH,
@@ -125,6 +131,8 @@ pub struct Annotations {
     pub gpus_per_node: Option<u32>,
     pub rdzv_backend: Option<RdzvBackend>,
     pub rdzv_port: u16,
+    pub rdzv_store: Option<RdzvStore>,
+    pub spares: Option<SpareCount>,
     pub max_restarts: u32,
     pub checkpoint_pvc: Option<String>,
     pub checkpoint_path: Option<MountPath>,
@@ -316,6 +324,8 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 out.rdzv_backend = Some(typed(key, raw)?);
             }
             RDZV_PORT => out.rdzv_port = typed::<Port>(key, raw)?.get(),
+            RDZV_STORE => out.rdzv_store = Some(typed(key, raw)?),
+            SPARES => out.spares = Some(typed(key, raw)?),
             MAX_RESTARTS => {
                 out.max_restarts = typed::<trainwire_contract::Count>(key, raw)?.0;
             }

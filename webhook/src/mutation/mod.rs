@@ -319,9 +319,10 @@ fn inject(
     ctx.status.container = spec.containers[trainer].name.clone();
     let gpus = gpu::apply(ctx, spec, trainer, ann)?;
     let framework = tensorflow::framework(ctx, ann)?;
-    let mut world = rendezvous::world(ctx, &shape, ann, gpus)?;
-    world.framework = framework;
+    let world = rendezvous::world(ctx, &shape, ann, gpus, framework)?;
     ctx.status.nnodes = world.nnodes.map(|n| n.to_string()).unwrap_or_default();
+    ctx.status.spares = world.spares;
+    ctx.status.rdzv_store = world.store_service.clone().unwrap_or_default();
     let mut desired = match framework {
         Framework::PyTorch => {
             rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer])
@@ -360,6 +361,9 @@ fn inject(
     placement::apply(ctx, spec)?;
     if sidecar_container::enabled(ctx, ann)? {
         sidecar_container::inject(ctx, &shape, ann, &world, checkpoint.as_ref(), spec, trainer)?;
+    }
+    if let Some(nnodes) = world.nnodes {
+        workload::success_policy(ctx, workload, nnodes.min(), world.spares);
     }
     Ok(())
 }

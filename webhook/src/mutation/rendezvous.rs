@@ -11,7 +11,7 @@ use super::annotations::{self, Annotations, Nnodes, Nproc};
 use super::trainer::{self, Conflict, Desired};
 use super::workload::Shape;
 use super::{Ctx, Refusal};
-use crate::policy::{self, Framework, RdzvBackend};
+use crate::policy::{self, Framework, RdzvBackend, RdzvStore};
 
 pub const RDZV_CONF: &str = "PET_RDZV_CONF";
 pub const DISABLE_SHARE_STORE: &str = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE";
@@ -46,7 +46,14 @@ pub struct World {
     pub endpoint: String,
     /// Pod 0's DNS name, the rendezvous host for c10d and static.
     pub host: String,
-    /// The framework the world runs (the caller sets it; see
+    /// Where the c10d store runs.
+    pub store: RdzvStore,
+    /// The dedicated store's Service (`<name>-rdzv`), when `store` is
+    /// dedicated.
+    pub store_service: Option<String>,
+    /// Hot spares: pods beyond the world's largest size.
+    pub spares: u32,
+    /// The framework the world runs (see
     /// [`super::tensorflow`]).
     pub framework: Framework,
 }
@@ -65,6 +72,80 @@ pub fn world(
     shape: &Shape,
     ann: &Annotations,
     gpus: u32,
+    framework: Framework,
+) -> Result<World, Refusal> {
+    let profile = ctx.profile;
+    if framework == Framework::TensorFlow {
+        tensorflow_topology(profile, ann)?;
+        return sized(ctx, shape, ann, 0, gpus, framework);
+    }
+    let resolved = policy::resolve(
+        profile,
+        "spares",
+        &profile.spares,
+        ann.spares
+            .map(|n| (n, format!("annotation {}", annotations::SPARES)))
+            .as_ref()
+            .map(|(n, s)| (*n, s.as_str())),
+    )?;
+    if let Some(w) = resolved.warning {
+        ctx.warn(w);
+    }
+    sized(ctx, shape, ann, resolved.value.get(), gpus, framework)
+}
+
+/// A TensorFlow world has a fixed set of workers and no torchrun store:
+/// spares and a dedicated store are refused when the workload or an
+/// enforced policy asks for them; a policy's mere default is not applied.
+fn tensorflow_topology(profile: &policy::Profile, ann: &Annotations) -> Result<(), Refusal> {
+    let enforced = |e: &policy::Enforce| *e != policy::Enforce::Default;
+    let spares = ann
+        .spares
+        .filter(|n| n.get() > 0)
+        .map(|n| n.to_string())
+        .or_else(|| {
+            (enforced(&profile.spares.enforce) && profile.spares.value.get() > 0)
+                .then(|| profile.spares.value.to_string())
+        });
+    let store = ann
+        .rdzv_store
+        .filter(|s| *s == RdzvStore::Dedicated)
+        .or_else(|| {
+            (enforced(&profile.rdzv_store.enforce)
+                && profile.rdzv_store.value == RdzvStore::Dedicated)
+                .then_some(RdzvStore::Dedicated)
+        });
+    let why = format!(
+        "{}: tensorflow runs a fixed set of workers with no torchrun rendezvous",
+        annotations::FRAMEWORK
+    );
+    if let Some(n) = spares {
+        return Err(Refusal::Annotation {
+            annotation: annotations::SPARES.to_string(),
+            value: n,
+            reason: why,
+            accepted: "0 with framework tensorflow, or framework pytorch (torchrun)".to_string(),
+        });
+    }
+    if let Some(s) = store {
+        return Err(Refusal::Annotation {
+            annotation: annotations::RDZV_STORE.to_string(),
+            value: s.to_string(),
+            reason: why,
+            accepted: "pod0 with framework tensorflow, or framework pytorch (torchrun)".to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The world once the spares are known.
+fn sized(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    ann: &Annotations,
+    spares: u32,
+    gpus: u32,
+    framework: Framework,
 ) -> Result<World, Refusal> {
     let size = u32::try_from(shape.size).unwrap_or(0);
     let nnodes = match ann.nnodes {
@@ -75,7 +156,7 @@ pub fn world(
                     annotations::NNODES,
                     annotations::NNODES
                 ));
-            return finish(ctx, shape, ann, None, gpus);
+            return finish(ctx, shape, ann, None, spares, gpus, framework);
         }
         None if size == 0 => {
             return Err(Refusal::Workload(format!(
@@ -87,27 +168,62 @@ pub fn world(
                 shape.size_field
             )));
         }
-        None => Nnodes::Fixed(size),
+        None if size <= spares => {
+            return Err(Refusal::Workload(format!(
+                "{} {}: {} {size} leaves no training node beside {spares} spares ({}); set {} to nodes + spares, or annotate {}",
+                shape.kind,
+                shape.name,
+                shape.size_field,
+                annotations::SPARES,
+                shape.size_field,
+                annotations::NNODES
+            )));
+        }
+        None => Nnodes::Fixed(size - spares),
         Some(n) => {
-            if !n.covers(size) {
+            let pods = n.max().saturating_add(spares);
+            if size < n.min() || size > pods {
                 ctx.warn(format!(
-                    "annotation {} is {n} but {} of {} {} is {size}: the world {} until they agree",
+                    "annotation {} is {n}{} but {} of {} {} is {size}: the world {} until they agree",
                     annotations::NNODES,
+                    if spares > 0 {
+                        format!(" with {spares} spares")
+                    } else {
+                        String::new()
+                    },
                     shape.size_field,
                     shape.kind,
                     shape.name,
-                    if size < n.max() {
+                    if size < n.min() {
                         "does not form"
                     } else {
                         "leaves pods out"
                     }
                 ));
+            } else if spares > 0 && size < pods {
+                ctx.warn(format!(
+                    "{} {}: {} {size} holds {} of the {spares} spares of annotation {}: set it to {pods}",
+                    shape.kind,
+                    shape.name,
+                    shape.size_field,
+                    size.saturating_sub(n.max()),
+                    annotations::SPARES
+                ));
             }
             n
         }
     };
-    finish(ctx, shape, ann, Some(nnodes), gpus)
+    finish(ctx, shape, ann, Some(nnodes), spares, gpus, framework)
 }
+
+/// The dedicated store's Service name for workload `name`.
+pub fn store_service_name(name: &str) -> String {
+    format!("{name}-{STORE_SUFFIX}")
+}
+
+/// What the dedicated store's Service and Deployment are named after the
+/// workload: `<name>-rdzv`.
+pub const STORE_SUFFIX: &str = "rdzv";
 
 /// The rest of the world once its size is known (or paused).
 fn finish(
@@ -115,7 +231,9 @@ fn finish(
     shape: &Shape,
     ann: &Annotations,
     nnodes: Option<Nnodes>,
+    spares: u32,
     gpus: u32,
+    framework: Framework,
 ) -> Result<World, Refusal> {
     let profile = ctx.profile;
     if let Some(max) = profile.max_nodes
@@ -160,9 +278,28 @@ fn finish(
                 accepted: "a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX".to_string(),
             });
     }
+    let resolved = policy::resolve(
+        profile,
+        "rdzvStore",
+        &profile.rdzv_store,
+        ann.rdzv_store
+            .map(|b| (b, format!("annotation {}", annotations::RDZV_STORE)))
+            .as_ref()
+            .map(|(b, s)| (*b, s.as_str())),
+    )?;
+    if let Some(w) = resolved.warning {
+        ctx.warn(w);
+    }
+    // A TensorFlow world has no torchrun store ([`tensorflow_topology`]).
+    let store = match framework {
+        Framework::TensorFlow => RdzvStore::Pod0,
+        Framework::PyTorch => resolved.value,
+    };
+    topology(ctx, shape, backend, store, spares)?;
     let host = shape.host("0", profile.cluster_domain());
-    let endpoint = match backend {
-        RdzvBackend::EtcdV2 => profile
+    let store_service = (store == RdzvStore::Dedicated).then(|| store_service_name(&shape.name));
+    let endpoint = match (backend, &store_service) {
+        (RdzvBackend::EtcdV2, _) => profile
             .etcd_endpoint
             .clone()
             .filter(|e| !e.is_empty())
@@ -171,6 +308,12 @@ fn finish(
                 rule: "etcdEndpoint".to_string(),
                 detail: "the etcd-v2 rendezvous backend needs an etcd endpoint and the policy gives none; use rdzv-backend c10d, or ask the platform team to set etcdEndpoint".to_string(),
             })?,
+        (_, Some(service)) => format!(
+            "{service}.{}.svc.{}:{}",
+            shape.namespace,
+            profile.cluster_domain(),
+            ann.rdzv_port
+        ),
         _ => format!("{host}:{}", ann.rdzv_port),
     };
     Ok(World {
@@ -179,8 +322,74 @@ fn finish(
         backend,
         endpoint,
         host,
-        framework: Framework::PyTorch,
+        store,
+        store_service,
+        spares,
+        framework,
     })
+}
+
+/// Which store and spares go with which backend: both need torchrun's
+/// dynamic rendezvous on a c10d store (measured with it); spares with the
+/// store on pod 0 are warned: losing pod 0 still waits for its replacement.
+fn topology(
+    ctx: &mut Ctx<'_>,
+    shape: &Shape,
+    backend: RdzvBackend,
+    store: RdzvStore,
+    spares: u32,
+) -> Result<(), Refusal> {
+    let refuse = |annotation: &str, value: String, reason: String, accepted: &str| {
+        Err(Refusal::Annotation {
+            annotation: annotation.to_string(),
+            value,
+            reason,
+            accepted: accepted.to_string(),
+        })
+    };
+    if store == RdzvStore::Dedicated && backend != RdzvBackend::C10d {
+        return refuse(
+            annotations::RDZV_STORE,
+            store.to_string(),
+            format!(
+                "a dedicated store is torch's c10d TCPStore, and the rendezvous backend is {}",
+                backend_name(backend)
+            ),
+            "dedicated with rdzv-backend c10d (the default); etcd-v2's store is already outside the pods",
+        );
+    }
+    if spares > 0 && backend != RdzvBackend::C10d {
+        return refuse(
+            annotations::SPARES,
+            spares.to_string(),
+            format!(
+                "spares wait in the c10d rendezvous, and the backend is {}",
+                backend_name(backend)
+            ),
+            "0, or spares with rdzv-backend c10d (the default)",
+        );
+    }
+    if store == RdzvStore::Dedicated {
+        let service = store_service_name(&shape.name);
+        // A Service name is a DNS-1035 label: it starts with a letter.
+        if service.len() > 63 || !shape.name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            return Err(Refusal::Workload(format!(
+                "{} {}: the dedicated store's Service would be named {service:?}, which is not a DNS-1035 label (a letter first, at most 63 characters); shorten the name to at most 58 characters starting with a letter, or use {}: pod0",
+                shape.kind,
+                shape.name,
+                annotations::RDZV_STORE
+            )));
+        }
+    }
+    if spares > 0 && store == RdzvStore::Pod0 {
+        ctx.warn(format!(
+            "{} {}: spares replace any lost node but pod 0, whose loss stops the store; add {}: dedicated (docs/topology.md)",
+            shape.kind,
+            shape.name,
+            annotations::RDZV_STORE
+        ));
+    }
+    Ok(())
 }
 
 /// The status `fields` entry for `dnsPolicy: ClusterFirstWithHostNet` set
@@ -258,6 +467,11 @@ pub fn desired(
             world.endpoint.clone(),
             if world.backend == RdzvBackend::EtcdV2 {
                 "the policy's etcdEndpoint".to_string()
+            } else if world.store_service.is_some() {
+                format!(
+                    "the dedicated store's Service (annotation {})",
+                    annotations::RDZV_STORE
+                )
             } else {
                 host_why.clone()
             },
@@ -281,7 +495,7 @@ pub fn desired(
             ),
         );
     }
-    out.extend(rdzv_conf(ctx, c, world.nnodes));
+    out.extend(rdzv_conf(ctx, c, world.nnodes, world.store));
     out.push(Desired::value(
         "PET_MAX_RESTARTS",
         ann.max_restarts.to_string(),
@@ -333,18 +547,34 @@ pub fn desired(
 
 /// What trainwire puts in `PET_RDZV_CONF`: the keep-alives, and for an
 /// elastic world a short `last_call_timeout`.
-pub fn rdzv_conf_pairs(nnodes: Option<Nnodes>) -> Vec<(&'static str, &'static str)> {
+pub fn rdzv_conf_pairs(
+    nnodes: Option<Nnodes>,
+    store: RdzvStore,
+) -> Vec<(&'static str, &'static str)> {
     let mut pairs = KEEP_ALIVE.to_vec();
     if let Some(Nnodes::Elastic { .. }) = nnodes {
         pairs.push(ELASTIC_LAST_CALL);
     }
+    if store == RdzvStore::Dedicated {
+        pairs.push(NOT_HOST);
+    }
     pairs
 }
 
+/// Merged into `PET_RDZV_CONF` with a dedicated store: no training node
+/// hosts the store (torch's c10d backend otherwise decides it by matching
+/// the endpoint's name with its own).
+pub const NOT_HOST: (&str, &str) = ("is_host", "false");
+
 /// `PET_RDZV_CONF`: the keep-alives (and, elastic, the last call) merged
 /// into the manifest's value.
-fn rdzv_conf(ctx: &mut Ctx<'_>, c: &Container, nnodes: Option<Nnodes>) -> Option<Desired> {
-    let wanted = rdzv_conf_pairs(nnodes);
+fn rdzv_conf(
+    ctx: &mut Ctx<'_>,
+    c: &Container,
+    nnodes: Option<Nnodes>,
+    store: RdzvStore,
+) -> Option<Desired> {
+    let wanted = rdzv_conf_pairs(nnodes, store);
     let ours = wanted
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -385,6 +615,8 @@ fn rdzv_conf(ctx: &mut Ctx<'_>, c: &Container, nnodes: Option<Nnodes>) -> Option
                 c.name,
                 if key == ELASTIC_LAST_CALL.0 {
                     "the world then waits that long before it shrinks after a lost node"
+                } else if key == NOT_HOST.0 {
+                    "a training node then runs a second store beside the dedicated one"
                 } else {
                     "a lost node then stays in the rendezvous longer"
                 }
@@ -463,9 +695,15 @@ mod conf_tests {
 
     #[test]
     fn an_elastic_world_gets_a_short_last_call_and_a_fixed_one_does_not() {
-        assert_eq!(rdzv_conf_pairs(Some(Nnodes::Fixed(4))), KEEP_ALIVE.to_vec());
-        assert_eq!(rdzv_conf_pairs(None), KEEP_ALIVE.to_vec());
-        let elastic = rdzv_conf_pairs(Some(Nnodes::Elastic { min: 2, max: 6 }));
+        let pod0 = RdzvStore::Pod0;
+        assert_eq!(
+            rdzv_conf_pairs(Some(Nnodes::Fixed(4)), pod0),
+            KEEP_ALIVE.to_vec()
+        );
+        assert_eq!(rdzv_conf_pairs(None, pod0), KEEP_ALIVE.to_vec());
+        let dedicated = rdzv_conf_pairs(Some(Nnodes::Fixed(4)), RdzvStore::Dedicated);
+        assert_eq!(dedicated.last(), Some(&NOT_HOST));
+        let elastic = rdzv_conf_pairs(Some(Nnodes::Elastic { min: 2, max: 6 }), pod0);
         assert!(elastic.contains(&("last_call_timeout", "1")));
         assert!(elastic.starts_with(&KEEP_ALIVE));
     }

@@ -194,20 +194,29 @@ pub fn inject(
     if let Some(nnodes) = world.nnodes {
         vars.insert(4, plain(env::NNODES, nnodes.to_string()));
     }
-    // c10d and static run the store in pod 0; etcd-v2's store is external,
-    // so no peer's loss strands the local agent.
-    // TensorFlow has no rendezvous store: no peer's loss is special.
+    // c10d and static run the store in pod 0; etcd-v2's store and a
+    // dedicated one are outside the training pods, so no peer's loss
+    // strands the local agent. TensorFlow has no rendezvous store: no
+    // peer's loss is special.
+    let external_store = world.backend == RdzvBackend::EtcdV2 || world.store_service.is_some();
     vars.push(plain(
         env::RDZV_HOST_RANK,
-        if world.backend == RdzvBackend::EtcdV2 || tensorflow {
+        if external_store || tensorflow {
             "none"
         } else {
             "0"
         },
     ));
+    if world.spares > 0 {
+        vars.push(plain(env::SPARES, world.spares.to_string()));
+    }
     // Where pod 0's store listens: a replacement host is there for the
     // survivors' restarted torchrun only once it accepts connections.
-    if let Some(port) = ctx.status.rdzv_port.filter(|_| !tensorflow) {
+    if let Some(port) = ctx
+        .status
+        .rdzv_port
+        .filter(|_| !tensorflow && world.store_service.is_none())
+    {
         vars.push(plain(env::RDZV_PORT, port.to_string()));
     }
     vars.push(plain(

@@ -51,6 +51,14 @@ pub struct Status {
     /// The sidecar's port; `None` without trainwire's sidecar.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sidecar_port: Option<u16>,
+    /// The dedicated rendezvous store's Service and Deployment (`<name>-rdzv`),
+    /// which the reconciler keeps; empty with the store on pod 0.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub rdzv_store: String,
+    /// Hot spares: pods beyond the world's size (`nnodes`); the scale guard
+    /// and the world status read it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub spares: u32,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Env values the user had that trainwire replaced (a policy overwrite, or
@@ -82,12 +90,16 @@ pub struct Status {
     pub replaced_node_selector: BTreeMap<String, String>,
     /// Scalar fields trainwire set because they were absent
     /// (`shareProcessNamespace`, `subdomain`, `completionMode`, `completions`,
-    /// a Job's `podFailurePolicy`), or replaced: `completionMode=NonIndexed`,
+    /// a Job's `podFailurePolicy` or `successPolicy`), or replaced: `completionMode=NonIndexed`,
     /// `podReplacementPolicy` (was
     /// absent) or `podReplacementPolicy=<previous value>`, `dnsPolicy` (was
     /// absent) or `dnsPolicy=ClusterFirst` (on the host's network).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fields: Vec<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A short, stable fingerprint of an injected entry: the first 6 bytes of

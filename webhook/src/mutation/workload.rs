@@ -5,6 +5,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::{
     Job, JobSpec, PodFailurePolicy, PodFailurePolicyOnPodConditionsPattern, PodFailurePolicyRule,
+    SuccessPolicy, SuccessPolicyRule,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -306,6 +307,7 @@ impl Workload {
                     FIELD_NON_INDEXED => spec.completion_mode = Some("NonIndexed".to_string()),
                     "completions" => spec.completions = None,
                     FIELD_POD_FAILURE_POLICY => spec.pod_failure_policy = None,
+                    FIELD_SUCCESS_POLICY => spec.success_policy = None,
                     FIELD_POD_REPLACEMENT_POLICY => spec.pod_replacement_policy = None,
                     other => {
                         if let Some(previous) = other
@@ -584,6 +586,49 @@ pub const FIELD_NON_INDEXED: &str = "completionMode=NonIndexed";
 
 /// The status `fields` entry for an injected `spec.podFailurePolicy`.
 pub const FIELD_POD_FAILURE_POLICY: &str = "podFailurePolicy";
+/// The status `fields` entry for a Job `successPolicy` trainwire set.
+pub const FIELD_SUCCESS_POLICY: &str = "successPolicy";
+
+/// A Job with spares finishes when its world does: when the world's
+/// training pods have succeeded. The spares' torchrun exits 1 when the
+/// rendezvous closes (measured with torch 2.15: a redundant node's agent
+/// fails on the closed rendezvous), so an Indexed Job that waited for every
+/// index would retry the spares and end Failed. On CREATE only (a Job's
+/// spec is immutable after), with Kubernetes' Job success policy (1.31+,
+/// GA in 1.33): `succeededCount` = the world's smallest size; the Job
+/// controller then ends the remaining pods. A manifest's own policy is
+/// kept, with a warning when it waits for more indexes than the world has.
+pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32, spares: u32) {
+    let Workload::Job(j) = workload else {
+        return;
+    };
+    let name = j.metadata.name.clone().unwrap_or_default();
+    let Some(spec) = j.spec.as_mut() else {
+        return;
+    };
+    if spares == 0 {
+        return;
+    }
+    let count = i32::try_from(world_min).unwrap_or(i32::MAX);
+    if let Some(own) = &spec.success_policy {
+        let fits = own.rules.iter().any(|r| {
+            r.succeeded_indexes.is_none() && r.succeeded_count.is_some_and(|c| c <= count)
+        });
+        if !fits {
+            ctx.warn(format!(
+                "Job {name}: spec.successPolicy (kept) has no rule succeededCount <= {count}; its {spares} spares exit 1 when the world ends, so the Job may end Failed"
+            ));
+        }
+        return;
+    }
+    spec.success_policy = Some(SuccessPolicy {
+        rules: vec![SuccessPolicyRule {
+            succeeded_count: Some(count),
+            succeeded_indexes: None,
+        }],
+    });
+    ctx.status.fields.push(FIELD_SUCCESS_POLICY.to_string());
+}
 /// The status `fields` entry for `spec.podReplacementPolicy` set to `Failed`
 /// where it was absent; `podReplacementPolicy=<value>` when it had another
 /// value (the apiserver defaults it to `TerminatingOrFailed` before

@@ -76,8 +76,44 @@ impl<T> Setting<T> {
 
 pub use trainwire_contract::{
     ExitCodes, FailureLimit, Framework, MountPath, NodeFailureAction, PeerLossAction,
-    PositiveDuration, RdzvBackend, ShmSize,
+    PositiveDuration, RdzvBackend, RdzvStore, ShmSize, SpareCount,
 };
+
+/// The dedicated rendezvous store's pod (`storePod`): where it is placed
+/// (no GPU: a CPU pool), its priority and its resources. Only read when a
+/// workload's store is `dedicated`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StorePod {
+    /// The store pod's `nodeSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// The store pod's tolerations.
+    #[serde(
+        default,
+        deserialize_with = "kube::tolerations",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tolerations: Vec<Toleration>,
+    /// The store pod's `priorityClassName`: losing the store stops every
+    /// node of the world, so it should not be the first pod preempted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// The store container's resources (default: see
+    /// [`crate::rdzv_store::default_resources`]).
+    #[serde(
+        default,
+        deserialize_with = "kube::resources",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl StorePod {
+    pub fn is_default(&self) -> bool {
+        self == &StorePod::default()
+    }
+}
 
 /// Dead-node reclaim (`nodeFailure`): off unless a profile sets it.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -272,6 +308,15 @@ pub struct Profile {
     pub max_gpus_per_node: Option<u32>,
     #[serde(default = "default_rdzv_backend")]
     pub rdzv_backend: Setting<RdzvBackend>,
+    /// Where the c10d store runs (`trainwire.dev/rdzv-store`): `pod0`.
+    #[serde(default)]
+    pub rdzv_store: Setting<RdzvStore>,
+    /// Hot spares per world (`trainwire.dev/spares`): 0.
+    #[serde(default)]
+    pub spares: Setting<SpareCount>,
+    /// The dedicated store's pod: where it runs and what it gets.
+    #[serde(default, skip_serializing_if = "StorePod::is_default")]
+    pub store_pod: StorePod,
     /// The training framework (`pytorch`), which `trainwire.dev/framework`
     /// overrides unless enforced.
     #[serde(default)]
@@ -416,6 +461,9 @@ impl Default for Profile {
             max_nodes: None,
             max_gpus_per_node: None,
             rdzv_backend: default_rdzv_backend(),
+            rdzv_store: Setting::default(),
+            spares: Setting::default(),
+            store_pod: StorePod::default(),
             framework: Setting::default(),
             etcd_endpoint: None,
             cluster_domain: None,

@@ -328,6 +328,8 @@ const SETTING_FIELDS: &[&str] = &[
     "checkpointMaxAge",
     "shmSize",
     "rdzvBackend",
+    "rdzvStore",
+    "spares",
     "framework",
     "image",
     "onPeerLoss",
