@@ -13,6 +13,12 @@ use serde::{Deserialize, Serialize};
 /// The pod annotation that holds the sidecar's last [`PeerLossRecord`].
 pub const ANNOTATION: &str = "trainwire.dev/peer-loss";
 
+/// The `action` of the record a hot spare's sidecar writes when its pod,
+/// which waited as a spare, starts training in place of `lost_rank`: the
+/// moment the world trains again after that loss (`at`), which the pods'
+/// readiness does not show (the spare was Ready all along).
+pub const SPARE_TOOK_OVER: &str = "spare-took-over";
+
 /// The sidecar's last action on a lost peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

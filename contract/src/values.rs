@@ -181,6 +181,12 @@ impl NodeCount {
     pub fn covers(self, n: u32) -> bool {
         (self.min()..=self.max()).contains(&n)
     }
+    /// Whether `n` pods fit a world with `spares` hot spares beside it: at
+    /// least the minimum (the world forms; fewer spares) and at most the
+    /// maximum plus the spares.
+    pub fn covers_with_spares(self, n: u32, spares: u32) -> bool {
+        (self.min()..=self.max().saturating_add(spares)).contains(&n)
+    }
 }
 impl FromStr for NodeCount {
     type Err = Invalid;

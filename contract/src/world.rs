@@ -70,8 +70,17 @@ impl std::fmt::Display for Phase {
 pub struct Nodes {
     /// Ranks below `expected` whose pod is Ready and not being deleted.
     pub ready: u32,
-    /// StatefulSet `replicas`, Job `parallelism` (0 when paused).
+    /// StatefulSet `replicas`, Job `parallelism` (0 when paused): the
+    /// pods asked for, hot spares included.
     pub expected: u32,
+    /// Of `expected`, the hot spares (`trainwire.dev/spares`): the world
+    /// trains with `expected - spares` of them Ready. Absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spares: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The last loss of a node.
@@ -275,7 +284,7 @@ mod tests {
     }
 
     prop_compose! {
-        fn status()(phase in phase(), ready in any::<u32>(), expected in any::<u32>(), generation in any::<u64>(),
+        fn status()(phase in phase(), ready in any::<u32>(), expected in any::<u32>(), spares in 0u32..4, generation in any::<u64>(),
                     last_loss in proptest::option::of(loss()),
                     checkpoint in proptest::option::of((text(), text(), any::<u32>())),
                     stopped in proptest::option::of((text(), text(), text(), proptest::option::of(any::<i32>()), text())),
@@ -283,7 +292,7 @@ mod tests {
             WorldStatus {
                 version: SCHEMA_VERSION,
                 phase,
-                nodes: Nodes { ready, expected },
+                nodes: Nodes { ready, expected, spares },
                 generation,
                 last_loss,
                 checkpoint: checkpoint.map(|(name, newest_at, reported_by)| CheckpointSeen { name, newest_at, reported_by }),

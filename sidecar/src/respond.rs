@@ -1267,12 +1267,25 @@ impl Role {
         let mut status = shared.status();
         status.trainer = Some(text);
         if took_over {
+            let lost_rank = status.last_loss.as_ref().map(|l| l.rank);
             let lost = status
                 .last_loss
                 .as_ref()
                 .map(|l| format!("rank {} ({})", l.rank, l.detail))
                 .unwrap_or_else(|| "a lost node".into());
             drop(status);
+            // On this pod, for the world controller: when the world trains
+            // again after that loss.
+            if let Some(lost_rank) = lost_rank {
+                events.record_peer_loss(&trainwire_contract::peer_loss::PeerLossRecord {
+                    generation,
+                    lost_rank,
+                    confirmed_by: String::new(),
+                    action: trainwire_contract::peer_loss::SPARE_TOOK_OVER.to_string(),
+                    result: "training".to_string(),
+                    at: rfc3339(SystemTime::now()),
+                });
+            }
             let note = format!(
                 "this pod ({}) waited as a spare and now trains in place of lost {lost} (loss generation {generation})",
                 shared.config.pod_name

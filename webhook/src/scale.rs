@@ -146,12 +146,21 @@ pub fn scale_allowed(
     if new == 0 {
         return Ok(());
     }
+    let spares = status.spares;
     let detail = if status.nnodes.is_empty() {
         "it was injected paused (replicas 0, no trainwire.dev/nnodes), so its pods hold no world size".to_string()
     } else {
         match status.nnodes.parse::<Nnodes>() {
-            Ok(n) if n.covers(new) => return Ok(()),
+            Ok(n) if n.covers_with_spares(new, spares) => return Ok(()),
+            Ok(Nnodes::Fixed(n)) if spares > 0 => format!(
+                "its pods were injected with PET_NNODES={n} and {spares} spare(s), which takes {n} to {} pods",
+                n.saturating_add(spares)
+            ),
             Ok(Nnodes::Fixed(n)) => format!("its pods were injected with PET_NNODES={n}"),
+            Ok(Nnodes::Elastic { min, max }) if spares > 0 => format!(
+                "its elastic world is {min}:{max} with {spares} spare(s), which takes {min} to {} pods",
+                max.saturating_add(spares)
+            ),
             Ok(Nnodes::Elastic { min, max }) => {
                 format!("its elastic world is {min}:{max}, which does not cover {new}")
             }
@@ -180,13 +189,17 @@ pub fn job_size_warning(job: &k8s_openapi::api::batch::v1::Job) -> Option<String
     }
     let status = status::read(&spec.template)?;
     let world = status.nnodes.parse::<Nnodes>().ok()?;
-    if world.covers(parallelism) {
+    if world.covers_with_spares(parallelism, status.spares) {
         return None;
     }
     let name = job.metadata.name.as_deref().unwrap_or_default();
+    let spares = match status.spares {
+        0 => String::new(),
+        n => format!(" and {n} spare(s)"),
+    };
     let injected = match world {
-        Nnodes::Fixed(n) => format!("PET_NNODES={n}"),
-        Nnodes::Elastic { min, max } => format!("the elastic world {min}:{max}"),
+        Nnodes::Fixed(n) => format!("PET_NNODES={n}{spares}"),
+        Nnodes::Elastic { min, max } => format!("the elastic world {min}:{max}{spares}"),
     };
     Some(format!(
         "Job {name}: parallelism {parallelism} does not fit {injected} its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
@@ -481,6 +494,43 @@ mod tests {
         );
     }
 
+    /// A world with hot spares: its pods may number from the world's
+    /// minimum (spares used up) to its maximum plus the spares.
+    #[test]
+    fn spares_widen_the_sizes_a_world_takes() {
+        let with_spares = |nnodes: &str, spares| {
+            let status = Status {
+                nnodes: nnodes.to_string(),
+                spares,
+                ..Default::default()
+            };
+            sts(Some(&serde_json::to_string(&status).expect("json")))
+        };
+        let table: Vec<(&str, &str, u32, i32, &str)> = vec![
+            ("fixed 2 + 1, all", "2", 1, 3, "allow"),
+            ("fixed 2 + 1, no spare left", "2", 1, 2, "allow"),
+            ("fixed 2 + 1, below the world", "2", 1, 1, "refuse"),
+            ("fixed 2 + 1, one spare too many", "2", 1, 4, "refuse"),
+            ("elastic 2:4 + 2, top", "2:4", 2, 6, "allow"),
+            ("elastic 2:4 + 2, above", "2:4", 2, 7, "refuse"),
+        ];
+        for (case, nnodes, spares, new, want) in table {
+            assert_eq!(
+                verdict(with_spares(nnodes, spares), new, Some(3)),
+                want,
+                "{case}"
+            );
+        }
+        let Verdict::Refuse(r) = decide(|| with_spares("2", 1), "ml", "train", 4, Some(3)) else {
+            panic!("refused");
+        };
+        assert!(
+            r.to_string()
+                .contains("injected with PET_NNODES=2 and 1 spare(s), which takes 2 to 3 pods"),
+            "{r}"
+        );
+    }
+
     #[tokio::test]
     async fn a_cache_without_a_client_or_not_synced_is_unknown() {
         let none = StatefulSetCache::unavailable("no kubeconfig".into());
@@ -539,6 +589,23 @@ mod tests {
         assert_eq!(warned(Some("4"), 0, false), None);
         assert_eq!(warned(None, 2, false), None);
         assert_eq!(warned(Some(""), 2, false), None);
+        // A Job with a spare: parallelism from the world to world + spares.
+        let spare_job = |parallelism| {
+            let status = Status {
+                nnodes: "2".into(),
+                spares: 1,
+                ..Default::default()
+            };
+            let mut j = job(None, parallelism, false);
+            if let Some(spec) = j.spec.as_mut() {
+                spec.template =
+                    template(Some(&serde_json::to_string(&status).expect("json")));
+            }
+            job_size_warning(&j)
+        };
+        assert_eq!(spare_job(3), None);
+        assert_eq!(spare_job(2), None);
+        assert!(spare_job(4).is_some_and(|w| w.contains("PET_NNODES=2 and 1 spare(s)")));
         // Every warning fits what the apiserver passes on whole.
         assert!(warned(Some("2:4"), 5, false).is_some_and(|w| w.len() <= 256));
     }

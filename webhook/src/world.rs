@@ -170,8 +170,10 @@ impl PodView {
 /// The workload's side: its size, whether it is stopped or finished.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WorldOf {
-    /// Nodes asked for (0 when paused).
+    /// Nodes asked for (0 when paused), hot spares included.
     pub expected: u32,
+    /// Of `expected`, the hot spares its pods were injected with.
+    pub spares: u32,
     /// From the `trainwire.dev/stopped-*` annotations.
     pub stopped: Option<Stopped>,
     /// `Completed` or `Failed` for a finished Job.
@@ -201,11 +203,22 @@ fn stopped_of(kind: &str, name: &str, annotations: &BTreeMap<String, String>) ->
     })
 }
 
+/// The hot spares recorded in the template's `trainwire.dev/status`.
+fn spares_of(template: &PodTemplateSpec) -> u32 {
+    crate::mutation::status::read(template).map_or(0, |s| s.spares)
+}
+
 impl WorldOf {
+    /// The pods that must be Ready for the world to train.
+    pub fn needed(&self) -> u32 {
+        self.expected.saturating_sub(self.spares)
+    }
+
     pub fn of_statefulset(sts: &StatefulSet) -> WorldOf {
         let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         WorldOf {
             expected: u32::try_from(replicas).unwrap_or(0),
+            spares: sts.spec.as_ref().map_or(0, |s| spares_of(&s.template)),
             stopped: stopped_of("StatefulSet", &sts.name_any(), sts.annotations()),
             finished: None,
         }
@@ -234,6 +247,7 @@ impl WorldOf {
             } else {
                 u32::try_from(parallelism).unwrap_or(0)
             },
+            spares: spec.map_or(0, |s| spares_of(&s.template)),
             stopped: stopped_of("Job", &job.name_any(), job.annotations()),
             finished,
         }
@@ -306,6 +320,10 @@ impl Memory {
         }
         for p in pods {
             let Some(r) = &p.peer_loss else { continue };
+            if r.action == peer_loss::SPARE_TOOK_OVER {
+                // Not a loss: when the world trains again (see `observe`).
+                continue;
+            }
             if self.records.insert((p.uid.clone(), r.generation)) && count {
                 // The sidecar's clock, but never in the future of ours.
                 let at =
@@ -342,13 +360,34 @@ fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
 }
 
-/// Whether every rank below `expected` has a Ready pod not being deleted.
-fn whole(expected: u32, pods: &[PodView]) -> bool {
-    expected > 0
-        && (0..expected).all(|r| {
+/// Ranks below `expected` with a Ready pod not being deleted.
+fn ready_ranks(expected: u32, pods: &[PodView]) -> u32 {
+    (0..expected)
+        .filter(|r| {
             pods.iter()
-                .any(|p| p.rank == r && p.ready && p.lost.is_none())
+                .any(|p| p.rank == *r && p.ready && p.lost.is_none())
         })
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
+}
+
+/// Whether the world can train: every rank below `expected` has a Ready pod
+/// not being deleted, or, with hot spares, at least `expected - spares` do.
+fn whole(workload: &WorldOf, pods: &[PodView]) -> bool {
+    workload.needed() > 0 && ready_ranks(workload.expected, pods) >= workload.needed()
+}
+
+/// The earliest take-over of `rank` by a hot spare at or after `since`
+/// (the spare's sidecar record, its clock, never after `now`).
+fn spare_took_over(pods: &[PodView], rank: u32, since: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    pods.iter()
+        .filter_map(|p| p.peer_loss.as_ref())
+        .filter(|r| r.action == peer_loss::SPARE_TOOK_OVER && r.lost_rank == rank)
+        .filter_map(|r| parse_time(&r.at))
+        .filter(|t| *t >= since)
+        .min()
+        .map(|t| t.min(now))
 }
 
 fn add_loss(status: &mut WorldStatus, seen: Seen) -> bool {
@@ -405,14 +444,22 @@ pub fn observe(
             memory.broken_since_loss = false;
         }
     }
-    let is_whole = whole(workload.expected, pods);
+    let is_whole = whole(workload, pods);
     if let Some(l) = status.last_loss.as_mut()
         && l.resumed_at.is_none()
     {
-        if !is_whole {
+        let loss_at = parse_time(&l.at).unwrap_or(now);
+        if let Some(took_over) = spare_took_over(pods, l.rank, loss_at, now)
+            && is_whole
+        {
+            // A hot spare trains in the lost node's place: the world
+            // trains again from then, whatever the replacement does.
+            l.resumed_at = Some(took_over.to_string());
+            l.recovery_seconds = took_over.duration_since(loss_at).as_secs().try_into().ok();
+            memory.broken_since_loss = false;
+        } else if !is_whole {
             memory.broken_since_loss = true;
         } else {
-            let loss_at = parse_time(&l.at).unwrap_or(now);
             let latest_ready = pods
                 .iter()
                 .filter(|p| p.rank < workload.expected && p.ready && p.lost.is_none())
@@ -427,15 +474,9 @@ pub fn observe(
         }
     }
     status.nodes = Nodes {
-        ready: (0..workload.expected)
-            .filter(|r| {
-                pods.iter()
-                    .any(|p| p.rank == *r && p.ready && p.lost.is_none())
-            })
-            .count()
-            .try_into()
-            .unwrap_or(u32::MAX),
+        ready: ready_ranks(workload.expected, pods),
         expected: workload.expected,
+        spares: workload.spares,
     };
     let records: Vec<(&CheckpointRecord, Timestamp)> = pods
         .iter()

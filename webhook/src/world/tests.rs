@@ -73,18 +73,89 @@ fn a_world_forms_then_runs() {
         s[1].nodes,
         Nodes {
             ready: 1,
-            expected: 2
+            expected: 2,
+            spares: 0
         }
     );
     assert_eq!(
         s[2].nodes,
         Nodes {
             ready: 2,
-            expected: 2
+            expected: 2,
+            spares: 0
         }
     );
     assert_eq!(s[2].generation, 0);
     assert_eq!(s[2].last_loss, None);
+}
+
+fn took_over(mut p: PodView, generation: u64, lost_rank: u32, when: i64) -> PodView {
+    p.peer_loss = Some(PeerLossRecord {
+        generation,
+        lost_rank,
+        confirmed_by: String::new(),
+        action: peer_loss::SPARE_TOOK_OVER.into(),
+        result: "training".into(),
+        at: at(when).to_string(),
+    });
+    p
+}
+
+/// A world of 2 with one hot spare (3 pods): rank 0 is deleted at 100, the
+/// spare (rank 2) says at 112 that it trains in its place: resumed at 112
+/// (12 s), Running while the replacement is still pending; the world
+/// stays Running with 2 of 3 Ready; 1 of 3 Ready is not enough.
+#[test]
+fn a_spare_taking_over_resumes_the_world_before_the_replacement() {
+    let w = WorldOf {
+        expected: 3,
+        spares: 1,
+        ..WorldOf::default()
+    };
+    let (a, b, c) = (
+        || pod(0, "a", Some(1)),
+        || pod(1, "b", Some(1)),
+        || pod(2, "c", Some(1)),
+    );
+    let s = run(
+        &w,
+        vec![
+            (0, vec![a(), b(), c()]),
+            (101, vec![deleted(a(), 100), b(), c()]),
+            (105, vec![b(), c()]),
+            (113, vec![b(), took_over(c(), 1, 0, 112)]),
+            (150, vec![pod(0, "d", None), b(), took_over(c(), 1, 0, 112)]),
+            (200, vec![b()]),
+        ],
+    );
+    let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Running,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Running,
+            Phase::Running,
+            Phase::Recovering
+        ]
+    );
+    let loss = s[3].last_loss.clone().unwrap_or_default();
+    assert_eq!((loss.rank, loss.generation), (0, 1));
+    assert_eq!(loss.resumed_at, Some(at(112).to_string()));
+    assert_eq!(loss.recovery_seconds, Some(12));
+    assert_eq!(
+        s[4].nodes,
+        Nodes {
+            ready: 2,
+            expected: 3,
+            spares: 1
+        }
+    );
+    // The take-over record is not a loss of its own.
+    assert_eq!(s[4].generation, 1);
+    // Rank 2 gone too (and the replacement): one of three is not a world.
+    assert_eq!(s[5].generation, 3);
 }
 
 /// Rank 1 deleted at 100; both sidecars' records and the deletion are one
@@ -196,9 +267,9 @@ fn scaling_down_is_not_a_loss() {
 }
 
 #[rstest]
-#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "MaxFailures".into(), ..Stopped::default() }), finished: None }, Phase::Stopped)]
+#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "MaxFailures".into(), ..Stopped::default() }), finished: None, spares: 0 }, Phase::Stopped)]
 #[case::paused(of(0), Phase::Paused)]
-#[case::completed(WorldOf { expected: 2, stopped: None, finished: Some(Phase::Completed) }, Phase::Completed)]
+#[case::completed(WorldOf { expected: 2, stopped: None, finished: Some(Phase::Completed), spares: 0 }, Phase::Completed)]
 #[case::running(of(1), Phase::Running)]
 fn phase_of_the_workload(#[case] w: WorldOf, #[case] phase: Phase) {
     let s = observe(
