@@ -14,6 +14,7 @@ pub mod kubelet;
 pub mod mock_api;
 pub mod netns;
 pub mod recorded_api;
+pub mod rendered;
 pub mod tensorflow;
 pub mod torch;
 

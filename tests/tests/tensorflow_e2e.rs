@@ -13,11 +13,9 @@
 //! message when TensorFlow is missing, when not root, or when `ip netns` does
 //! not work.
 
-use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -26,6 +24,7 @@ use trainwire_sidecar::env as tw;
 use trainwire_tests::kubelet::Kubelet;
 use trainwire_tests::netns::{self, Network, Node};
 use trainwire_tests::process::{Log, Proc, Tag, unique_name};
+use trainwire_tests::rendered::{self, Entry, resolve};
 use trainwire_tests::tensorflow;
 use trainwire_tests::torch::{TrainEvent, python};
 
@@ -69,93 +68,20 @@ spec:
     )
 }
 
-/// One env entry of a rendered container: a literal, or a downward-API field.
-#[derive(Debug, Clone)]
-enum Entry {
-    Value(String),
-    Field(String),
-}
-
 /// The env of the trainer and of the sidecar, from the real CLI.
 struct Rendered {
     trainer: Vec<(String, Entry)>,
     sidecar: Vec<(String, Entry)>,
 }
 
-fn entries(container: &Value) -> Vec<(String, Entry)> {
-    container["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let name = e["name"].as_str().unwrap_or_default().to_string();
-            let entry = match e.pointer("/valueFrom/fieldRef/fieldPath") {
-                Some(f) => Entry::Field(f.as_str().unwrap_or_default().to_string()),
-                None => Entry::Value(e["value"].as_str().unwrap_or_default().to_string()),
-            };
-            (name, entry)
-        })
-        .collect()
-}
-
 fn render(script: &str) -> Result<Rendered, String> {
-    let bin = trainwire_tests::webhook_binary()?;
-    let mut child = Command::new(&bin)
-        .args(["inject", "-f", "-"])
-        .env_remove("TRAINWIRE_POLICY")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("run {}: {e}", bin.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(manifest(script).as_bytes())
-            .map_err(|e| format!("write the manifest: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("wait for inject: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "inject failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let sts: Value =
-        serde_saphyr::from_str(&text).map_err(|e| format!("inject's output: {e}\n{text}"))?;
+    let objects = rendered::inject(&manifest(script))?;
+    let sts = rendered::find(&objects, "StatefulSet", "node")?;
     let spec = &sts["spec"]["template"]["spec"];
     Ok(Rendered {
-        trainer: entries(&spec["containers"][0]),
-        sidecar: entries(&spec["initContainers"][0]),
+        trainer: rendered::entries(&spec["containers"][0]),
+        sidecar: rendered::entries(&spec["initContainers"][0]),
     })
-}
-
-/// What the kubelet makes of a rendered env for pod `rank`: downward-API
-/// fields filled in, `$(VAR)` expanded from earlier entries only.
-fn resolve(
-    env: &[(String, Entry)],
-    fields: &BTreeMap<&str, String>,
-) -> Result<Vec<(String, String)>, String> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for (name, entry) in env {
-        let value = match entry {
-            Entry::Field(f) => fields
-                .get(f.as_str())
-                .cloned()
-                .ok_or_else(|| format!("env {name}: no value for field {f}"))?,
-            Entry::Value(v) => {
-                let mut v = v.clone();
-                for (k, earlier) in &out {
-                    v = v.replace(&format!("$({k})"), earlier);
-                }
-                v
-            }
-        };
-        out.push((name.clone(), value));
-    }
-    Ok(out)
 }
 
 fn pod_host(i: &str) -> String {
@@ -231,15 +157,8 @@ impl Cluster {
         let script = dir.join("train_tf.py");
         std::fs::copy(tensorflow::train_script(), &script)
             .map_err(|e| format!("copy train_tf.py: {e}"))?;
-        let fields = BTreeMap::from([
-            (
-                "metadata.labels['apps.kubernetes.io/pod-index']",
-                rank.to_string(),
-            ),
-            ("metadata.name", hostname.clone()),
-            ("metadata.namespace", NAMESPACE.to_string()),
-            ("metadata.uid", format!("{label}-{}", self.run)),
-        ]);
+        let fields =
+            rendered::pod_fields("node", rank, NAMESPACE, &format!("{label}-{}", self.run));
         let ckpt = self.ckpt.path().to_string_lossy().into_owned();
         let at_ckpt = |(k, v): (String, String)| {
             if k == "CHECKPOINT_DIR" || k == tw::CHECKPOINT_DIR {

@@ -598,8 +598,7 @@ mod tests {
             };
             let mut j = job(None, parallelism, false);
             if let Some(spec) = j.spec.as_mut() {
-                spec.template =
-                    template(Some(&serde_json::to_string(&status).expect("json")));
+                spec.template = template(Some(&serde_json::to_string(&status).expect("json")));
             }
             job_size_warning(&j)
         };

@@ -380,7 +380,12 @@ fn whole(workload: &WorldOf, pods: &[PodView]) -> bool {
 
 /// The earliest take-over of `rank` by a hot spare at or after `since`
 /// (the spare's sidecar record, its clock, never after `now`).
-fn spare_took_over(pods: &[PodView], rank: u32, since: Timestamp, now: Timestamp) -> Option<Timestamp> {
+fn spare_took_over(
+    pods: &[PodView],
+    rank: u32,
+    since: Timestamp,
+    now: Timestamp,
+) -> Option<Timestamp> {
     pods.iter()
         .filter_map(|p| p.peer_loss.as_ref())
         .filter(|r| r.action == peer_loss::SPARE_TOOK_OVER && r.lost_rank == rank)

@@ -1,0 +1,661 @@
+//! No node is special: a world of 2 with one hot spare and a dedicated
+//! rendezvous store, end to end with a real torchrun. Everything the pods
+//! run comes from the real `trainwire-webhook inject` output for a
+//! StatefulSet annotated `trainwire.dev/nnodes: "2"`, `trainwire.dev/spares:
+//! "1"`, `trainwire.dev/rdzv-store: dedicated`: the trainers' and sidecars'
+//! env, and the store's command (torch's own `TCPStore`) from the rendered
+//! Deployment. Each pod and the store are network namespaces on a bridge;
+//! the store's Service name resolves to the store's namespace.
+//!
+//! - Pods 0 and 1 form the world; pod 2 starts after them and waits as a
+//!   spare (torchrun's redundancy list) without interrupting a step.
+//! - A training pod is cut off silently (switch port down, processes
+//!   frozen: a node that lost power), pod 1 in one test and pod 0 in the
+//!   other: training resumes from the checkpoint of the cut with world 2
+//!   (the survivor and the spare), with no replacement started, no container
+//!   exit on any survivor and no `max_restarts` spent.
+//! - The replacement of the lost pod (same name, new address) then joins as
+//!   the next spare, without interrupting training.
+//! - The store is killed and started again (a Deployment's new pod): the
+//!   agents fail, their containers restart, and the world resumes by itself.
+//!
+//! Each run prints one `SPARES ...` line with the measured times
+//! (docs/benchmarks.md, "Hot spares and a dedicated store end to end").
+//! Skips with a clear message when PyTorch is missing, when not root, or
+//! when `ip netns` does not work (fails under `CI=true`).
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+use tempfile::TempDir;
+use trainwire_sidecar::env as tw;
+use trainwire_tests::kubelet::Kubelet;
+use trainwire_tests::netns::{self, Network, Node};
+use trainwire_tests::process::{Log, Proc, Tag, descendants, signal_all, unique_name};
+use trainwire_tests::rendered::{self, Entry, resolve};
+use trainwire_tests::torch::{self, TrainEvent};
+
+/// Bound of every wait (imports and rendezvous are slow on a busy 2-core machine).
+const WAIT: Duration = Duration::from_secs(180);
+const CHECKPOINT_INTERVAL: u64 = 5;
+/// How long a joining spare is watched for a training interruption.
+const JOIN_WINDOW: Duration = Duration::from_secs(20);
+/// The pods are `node-<i>` of a StatefulSet `node` under the headless
+/// Service `train` in namespace `e2e`.
+const SET: &str = "node";
+const SERVICE: &str = "train";
+const NAMESPACE: &str = "e2e";
+
+fn manifest() -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: {SET}
+  namespace: {NAMESPACE}
+  annotations:
+    trainwire.dev/inject: "true"
+    trainwire.dev/nnodes: "2"
+    trainwire.dev/spares: "1"
+    trainwire.dev/rdzv-store: dedicated
+    trainwire.dev/checkpoint-pvc: ckpt
+spec:
+  serviceName: {SERVICE}
+  replicas: 3
+  podManagementPolicy: Parallel
+  selector:
+    matchLabels: {{app: llm}}
+  template:
+    metadata:
+      labels: {{app: llm}}
+    spec:
+      containers:
+      - name: trainer
+        image: pytorch
+        command: ["torchrun", "/app/train.py"]
+"#
+    )
+}
+
+/// What the real CLI rendered: the pods' env, the store's command and env,
+/// and the store's name and port from the trainers' endpoint.
+struct Rendered {
+    trainer: Vec<(String, Entry)>,
+    sidecar: Vec<(String, Entry)>,
+    store_command: Vec<String>,
+    store_env: Vec<(String, String)>,
+    store_host: String,
+}
+
+fn render() -> Result<Rendered, String> {
+    let objects = rendered::inject(&manifest())?;
+    let sts = rendered::find(&objects, "StatefulSet", SET)?;
+    let spec = &sts["spec"]["template"]["spec"];
+    let trainer = rendered::entries(&spec["containers"][0]);
+    let store = rendered::find(&objects, "Deployment", &format!("{SET}-rdzv"))?;
+    rendered::find(&objects, "Service", &format!("{SET}-rdzv"))?;
+    let container = &store["spec"]["template"]["spec"]["containers"][0];
+    let store_command: Vec<String> = container["command"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    let store_env = resolve(&rendered::entries(container), &Default::default())?;
+    let endpoint = trainer
+        .iter()
+        .find_map(|(k, e)| match e {
+            Entry::Value(v) if k == "PET_RDZV_ENDPOINT" => Some(v.clone()),
+            _ => None,
+        })
+        .ok_or("the rendered trainer has no PET_RDZV_ENDPOINT")?;
+    let (store_host, _) = endpoint
+        .rsplit_once(':')
+        .ok_or_else(|| format!("PET_RDZV_ENDPOINT {endpoint} has no port"))?;
+    Ok(Rendered {
+        sidecar: rendered::entries(&spec["initContainers"][0]),
+        trainer,
+        store_command,
+        store_env,
+        store_host: store_host.to_string(),
+    })
+}
+
+struct Pod {
+    label: String,
+    node: Node,
+    kubelet: Kubelet,
+    _sidecar: Proc,
+}
+
+/// Fields drop in order: pods and the store first, then every tagged
+/// process, then the namespaces, then the checkpoint directory.
+struct World {
+    pods: Vec<Pod>,
+    store: Option<Kubelet>,
+    tag: Tag,
+    net: Network,
+    ckpt: TempDir,
+    log: Log,
+    run: String,
+    rendered: Rendered,
+    sidecar_bin: std::path::PathBuf,
+    /// A `sitecustomize.py` for the trainers: the rendezvous' own debug
+    /// lines about membership (who joins the participants, the wait list,
+    /// the redundancy list) on stderr, which torch sends nowhere.
+    site: TempDir,
+}
+
+const SITECUSTOMIZE: &str = r#"import logging, sys
+class _Membership(logging.Filter):
+    def filter(self, record):
+        m = record.getMessage()
+        return "redundancy list" in m or "participants" in m or "wait list" in m
+_h = logging.StreamHandler(sys.stderr)
+_h.setFormatter(logging.Formatter("[rdzv] %(message)s"))
+_h.addFilter(_Membership())
+_l = logging.getLogger("torch.distributed.elastic.rendezvous.dynamic_rendezvous")
+_l.setLevel(logging.DEBUG)
+_l.addHandler(_h)
+"#;
+
+impl World {
+    fn new() -> Result<World, String> {
+        let mut net = Network::create("tws")?;
+        let host0 = pod_host(0);
+        let domain = host0
+            .strip_prefix(&format!("{SET}-0."))
+            .ok_or_else(|| format!("pod 0's name {host0} is not {SET}-0.<domain>"))?;
+        net.set_domain(domain);
+        Ok(World {
+            pods: Vec::new(),
+            store: None,
+            tag: Tag::new("twsp"),
+            net,
+            ckpt: tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?,
+            log: Log::new("spares-e2e"),
+            run: unique_name("run"),
+            rendered: render()?,
+            sidecar_bin: trainwire_tests::sidecar_binary()?,
+            site: {
+                let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+                std::fs::write(dir.path().join("sitecustomize.py"), SITECUSTOMIZE)
+                    .map_err(|e| format!("write sitecustomize.py: {e}"))?;
+                dir
+            },
+        })
+    }
+
+    fn note(&self, text: String) {
+        self.log.push(format!("harness| {text}"));
+    }
+
+    fn fail(&self, what: String) -> String {
+        format!("{what}\n{}", self.log.tail(250))
+    }
+
+    /// The store: its own namespace, the Service's name pointing at it, the
+    /// rendered command under a "kubelet" (a Deployment's pod coming back).
+    fn start_store(&mut self) -> Result<(), String> {
+        let addr = Network::addr(50);
+        let node = self.net.add_node_named("store", "store", addr, false)?;
+        self.net.set_host(&self.rendered.store_host, addr)?;
+        let program: Vec<String> = self
+            .net
+            .command(&node, &torch::python())
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        // The rendered command is `python3 -c SCRIPT`: the same script under
+        // the interpreter that has torch.
+        let args: Vec<String> = self
+            .rendered
+            .store_command
+            .iter()
+            .skip(1)
+            .cloned()
+            .collect();
+        if args.first().map(String::as_str) != Some("-c") {
+            return Err(format!(
+                "the rendered store command is not `python3 -c SCRIPT`: {:?}",
+                self.rendered.store_command
+            ));
+        }
+        let env = self.rendered.store_env.clone();
+        let make = move || {
+            let mut cmd = Command::new("ip");
+            cmd.args(&program)
+                .args(&args)
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            cmd
+        };
+        self.store = Some(Kubelet::run(
+            "store",
+            self.tag.value(),
+            &self.log,
+            Duration::from_secs(1),
+            make,
+        ));
+        self.wait("the store listening", |l| {
+            l.starts_with("store| ") && l.contains("TCPStore listening")
+        })?;
+        Ok(())
+    }
+
+    /// Pod `index` (`label` names this incarnation): namespace, sidecar and
+    /// trainer container under a kubelet, all from the rendered env.
+    fn start_pod(&mut self, label: &str, index: u32, addr: Ipv4Addr) -> Result<(), String> {
+        let hostname = format!("{SET}-{index}");
+        let node = self.net.add_node_named(label, &hostname, addr, true)?;
+        let fields = rendered::pod_fields(SET, index, NAMESPACE, &format!("{label}-{}", self.run));
+        let ckpt = self.ckpt.path().to_string_lossy().into_owned();
+        let at_ckpt = |(k, v): (String, String)| {
+            if k == "CHECKPOINT_DIR" || k == tw::CHECKPOINT_DIR {
+                (k, ckpt.clone())
+            } else {
+                (k, v)
+            }
+        };
+        // Every "pod" shares the host's PID namespace here: each sidecar
+        // matches its own pod's agent by a token on its command line.
+        let agent_token = format!("trainwire_agent={label}.{}", self.run);
+        let mut sidecar_env: Vec<(String, String)> = resolve(&self.rendered.sidecar, &fields)?
+            .into_iter()
+            .map(at_ckpt)
+            .filter(|(k, _)| k != tw::AGENT_MATCH)
+            .collect();
+        sidecar_env.extend(
+            [
+                (tw::AGENT_MATCH, agent_token.as_str()),
+                (tw::DETECTION, "heartbeat"),
+                (tw::BIND_ADDRESS, "0.0.0.0"),
+                (tw::HEARTBEAT_INTERVAL, "1s"),
+                (tw::HEARTBEAT_MISSES, "3"),
+                ("RUST_LOG", "info"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let mut cmd = self.net.command(&node, &self.sidecar_bin.to_string_lossy());
+        cmd.envs(sidecar_env);
+        let sidecar = Proc::spawn_as(
+            &mut cmd,
+            self.tag.value(),
+            &self.log,
+            &format!("{label}/sidecar| "),
+        )
+        .map_err(|e| format!("start the sidecar: {e}"))?;
+
+        let mut env: Vec<(String, String)> = resolve(&self.rendered.trainer, &fields)?
+            .into_iter()
+            .map(at_ckpt)
+            .collect();
+        env.extend(
+            [
+                ("GLOO_SOCKET_IFNAME", "eth0"),
+                ("OMP_NUM_THREADS", "1"),
+                ("PYTHONUNBUFFERED", "1"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        env.push((
+            "PYTHONPATH".into(),
+            self.site.path().to_string_lossy().into_owned(),
+        ));
+        let program: Vec<String> = self
+            .net
+            .command(&node, &torch::python())
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let script = torch::train_script();
+        let make = move || {
+            let mut cmd = Command::new("ip");
+            cmd.args(&program)
+                .args(["-X", &agent_token, "-m", "torch.distributed.run"])
+                .arg(&script)
+                .args([
+                    "--steps",
+                    "100000",
+                    "--checkpoint-interval",
+                    &CHECKPOINT_INTERVAL.to_string(),
+                ])
+                .args(["--log-every", "1", "--sleep", "0.2"])
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            cmd
+        };
+        let kubelet = Kubelet::run_backoff(
+            &format!("{label}/trainer"),
+            self.tag.value(),
+            &self.log,
+            Duration::from_secs(1),
+            make,
+        );
+        self.pods.push(Pod {
+            label: label.to_string(),
+            node,
+            kubelet,
+            _sidecar: sidecar,
+        });
+        Ok(())
+    }
+
+    fn pod(&self, label: &str) -> Result<&Pod, String> {
+        self.pods
+            .iter()
+            .find(|p| p.label == label)
+            .ok_or_else(|| format!("no pod {label}"))
+    }
+
+    fn exits(&self, label: &str) -> usize {
+        self.pod(label).map(|p| p.kubelet.exits()).unwrap_or(0)
+    }
+
+    fn wait(&self, what: &str, pred: impl Fn(&str) -> bool) -> Result<(), String> {
+        self.log
+            .wait_for(WAIT, pred)
+            .map(|_| ())
+            .ok_or_else(|| self.fail(format!("timed out after {WAIT:?} waiting for {what}")))
+    }
+
+    /// The sidecar `/status` of pod `label`.
+    fn status(&self, label: &str) -> Option<Value> {
+        let p = self.pod(label).ok()?;
+        let port = self
+            .rendered
+            .sidecar
+            .iter()
+            .find_map(|(k, e)| match e {
+                Entry::Value(v) if k == tw::HEALTH_PORT => v.parse().ok(),
+                _ => None,
+            })
+            .unwrap_or(tw::DEFAULT_HEALTH_PORT);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let body = netns::http_get(&p.node.ns, addr, "/status").ok()?;
+        serde_json::from_str(&body).ok()
+    }
+
+    /// The `latest` checkpoint's step.
+    fn latest_step(&self) -> Option<u64> {
+        std::fs::read_to_string(self.ckpt.path().join("latest"))
+            .ok()?
+            .trim()
+            .strip_prefix("ckpt-")?
+            .strip_suffix(".pt")?
+            .parse()
+            .ok()
+    }
+
+    /// Cut pod `label` off and freeze all its processes (a node that lost power).
+    fn lose(&self, label: &str) -> Result<Instant, String> {
+        let p = self.pod(label)?;
+        self.net.cut(&p.node)?;
+        let at = Instant::now();
+        self.net.freeze(&p.node);
+        self.note(format!("cut off and froze {label} ({})", p.node.hostname));
+        Ok(at)
+    }
+
+    /// Pod `label` joins as a spare: its agent enters the redundancy list
+    /// and its sidecar says it waits, while no training pod restarts its
+    /// workers and steps go on for [`JOIN_WINDOW`].
+    fn joins_as_spare(&self, label: &str, training: &[&str]) -> Result<Duration, String> {
+        let mark = self.log.mark();
+        let started = Instant::now();
+        let prefix = format!("{label}/trainer| ");
+        self.log
+            .wait_for_after(mark, WAIT, |l| {
+                l.starts_with(&prefix) && l.contains("added itself to the redundancy list")
+            })
+            .ok_or_else(|| self.fail(format!("{label} did not join the redundancy list")))?;
+        let joined = started.elapsed();
+        self.note(format!("{label} is in the redundancy list"));
+        let step_before = self.last_step(mark);
+        let deadline = Instant::now() + JOIN_WINDOW;
+        let waiting = || {
+            self.status(label)
+                .and_then(|s| s["trainer"].as_str().map(str::to_string))
+                .is_some_and(|t| t.starts_with("waiting"))
+        };
+        let mut said_waiting = false;
+        while Instant::now() < deadline {
+            said_waiting |= waiting();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if !said_waiting {
+            return Err(self.fail(format!(
+                "{label}'s sidecar never said it waits as a spare: {:?}",
+                self.status(label).map(|s| s["trainer"].clone())
+            )));
+        }
+        let restarted: Vec<String> = self.log.lines()[mark..]
+            .iter()
+            .filter(|l| {
+                training
+                    .iter()
+                    .any(|t| l.text.starts_with(&format!("{t}/trainer| ")))
+                    && is_event(&l.text, "start").is_some()
+            })
+            .map(|l| l.text.clone())
+            .collect();
+        if !restarted.is_empty() {
+            return Err(self.fail(format!(
+                "a spare joining restarted training workers: {restarted:?}"
+            )));
+        }
+        let step_after = self.last_step(mark);
+        if step_after <= step_before {
+            return Err(self.fail(format!(
+                "no step while {label} joined (step {step_before:?} -> {step_after:?})"
+            )));
+        }
+        Ok(joined)
+    }
+
+    /// The last training step logged since `mark`.
+    fn last_step(&self, mark: usize) -> Option<u64> {
+        self.log.lines()[mark.min(self.log.mark())..]
+            .iter()
+            .filter_map(|l| is_event(&l.text, "step"))
+            .filter_map(|e| e.num("step"))
+            .max()
+    }
+
+    /// The first step resumed from a checkpoint after `mark`, with world 2:
+    /// its time and the step it resumed from.
+    fn resumed(&self, mark: usize) -> Result<(Instant, u64), String> {
+        let line = self
+            .log
+            .wait_for_after(mark, WAIT, |l| {
+                is_event(l, "step").is_some_and(|e| {
+                    e.num("resumed_from").is_some() && e.num("world_size") == Some(2)
+                })
+            })
+            .ok_or_else(|| self.fail(format!("training did not resume within {WAIT:?}")))?;
+        let ev = TrainEvent::parse(&line.text).ok_or("unparsable step line")?;
+        Ok((line.at, ev.num("resumed_from").ok_or("no resumed_from")?))
+    }
+}
+
+fn pod_host(index: u32) -> String {
+    trainwire_webhook::mutation::workload::pod_host(
+        SET,
+        &index.to_string(),
+        SERVICE,
+        NAMESPACE,
+        trainwire_webhook::policy::DEFAULT_CLUSTER_DOMAIN,
+    )
+}
+
+fn is_event(line: &str, event: &str) -> Option<TrainEvent> {
+    TrainEvent::parse(line).filter(|e| e.event == event)
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// Pods 0 and 1 train, pod 2 joins as a spare.
+fn form(w: &mut World) -> Result<Duration, String> {
+    w.start_store()?;
+    w.start_pod("p0", 0, Network::addr(10))?;
+    w.start_pod("p1", 1, Network::addr(11))?;
+    w.wait("a 2-node world", |l| {
+        is_event(l, "start").is_some_and(|e| e.num("world_size") == Some(2))
+    })?;
+    w.wait("the second checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(2 * CHECKPOINT_INTERVAL))
+    })?;
+    w.start_pod("p2", 2, Network::addr(12))?;
+    w.note("started pod 2, the spare".into());
+    w.joins_as_spare("p2", &["p0", "p1"])
+}
+
+struct Measured {
+    cut_to_resume: Duration,
+    resumed_from: u64,
+    replacement_joined: Duration,
+    store_back_to_resume: Option<Duration>,
+}
+
+/// Lose training pod `lost` (index `index`): the survivor and the spare
+/// resume; then its replacement joins as a spare; then, with `kill_store`,
+/// the store is lost and comes back.
+fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
+    let mut w = World::new()?;
+    form(&mut w)?;
+    let (lost, survivor) = if index == 0 {
+        ("p0", "p1")
+    } else {
+        ("p1", "p0")
+    };
+    let before: Vec<(&str, usize)> = [survivor, "p2"].map(|p| (p, w.exits(p))).to_vec();
+    // A checkpoint more, so the cut falls between two.
+    let mark = w.log.mark();
+    w.log
+        .wait_for_after(mark, WAIT, |l| is_event(l, "checkpoint").is_some())
+        .ok_or_else(|| w.fail("no checkpoint after the spare joined".into()))?;
+    let mark = w.log.mark();
+    let cut = w.lose(lost)?;
+    let at_cut = w.latest_step().ok_or("no checkpoint at the cut")?;
+    w.note(format!("latest checkpoint at the cut: step {at_cut}"));
+
+    let (resumed_at, from) = w.resumed(mark)?;
+    let cut_to_resume = resumed_at.duration_since(cut);
+    if from != at_cut {
+        return Err(w.fail(format!(
+            "resumed from step {from}, the checkpoint at the cut was {at_cut}"
+        )));
+    }
+    // The survivor and the spare both run a worker that resumed, on
+    // torchrun's first attempt (a membership change is not a failure).
+    for who in [survivor, "p2"] {
+        let prefix = format!("{who}/trainer| ");
+        let line = w
+            .log
+            .wait_for_after(mark, Duration::from_secs(30), |l| {
+                l.starts_with(&prefix)
+                    && is_event(l, "start").is_some_and(|e| e.num("resumed_from") == Some(at_cut))
+            })
+            .ok_or_else(|| w.fail(format!("{who} did not resume from step {at_cut}")))?;
+        let restarts = is_event(&line.text, "start").and_then(|e| e.num("restart_count"));
+        if restarts != Some(0) {
+            return Err(w.fail(format!(
+                "{who} resumed with restart_count {restarts:?}: a max_restarts attempt was spent"
+            )));
+        }
+    }
+    for (who, exits) in &before {
+        if w.exits(who) != *exits {
+            return Err(w.fail(format!(
+                "{who}'s trainer container exited during the recovery"
+            )));
+        }
+    }
+    w.note(format!(
+        "resumed from step {from} {:.1}s after the cut, no replacement",
+        cut_to_resume.as_secs_f64()
+    ));
+
+    // The replacement of the lost pod, a new address under its name.
+    let replacement = format!("{lost}b");
+    w.start_pod(&replacement, index, Network::addr(20 + index as u8))?;
+    w.note(format!("started the replacement {replacement}"));
+    let training = [survivor, "p2"];
+    let replacement_joined = w.joins_as_spare(&replacement, &training)?;
+
+    let mut store_back_to_resume = None;
+    if kill_store {
+        let store = w.store.as_ref().ok_or("no store")?;
+        let pid = store.pid().ok_or("the store is not running")?;
+        let starts = store.starts().len();
+        let mark = w.log.mark();
+        let mut pids = descendants(pid);
+        pids.push(pid);
+        signal_all(&pids, Signal::SIGKILL);
+        w.note("killed the store".into());
+        let deadline = Instant::now() + WAIT;
+        let back = loop {
+            if let Some(t) = store.starts().get(starts) {
+                break *t;
+            }
+            if Instant::now() > deadline {
+                return Err(w.fail("the store was not started again".into()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (resumed_at, _) = w.resumed(mark)?;
+        store_back_to_resume = Some(resumed_at.saturating_duration_since(back));
+        w.note("the world resumed after the store came back".into());
+    }
+    if std::env::var_os("TRAINWIRE_E2E_DUMP").is_some() {
+        eprintln!("{}", w.log.tail(100_000));
+    }
+    Ok(Measured {
+        cut_to_resume,
+        resumed_from: from,
+        replacement_joined,
+        store_back_to_resume,
+    })
+}
+
+fn run(test: &str, index: u32, kill_store: bool) {
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    let started = Instant::now();
+    match scenario(index, kill_store) {
+        Ok(m) => println!(
+            "SPARES lost_index={index} resumed_from={} cut_to_resume_s={} replacement_joined_s={} store_back_to_resume_s={} total_s={}",
+            m.resumed_from,
+            secs(m.cut_to_resume),
+            secs(m.replacement_joined),
+            m.store_back_to_resume
+                .map(|d| secs(d).to_string())
+                .unwrap_or_else(|| "-".into()),
+            secs(started.elapsed()),
+        ),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// Pod 1 lost: the spare takes its place; its replacement becomes the next
+/// spare; then the store is lost and the world comes back by itself.
+#[test]
+fn a_spare_replaces_a_lost_pod_and_the_world_survives_its_store() {
+    run(
+        "a_spare_replaces_a_lost_pod_and_the_world_survives_its_store",
+        1,
+        true,
+    );
+}
+
+/// Pod 0 lost: with the store off the training pods, index 0 is a pod like
+/// any other.
+#[test]
+fn a_spare_replaces_pod_0() {
+    run("a_spare_replaces_pod_0", 0, false);
+}
