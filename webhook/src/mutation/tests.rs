@@ -2059,3 +2059,187 @@ fn empty_user_fields_are_kept_on_reinjection(
         }
     }
 }
+
+/// A world of 2 with one hot spare and a dedicated store (3 pods).
+fn spare_sts() -> Value {
+    with_annotations(&[
+        ("trainwire.dev/nnodes", "2"),
+        ("trainwire.dev/spares", "1"),
+        ("trainwire.dev/rdzv-store", "dedicated"),
+    ])
+    .pipe(|mut o| {
+        o["spec"]["replicas"] = json!(3);
+        o
+    })
+}
+
+#[test]
+fn spares_and_a_dedicated_store_point_every_node_at_the_store() {
+    let m = check_round_trip(&spare_sts(), None, &Profile::default());
+    let o = &m.object;
+    assert_eq!(
+        trainer_value(o, "PET_RDZV_ENDPOINT").as_deref(),
+        Some("llama-ft-rdzv.trainwire-test.svc.cluster.local:29500")
+    );
+    assert_eq!(
+        trainer_value(o, "PET_RDZV_CONF").as_deref(),
+        Some("keep_alive_interval=1,keep_alive_max_attempt=3,is_host=false")
+    );
+    // The world stays 2; the third pod is the spare.
+    assert_eq!(trainer_value(o, "PET_NNODES").as_deref(), Some("2"));
+    assert_eq!(trainer_value(o, "WORLD_SIZE").as_deref(), Some("2"));
+    assert_eq!(o["spec"]["replicas"], json!(3));
+    assert_eq!(sidecar_value(o, "TRAINWIRE_SPARES").as_deref(), Some("1"));
+    assert_eq!(
+        sidecar_value(o, "TRAINWIRE_RDZV_HOST_RANK").as_deref(),
+        Some("none")
+    );
+    assert_eq!(sidecar_value(o, "TRAINWIRE_RDZV_PORT"), None);
+    let status =
+        status::read(&serde_json::from_value(o["spec"]["template"].clone()).expect("template"))
+            .expect("status");
+    assert_eq!(
+        (status.spares, status.rdzv_store.as_str()),
+        (1, "llama-ft-rdzv")
+    );
+    assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+}
+
+/// Without `trainwire.dev/nnodes`, the world is the pods less the spares.
+#[test]
+fn spares_come_out_of_replicas_when_nnodes_is_not_given() {
+    let obj = with_annotations(&[
+        ("trainwire.dev/spares", "1"),
+        ("trainwire.dev/rdzv-store", "dedicated"),
+    ])
+    .pipe(|mut o| {
+        o["spec"]["replicas"] = json!(3);
+        o
+    });
+    let m = mutated(&obj, None, &Profile::default());
+    assert_eq!(trainer_value(&m.object, "PET_NNODES").as_deref(), Some("2"));
+    assert_eq!(m.object["spec"]["replicas"], json!(3));
+}
+
+/// The status hash covers the topology: changing the spares or the store
+/// re-injects.
+#[test]
+fn the_topology_is_part_of_the_input_hash() {
+    let m = mutated(&spare_sts(), None, &Profile::default());
+    let mut changed = m.object.clone();
+    changed["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("pod0");
+    let again = mutated(&changed, None, &Profile::default());
+    assert_eq!(
+        trainer_value(&again.object, "PET_RDZV_ENDPOINT").as_deref(),
+        Some("llama-ft-0.llama-ft.trainwire-test.svc.cluster.local:29500")
+    );
+    assert_eq!(
+        trainer_value(&again.object, "PET_RDZV_CONF").as_deref(),
+        Some("keep_alive_interval=1,keep_alive_max_attempt=3")
+    );
+}
+
+#[rstest]
+#[case::spares_with_the_store_on_pod_0(
+    with_annotations(&[("trainwire.dev/nnodes", "2"), ("trainwire.dev/spares", "1")]).pipe(|mut o| { o["spec"]["replicas"] = json!(3); o }),
+    "StatefulSet llama-ft: spares replace any lost node but pod 0, whose loss stops the store; add trainwire.dev/rdzv-store: dedicated (docs/topology.md)")]
+#[case::a_spare_short(
+    spare_sts().pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("2"); o }),
+    "StatefulSet llama-ft: spec.replicas 3 holds 1 of the 2 spares of annotation trainwire.dev/spares: set it to 4")]
+#[case::more_pods_than_world_and_spares(
+    spare_sts().pipe(|mut o| { o["spec"]["replicas"] = json!(5); o }),
+    "annotation trainwire.dev/nnodes is 2 with 1 spares but spec.replicas of StatefulSet llama-ft is 5: the world leaves pods out until they agree")]
+fn topology_warnings(#[case] obj: Value, #[case] warning: &str) {
+    let m = mutated(&obj, None, &Profile::default());
+    assert!(m.warnings.iter().any(|w| w == warning), "{:?}", m.warnings);
+}
+
+#[rstest]
+#[case::spares_need_c10d(
+    spare_sts().pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/rdzv-backend"] = json!("static"); o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("pod0"); o }),
+    "annotation trainwire.dev/spares: \"1\" is not valid: spares wait in the c10d rendezvous, and the backend is static; accepted: 0, or spares with rdzv-backend c10d (the default)")]
+#[case::a_dedicated_store_needs_c10d(
+    with_annotations(&[("trainwire.dev/rdzv-store", "dedicated"), ("trainwire.dev/rdzv-backend", "static")]),
+    "annotation trainwire.dev/rdzv-store: \"dedicated\" is not valid: a dedicated store is torch's c10d TCPStore, and the rendezvous backend is static; accepted: dedicated with rdzv-backend c10d (the default); etcd-v2's store is already outside the pods")]
+#[case::no_training_node_left(
+    with_annotations(&[("trainwire.dev/spares", "2"), ("trainwire.dev/rdzv-store", "dedicated")]),
+    "StatefulSet llama-ft: spec.replicas 2 leaves no training node beside 2 spares (trainwire.dev/spares); set spec.replicas to nodes + spares, or annotate trainwire.dev/nnodes")]
+#[case::tensorflow_has_no_spares(
+    spare_sts().pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/framework"] = json!("tensorflow"); o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("pod0"); o }),
+    "annotation trainwire.dev/spares: \"1\" is not valid: trainwire.dev/framework: tensorflow runs a fixed set of workers with no torchrun rendezvous; accepted: 0 with framework tensorflow, or framework pytorch (torchrun)")]
+#[case::tensorflow_has_no_store(
+    with_annotations(&[("trainwire.dev/framework", "tensorflow"), ("trainwire.dev/rdzv-store", "dedicated")]),
+    "annotation trainwire.dev/rdzv-store: \"dedicated\" is not valid: trainwire.dev/framework: tensorflow runs a fixed set of workers with no torchrun rendezvous; accepted: pod0 with framework tensorflow, or framework pytorch (torchrun)")]
+#[case::a_spare_count_out_of_bounds(
+    with_annotations(&[("trainwire.dev/spares", "1025")]),
+    "annotation trainwire.dev/spares: \"1025\" is not valid: more than 1024 spares; accepted: a whole number of spare pods from 0 to 1024, such as 1")]
+#[case::a_store_name_too_long(
+    with_annotations(&[("trainwire.dev/rdzv-store", "dedicated")]).pipe(|mut o| { o["metadata"]["name"] = json!("a".repeat(59)); o }),
+    "StatefulSet aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa: the dedicated store's Service would be named \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-rdzv\", which is not a DNS-1035 label (a letter first, at most 63 characters); shorten the name to at most 58 characters starting with a letter, or use trainwire.dev/rdzv-store: pod0")]
+fn topology_refusals(#[case] obj: Value, #[case] message: &str) {
+    assert_eq!(refusal(&obj, &Profile::default()), message);
+}
+
+/// The policy's default store applies where the workload says nothing;
+/// an enforced one refuses the other choice.
+#[test]
+fn the_policy_sets_and_enforces_the_store() {
+    let dedicated = profile(|p| {
+        p.rdzv_store = Setting::default_value(trainwire_contract::RdzvStore::Dedicated)
+    });
+    let m = mutated(&sts_fixture().0, None, &dedicated);
+    assert_eq!(
+        trainer_value(&m.object, "PET_RDZV_ENDPOINT").as_deref(),
+        Some("llama-ft-rdzv.trainwire-test.svc.cluster.local:29500")
+    );
+    let enforcing = profile(|p| {
+        p.rdzv_store = enforced(trainwire_contract::RdzvStore::Dedicated, Enforce::Refuse)
+    });
+    assert_eq!(
+        refusal(
+            &with_annotations(&[("trainwire.dev/rdzv-store", "pod0")]),
+            &enforcing
+        ),
+        "policy profile \"ml\" rule rdzvStore: annotation trainwire.dev/rdzv-store is \"pod0\", but the policy enforces \"dedicated\"; remove it or set it to that value"
+    );
+}
+
+/// A Job with a spare: parallelism and completions hold the spare, the
+/// Job succeeds when the world's nodes did (the spare's torchrun exits 1
+/// when the rendezvous closes), and a backoffLimit below the spares is
+/// warned.
+#[test]
+fn a_job_with_spares_succeeds_on_the_worlds_nodes() {
+    let (mut job, ns) = fixture("job-indexed-create.json");
+    job["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    job["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("dedicated");
+    job["spec"]["parallelism"] = json!(3);
+    job["spec"]["completions"] = json!(3);
+    let m = check_round_trip(&job, Some(&ns), &Profile::default());
+    assert_eq!(trainer_value(&m.object, "PET_NNODES").as_deref(), Some("2"));
+    assert_eq!(
+        m.object["spec"]["successPolicy"],
+        json!({"rules": [{"succeededCount": 2}]})
+    );
+    assert!(
+        m.warnings.iter().any(|w| w
+            == "Job bert-pretrain: backoffLimit 0 is below its 1 spares, whose pods fail (exit 1) when the world ends: set backoffLimit >= 1"),
+        "{:?}",
+        m.warnings
+    );
+    // The user's own rule is kept.
+    job["spec"]["backoffLimit"] = json!(1);
+    job["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 3}]});
+    let m = mutated(&job, Some(&ns), &Profile::default());
+    assert_eq!(
+        m.object["spec"]["successPolicy"],
+        json!({"rules": [{"succeededCount": 3}]})
+    );
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("spec.successPolicy (kept) has no rule succeededCount <= 2")),
+        "{:?}",
+        m.warnings
+    );
+}

@@ -610,6 +610,12 @@ pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32
         return;
     }
     let count = i32::try_from(world_min).unwrap_or(i32::MAX);
+    let backoff = spec.backoff_limit.unwrap_or(6);
+    if spec.backoff_limit_per_index.is_none() && i64::from(backoff) < i64::from(spares) {
+        ctx.warn(format!(
+            "Job {name}: backoffLimit {backoff} is below its {spares} spares, whose pods fail (exit 1) when the world ends: set backoffLimit >= {spares}"
+        ));
+    }
     if let Some(own) = &spec.success_policy {
         let fits = own.rules.iter().any(|r| {
             r.succeeded_indexes.is_none() && r.succeeded_count.is_some_and(|c| c <= count)
