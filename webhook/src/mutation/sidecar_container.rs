@@ -334,9 +334,13 @@ pub fn inject(
         inits.insert(0, sidecar);
     }
 
+    // With the store off the training pods there is no host to lose: in
+    // `auto`, the sidecar restarts no trainer container.
+    let restarts_trainers = !(external_store && action.value == PeerLossAction::Auto);
     if shape.kind == "Job"
         && spec.restart_policy.as_deref() == Some("Never")
         && action.value != PeerLossAction::None
+        && restarts_trainers
     {
         ctx.warn(format!(
             "Job {}: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place",
