@@ -132,7 +132,15 @@ pub fn world(w: &World, now: Timestamp) -> String {
     field("Phase:", s.phase.to_string());
     field(
         "Nodes:",
-        format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
+        match s.nodes.spares {
+            0 => format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
+            n => format!(
+                "{}/{} ready ({n} of them hot spares: trains with {})",
+                s.nodes.ready,
+                s.nodes.expected,
+                s.nodes.expected.saturating_sub(n)
+            ),
+        },
     );
     field("Losses:", s.generation.to_string());
     if let Some(l) = &s.last_loss {
@@ -299,6 +307,27 @@ mod tests {
         for (s, want) in cases {
             assert_eq!(age(s), want, "{s}");
         }
+    }
+
+    #[test]
+    fn a_world_with_spares_says_how_many_it_trains_with() {
+        let mut status = WorldStatus::default();
+        status.nodes.ready = 3;
+        status.nodes.expected = 5;
+        status.nodes.spares = 1;
+        let w = World {
+            kind: "StatefulSet".into(),
+            name: "llama".into(),
+            namespace: "ml".into(),
+            recorded: true,
+            status,
+            ranks: Vec::new(),
+        };
+        let text = world(&w, Timestamp::UNIX_EPOCH);
+        assert!(
+            text.contains("Nodes:      3/5 ready (1 of them hot spares: trains with 4)\n"),
+            "{text}"
+        );
     }
 
     #[test]
