@@ -590,3 +590,168 @@ fn every_rendered_example_job_gets_its_service() -> Result<()> {
     assert!(jobs >= 2, "rendered Jobs found: {jobs}");
     Ok(())
 }
+
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/trainwire-test/deployments";
+
+/// The fixture StatefulSet with a hot spare and a dedicated store (3 pods).
+fn statefulset_with_store() -> Result<StatefulSet> {
+    let o = injected_with("statefulset-create.json", STS_UID, |o| {
+        o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("dedicated");
+        o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+        o["spec"]["replicas"] = json!(3);
+    })?;
+    Ok(serde_json::from_value(o)?)
+}
+
+/// A StatefulSet whose own headless Service exists and whose store does
+/// not: the store's Deployment and Service are created, owned by it.
+#[tokio::test]
+async fn a_dedicated_store_is_created_owned_by_its_workload() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_statefulset(
+        Arc::new(statefulset_with_store()?),
+        ctx,
+    ));
+    let users = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "llama-ft", "namespace": NS, "uid": "user-uid"},
+        "spec": {"clusterIP": "None", "selector": {"app": "llama-ft"}}});
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft"))
+        .await?
+        .reply(StatusCode::OK, &users);
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "llama-ft",
+                        "uid": STS_UID, "controller": true}]);
+
+    server
+        .expect(Method::GET, &format!("{DEPLOYMENTS}/llama-ft-rdzv"))
+        .await?
+        .reply(StatusCode::NOT_FOUND, &status(404, "NotFound", "not found"));
+    let create = server.expect(Method::POST, DEPLOYMENTS).await?;
+    let sent = create.body.clone();
+    assert_eq!(sent["metadata"]["name"], "llama-ft-rdzv");
+    assert_eq!(sent["metadata"]["ownerReferences"], owner);
+    assert_eq!(sent["spec"]["replicas"], 1);
+    let pod = &sent["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"], "registry.example.invalid/llama-ft:1.0",
+        "the trainer's image: its torch speaks the trainer's store protocol"
+    );
+    assert_eq!(pod["containers"][0]["ports"][0]["containerPort"], 29500);
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    create.reply(StatusCode::CREATED, &sent);
+
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft-rdzv"))
+        .await?
+        .reply(StatusCode::NOT_FOUND, &status(404, "NotFound", "not found"));
+    let create = server.expect(Method::POST, SERVICES).await?;
+    let sent = create.body.clone();
+    assert_eq!(sent["metadata"]["ownerReferences"], owner);
+    assert_eq!(
+        sent["spec"]["selector"],
+        json!({"trainwire.dev/rdzv-store": "llama-ft"})
+    );
+    create.reply(StatusCode::CREATED, &stored(&sent));
+
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Normal".into(),
+            "StoreCreated".into(),
+            "StatefulSet".into(),
+            "llama-ft".into()
+        )
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    assert_eq!(outcome(task).await??, Action::await_change());
+    server.done().await
+}
+
+/// A Deployment of the store's name that is not this workload's is left
+/// alone, reported with a Warning, and looked at again later.
+#[tokio::test]
+async fn a_foreign_object_in_the_stores_place_is_reported_not_touched() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let task = tokio::spawn(reconciler::reconcile_statefulset(
+        Arc::new(statefulset_with_store()?),
+        ctx,
+    ));
+    let users = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "llama-ft", "namespace": NS, "uid": "user-uid"},
+        "spec": {"clusterIP": "None", "selector": {"app": "llama-ft"}}});
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft"))
+        .await?
+        .reply(StatusCode::OK, &users);
+    let foreign = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "llama-ft-rdzv", "namespace": NS, "uid": "other"},
+        "spec": {"selector": {"matchLabels": {"app": "x"}},
+                 "template": {"metadata": {"labels": {"app": "x"}},
+                              "spec": {"containers": [{"name": "x", "image": "x"}]}}}});
+    server
+        .expect(Method::GET, &format!("{DEPLOYMENTS}/llama-ft-rdzv"))
+        .await?
+        .reply(StatusCode::OK, &foreign);
+    let event = server.expect(Method::POST, EVENTS).await?;
+    assert_eq!(
+        event_of(&event),
+        (
+            "Warning".into(),
+            "StoreConflict".into(),
+            "StatefulSet".into(),
+            "llama-ft".into()
+        )
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    let existing = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "llama-ft-rdzv", "namespace": NS, "uid": "s",
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "name": "llama-ft", "uid": STS_UID, "controller": true}]},
+        "spec": {"selector": {"trainwire.dev/rdzv-store": "llama-ft"}}});
+    server
+        .expect(Method::GET, &format!("{SERVICES}/llama-ft-rdzv"))
+        .await?
+        .reply(StatusCode::OK, &existing);
+    let apply = server
+        .expect(Method::PATCH, &format!("{SERVICES}/llama-ft-rdzv"))
+        .await?;
+    assert!(
+        apply.query.contains("fieldManager=trainwire"),
+        "{}",
+        apply.query
+    );
+    assert!(apply.query.contains("force=true"), "{}", apply.query);
+    apply.reply(StatusCode::OK, &existing);
+    assert!(matches!(outcome(task).await??, a if a != Action::await_change()));
+    server.done().await
+}
+
+/// A finished Job's store runs for nothing: its Deployment is deleted.
+#[tokio::test]
+async fn a_finished_jobs_store_is_deleted() -> Result<()> {
+    let (ctx, mut server) = mock();
+    let mut o = injected_with("job-indexed-create.json", JOB_UID, |o| {
+        o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("dedicated");
+    })?;
+    o["status"] = json!({"conditions": [{"type": "Complete", "status": "True"}]});
+    let job: Job = serde_json::from_value(o)?;
+    let task = tokio::spawn(reconciler::reconcile_job(Arc::new(job), ctx));
+    // (A finished Job's headless Service is not looked at: nothing joins.)
+    let mine = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "bert-pretrain-rdzv", "namespace": NS, "uid": "d",
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                        "name": "bert-pretrain", "uid": JOB_UID, "controller": true}]}});
+    server
+        .expect(Method::GET, &format!("{DEPLOYMENTS}/bert-pretrain-rdzv"))
+        .await?
+        .reply(StatusCode::OK, &mine);
+    server
+        .expect(Method::DELETE, &format!("{DEPLOYMENTS}/bert-pretrain-rdzv"))
+        .await?
+        .reply(StatusCode::OK, &mine);
+    outcome(task).await??;
+    server.done().await
+}
