@@ -464,19 +464,35 @@ impl World {
             .max()
     }
 
-    /// The first step resumed from a checkpoint after `mark`, with world 2:
-    /// its time and the step it resumed from.
+    /// The first step of workers started after `mark` that resumed from a
+    /// checkpoint with world 2: its time and the step it resumed from. (A
+    /// running worker's step lines say `resumed_from` too once it has
+    /// resumed: only a new worker's `start` line marks a new resume.)
     fn resumed(&self, mark: usize) -> Result<(Instant, u64), String> {
-        let line = self
+        let start = self
             .log
             .wait_for_after(mark, WAIT, |l| {
-                is_event(l, "step").is_some_and(|e| {
+                is_event(l, "start").is_some_and(|e| {
                     e.num("resumed_from").is_some() && e.num("world_size") == Some(2)
                 })
             })
+            .ok_or_else(|| self.fail(format!("no worker resumed within {WAIT:?}")))?;
+        let from = is_event(&start.text, "start")
+            .and_then(|e| e.num("resumed_from"))
+            .ok_or("no resumed_from")?;
+        let after = self
+            .log
+            .lines()
+            .iter()
+            .position(|l| l.at == start.at && l.text == start.text)
+            .unwrap_or(mark);
+        let step = self
+            .log
+            .wait_for_after(after, WAIT, |l| {
+                is_event(l, "step").is_some_and(|e| e.num("resumed_from") == Some(from))
+            })
             .ok_or_else(|| self.fail(format!("training did not resume within {WAIT:?}")))?;
-        let ev = TrainEvent::parse(&line.text).ok_or("unparsable step line")?;
-        Ok((line.at, ev.num("resumed_from").ok_or("no resumed_from")?))
+        Ok((step.at, from))
     }
 }
 
