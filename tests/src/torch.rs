@@ -127,6 +127,33 @@ impl TrainEvent {
     }
 }
 
+/// The trainer container's command on a test node: torchrun running
+/// `examples/train.py` (a checkpoint every `checkpoint_interval` steps, a
+/// step every 0.2 s) through `program` (`ip netns exec NS python3`, as
+/// [`crate::netns::Network::command`] gives it), with `agent_token` on the
+/// agent's command line (`-X`) so that a sidecar finds its own node's agent
+/// in the shared PID namespace, and `env`.
+pub fn agent_command(
+    program: &[String],
+    agent_token: &str,
+    checkpoint_interval: u64,
+    env: &[(String, String)],
+) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(program)
+        .args(["-X", agent_token, "-m", "torch.distributed.run"])
+        .arg(train_script())
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-interval",
+            &checkpoint_interval.to_string(),
+        ])
+        .args(["--log-every", "1", "--sleep", "0.2"])
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

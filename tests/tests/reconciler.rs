@@ -137,6 +137,25 @@ fn event_of(call: &Call) -> (String, String, String, String) {
     )
 }
 
+/// The next request is an Event of `(type, reason, kind, name)`: checked
+/// and answered as created.
+async fn expect_event(server: &mut ApiServer, want: (&str, &str, &str, &str)) -> Result<()> {
+    let event = server.expect(Method::POST, EVENTS).await?;
+    let got = event_of(&event);
+    assert_eq!(
+        (
+            got.0.as_str(),
+            got.1.as_str(),
+            got.2.as_str(),
+            got.3.as_str()
+        ),
+        want
+    );
+    let echoed = event.body.clone();
+    event.reply(StatusCode::CREATED, &echoed);
+    Ok(())
+}
+
 const SERVICES: &str = "/api/v1/namespaces/trainwire-test/services";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/trainwire-test/events";
 
@@ -196,18 +215,11 @@ async fn an_injected_job_gets_its_headless_service_owned_by_the_job() -> Result<
     );
     create.reply(StatusCode::CREATED, &stored(&sent));
 
-    let event = server.expect(Method::POST, EVENTS).await?;
-    assert_eq!(
-        event_of(&event),
-        (
-            "Normal".into(),
-            "ServiceCreated".into(),
-            "Job".into(),
-            "bert-pretrain".into()
-        )
-    );
-    let echoed = event.body.clone();
-    event.reply(StatusCode::CREATED, &echoed);
+    expect_event(
+        &mut server,
+        ("Normal", "ServiceCreated", "Job", "bert-pretrain"),
+    )
+    .await?;
 
     assert_eq!(outcome(task).await??, Action::await_change());
     server.done().await
@@ -289,18 +301,11 @@ async fn a_users_own_usable_service_for_a_job_is_left_alone_with_a_normal_event(
         .expect(Method::GET, &format!("{SERVICES}/bert-pretrain"))
         .await?
         .reply(StatusCode::OK, &users);
-    let event = server.expect(Method::POST, EVENTS).await?;
-    assert_eq!(
-        event_of(&event),
-        (
-            "Normal".into(),
-            "ServiceNotManaged".into(),
-            "Job".into(),
-            "bert-pretrain".into()
-        )
-    );
-    let echoed = event.body.clone();
-    event.reply(StatusCode::CREATED, &echoed);
+    expect_event(
+        &mut server,
+        ("Normal", "ServiceNotManaged", "Job", "bert-pretrain"),
+    )
+    .await?;
     assert_eq!(outcome(task).await??, Action::await_change());
     server.done().await
 }
@@ -466,18 +471,11 @@ async fn a_statefulset_whose_service_is_missing_gets_one_owned_by_it() -> Result
     // The rendezvous port is the one injected into PET_RDZV_ENDPOINT.
     assert_eq!(sent["spec"]["ports"][0]["port"], 29400);
     create.reply(StatusCode::CREATED, &stored(&sent));
-    let event = server.expect(Method::POST, EVENTS).await?;
-    assert_eq!(
-        event_of(&event),
-        (
-            "Normal".into(),
-            "ServiceCreated".into(),
-            "StatefulSet".into(),
-            "llama-ft".into()
-        )
-    );
-    let echoed = event.body.clone();
-    event.reply(StatusCode::CREATED, &echoed);
+    expect_event(
+        &mut server,
+        ("Normal", "ServiceCreated", "StatefulSet", "llama-ft"),
+    )
+    .await?;
     assert_eq!(outcome(task).await??, Action::await_change());
     server.done().await
 }
@@ -653,18 +651,11 @@ async fn a_dedicated_store_is_created_owned_by_its_workload() -> Result<()> {
     );
     create.reply(StatusCode::CREATED, &stored(&sent));
 
-    let event = server.expect(Method::POST, EVENTS).await?;
-    assert_eq!(
-        event_of(&event),
-        (
-            "Normal".into(),
-            "StoreCreated".into(),
-            "StatefulSet".into(),
-            "llama-ft".into()
-        )
-    );
-    let echoed = event.body.clone();
-    event.reply(StatusCode::CREATED, &echoed);
+    expect_event(
+        &mut server,
+        ("Normal", "StoreCreated", "StatefulSet", "llama-ft"),
+    )
+    .await?;
     assert_eq!(outcome(task).await??, Action::await_change());
     server.done().await
 }
@@ -694,18 +685,11 @@ async fn a_foreign_object_in_the_stores_place_is_reported_not_touched() -> Resul
         .expect(Method::GET, &format!("{DEPLOYMENTS}/llama-ft-rdzv"))
         .await?
         .reply(StatusCode::OK, &foreign);
-    let event = server.expect(Method::POST, EVENTS).await?;
-    assert_eq!(
-        event_of(&event),
-        (
-            "Warning".into(),
-            "StoreConflict".into(),
-            "StatefulSet".into(),
-            "llama-ft".into()
-        )
-    );
-    let echoed = event.body.clone();
-    event.reply(StatusCode::CREATED, &echoed);
+    expect_event(
+        &mut server,
+        ("Warning", "StoreConflict", "StatefulSet", "llama-ft"),
+    )
+    .await?;
     let existing = json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "llama-ft-rdzv", "namespace": NS, "uid": "s",
                      "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",

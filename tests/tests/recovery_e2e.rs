@@ -203,10 +203,7 @@ impl Cluster {
             }
             None => None,
         };
-        let (net_cmd, script) = (
-            self.net.command(&node, &torch::python()),
-            torch::train_script(),
-        );
+        let net_cmd = self.net.command(&node, &torch::python());
         let program: Vec<String> = net_cmd
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
@@ -235,21 +232,7 @@ impl Cluster {
             self.checkpoint_dir().to_string_lossy().into_owned(),
         ));
         env.push(("GLOO_SOCKET_IFNAME".into(), "eth0".into()));
-        let make = move || {
-            let mut cmd = Command::new("ip");
-            cmd.args(&program)
-                .args(["-X", &agent_token, "-m", "torch.distributed.run"])
-                .arg(&script)
-                .args([
-                    "--steps",
-                    "100000",
-                    "--checkpoint-interval",
-                    &CHECKPOINT_INTERVAL.to_string(),
-                ])
-                .args(["--log-every", "1", "--sleep", "0.2"])
-                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            cmd
-        };
+        let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         // A kubelet's restart policy: 1 s, then CrashLoopBackOff 10 s, 20 s, ...
         let kubelet = Kubelet::run_backoff(
             &format!("{label}/trainer"),

@@ -311,22 +311,7 @@ impl World {
             .get_args()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let script = torch::train_script();
-        let make = move || {
-            let mut cmd = Command::new("ip");
-            cmd.args(&program)
-                .args(["-X", &agent_token, "-m", "torch.distributed.run"])
-                .arg(&script)
-                .args([
-                    "--steps",
-                    "100000",
-                    "--checkpoint-interval",
-                    &CHECKPOINT_INTERVAL.to_string(),
-                ])
-                .args(["--log-every", "1", "--sleep", "0.2"])
-                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-            cmd
-        };
+        let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         let kubelet = Kubelet::run_backoff(
             &format!("{label}/trainer"),
             self.tag.value(),
