@@ -236,15 +236,20 @@ fn finish(
     framework: Framework,
 ) -> Result<World, Refusal> {
     let profile = ctx.profile;
+    // Spares are nodes too (they hold GPUs while they wait).
     if let Some(max) = profile.max_nodes
         && let Some(nnodes) = nnodes
-        && nnodes.max() > max
+        && nnodes.max().saturating_add(spares) > max
     {
+        let spares = match spares {
+            0 => String::new(),
+            n => format!(" plus {n} spares ({})", annotations::SPARES),
+        };
         return Err(Refusal::Policy {
             profile: profile.name.clone(),
             rule: "maxNodes".to_string(),
             detail: format!(
-                "the world asks for up to {} nodes ({} or annotation {}), more than the {max} allowed",
+                "the world asks for up to {} nodes ({} or annotation {}){spares}, more than the {max} allowed",
                 nnodes.max(),
                 shape.size_field,
                 annotations::NNODES

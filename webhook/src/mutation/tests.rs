@@ -781,6 +781,8 @@ fn enforced<T>(value: T, enforce: Enforce) -> Setting<T> {
 #[case(profile(|p| p.node_failure_toleration_seconds = Some(enforced(30, Enforce::Refuse))),
     sts_fixture().0.pipe(|mut o| { o["spec"]["template"]["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}]); o }),
     "policy profile \"ml\" rule nodeFailureTolerationSeconds: the pod template tolerates node.kubernetes.io/unreachable forever (no tolerationSeconds), but the policy enforces 30 s; remove that toleration or set tolerationSeconds: 30")]
+#[case(profile(|p| p.max_nodes = Some(2)), spare_sts(),
+    "policy profile \"ml\" rule maxNodes: the world asks for up to 2 nodes (spec.replicas or annotation trainwire.dev/nnodes) plus 1 spares (trainwire.dev/spares), more than the 2 allowed")]
 fn policy_refusals(#[case] profile: Profile, #[case] obj: Value, #[case] message: &str) {
     assert_eq!(refusal(&obj, &profile), message);
 }
