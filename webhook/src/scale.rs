@@ -95,7 +95,7 @@ pub fn decide(
         Verdict::AllowUnknown(
             reason,
             format!(
-                "trainwire could not check this scale of StatefulSet {namespace}/{name} ({why}); if trainwire injected it with a fixed world size, its pods keep the old PET_NNODES: change spec.replicas with kubectl apply or kubectl patch instead, which re-injects"
+                "trainwire could not check this scale of StatefulSet {namespace}/{name} ({why}): scale with kubectl apply or patch instead"
             ),
         )
     };
@@ -183,13 +183,12 @@ pub fn job_size_warning(job: &k8s_openapi::api::batch::v1::Job) -> Option<String
     if world.covers(parallelism) {
         return None;
     }
-    let name = job.metadata.name.as_deref().unwrap_or_default();
     let injected = match world {
         Nnodes::Fixed(n) => format!("PET_NNODES={n}"),
         Nnodes::Elastic { min, max } => format!("the elastic world {min}:{max}"),
     };
     Some(format!(
-        "Job {name}: parallelism {parallelism} does not fit {injected} its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+        "parallelism {parallelism} does not fit {injected} of the pods: set it back, or recreate the Job"
     ))
 }
 
@@ -524,7 +523,7 @@ mod tests {
         assert_eq!(
             warned(Some("4"), 2, false).as_deref(),
             Some(
-                "Job bert: parallelism 2 does not fit PET_NNODES=4 its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+                "parallelism 2 does not fit PET_NNODES=4 of the pods: set it back, or recreate the Job"
             )
         );
         assert!(
