@@ -338,9 +338,10 @@ pub fn inject(
         && spec.restart_policy.as_deref() == Some("Never")
         && action.value != PeerLossAction::None
     {
-        ctx.warn(format!(
+        ctx.warn(
             "restartPolicy Never: each trainer restart fails the pod and counts against backoffLimit; OnFailure restarts in place"
-        ));
+                .to_string(),
+        );
     }
 
     if spec.host_pid == Some(true) {
