@@ -531,7 +531,8 @@ fn a_refusal_prints_no_backtrace() {
 }
 
 /// The first mistakes a user makes, each with its whole stderr and exit
-/// status (`tests/data/inject/NAME.stderr`, `NAME.status`): the command is
+/// status (`tests/data/inject/NAME.stderr`, `NAME.status`; `NAME.stdout`
+/// for `policy check` and `--help`): the command is
 /// `NAME.args` (one argument a line) or `inject -f tests/data/inject/NAME.yaml`,
 /// run in `webhook/`. `TRAINWIRE_BLESS=1` rewrites the expected files.
 #[test]
@@ -575,7 +576,8 @@ fn first_mistakes_get_one_message_each() {
             bless,
             &mut mismatches,
         );
-        if args[0] == "policy" {
+        // `policy check` and `--help` answer on stdout.
+        if args[0] == "policy" || args.contains(&"--help") {
             let stdout = text(&out.stdout);
             compare(
                 &data.join(format!("{case}.stdout")),

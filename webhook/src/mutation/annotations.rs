@@ -538,7 +538,15 @@ pub fn nearest_known(key: &str) -> Option<&'static str> {
     }
     let suffix = match key.strip_prefix(PREFIX) {
         Some(s) => s,
-        None if looks_like_ours(key) => key.rsplit_once('/').map_or(&key[9..], |(_, s)| s),
+        // `trainwire/inject`, or `trainwire.dev-inject` with no `/`.
+        None if looks_like_ours(key) => key.rsplit_once('/').map_or_else(
+            || {
+                let rest = &key[9..];
+                let rest = rest.strip_prefix(".dev").unwrap_or(rest);
+                rest.trim_start_matches(['.', '-', '_', ':'])
+            },
+            |(_, s)| s,
+        ),
         None => return None,
     };
     if suffix.len() > MAX_SUGGESTED_LEN {
@@ -661,6 +669,7 @@ mod tests {
             ("trainwire/inject", Some(INJECT)),
             ("Trainwire.dev/inject", Some(INJECT)),
             ("trainwire.io/nnodes", Some(NNODES)),
+            ("trainwire.dev-inject", Some(INJECT)),
             ("trainwire.dev/nnode", Some(NNODES)),
             ("trainwire.dev/inject", None),
             ("trainwire.dev/status", None),

@@ -237,8 +237,7 @@ pub fn inject(
         match super::tensorflow::agent_match(&spec.containers[trainer]) {
             Some(pattern) => vars.push(plain(env::AGENT_MATCH, pattern)),
             None if action.value != PeerLossAction::None => ctx.warn(format!(
-                "{}: tensorflow: the trainer's command names no Python script, so the sidecar cannot restart it; set {}",
-                annotations::FRAMEWORK,
+                "tensorflow: no Python script in the trainer's command, the sidecar cannot restart it; set {}",
                 env::AGENT_MATCH
             )),
             None => {}

@@ -2103,3 +2103,97 @@ fn objects_meant_for_trainwire_but_not_managed_are_named() {
         check_warning(w);
     }
 }
+
+/// Each warning the other tests here do not produce, produced once, so that
+/// every warning the engine gives is checked against [`MAX_WARNING_LEN`]
+/// (by [`mutated`]).
+#[rstest]
+#[case::gpus(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/gpus-per-node"] = json!("4");
+    o["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "8"}});
+}, "container \"trainer\" asks for nvidia.com/gpu 8 (kept)")]
+#[case::checkpoint_path(|o: &mut Value| {
+    if let Some(a) = o["metadata"]["annotations"].as_object_mut() {
+        a.remove("trainwire.dev/checkpoint-pvc");
+    }
+    o["metadata"]["annotations"]["trainwire.dev/checkpoint-path"] = json!("/ckpt");
+}, "trainwire.dev/checkpoint-path set but no checkpoint volume")]
+#[case::shm_kept(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/shm-size"] = json!("16Gi");
+    o["spec"]["template"]["spec"]["volumes"] = json!([{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]);
+    o["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dshm", "mountPath": "/dev/shm"}]);
+}, "the volume \"dshm\" mounted at /dev/shm (64Gi) kept")]
+#[case::own_init_container(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "trainwire-sidecar", "image": "x"}]);
+}, "init container \"trainwire-sidecar\" was not written by trainwire")]
+#[case::no_shared_pids(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["shareProcessNamespace"] = json!(false);
+}, "shareProcessNamespace: false (kept)")]
+#[case::tensorflow_without_script(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/framework"] = json!("tensorflow");
+    o["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["/usr/local/bin/trainer"]);
+    o["spec"]["template"]["spec"]["containers"][0]["args"] = json!([]);
+}, "tensorflow: no Python script in the trainer's command")]
+#[case::torchrun_annotation_with_tensorflow(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/framework"] = json!("tensorflow");
+    o["metadata"]["annotations"]["trainwire.dev/max-restarts"] = json!("5");
+}, "annotation trainwire.dev/max-restarts is for torchrun")]
+#[case::spares_short(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("2");
+    o["spec"]["replicas"] = json!(3);
+}, "spec.replicas 3 holds 1 of the 2 spares")]
+#[case::spares_on_pod0_store(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("pod0");
+    o["spec"]["replicas"] = json!(3);
+}, "spares replace any lost node but pod 0")]
+#[case::short_join_timeout(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "PET_RDZV_CONF", "value": "join_timeout=60"}]);
+}, "env PET_RDZV_CONF of container \"trainer\": join_timeout=60 is below")]
+#[case::rdzv_conf_reference(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "PET_RDZV_CONF", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]);
+}, "env PET_RDZV_CONF of container \"trainer\" is a reference")]
+fn every_other_warning_fits_in_a_terminal_line(
+    #[case] edit: fn(&mut Value),
+    #[case] expected: &str,
+) {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["podManagementPolicy"] = json!("Parallel");
+    edit(&mut obj);
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        "{expected:?} not in {:?}",
+        m.warnings
+    );
+}
+
+/// The Job warnings the other tests do not produce.
+#[rstest]
+#[case::completions(|o: &mut Value| {
+    o["spec"]["completions"] = json!(3);
+}, "spec.completions 3 differs from spec.parallelism 2")]
+#[case::success_policy(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    o["spec"]["parallelism"] = json!(3);
+    o["spec"]["completions"] = json!(3);
+    o["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 3}]});
+}, "spec.successPolicy (kept) has no rule succeededCount <= 2")]
+fn every_other_job_warning_fits_in_a_terminal_line(
+    #[case] edit: fn(&mut Value),
+    #[case] expected: &str,
+) {
+    let (mut obj, ns) = fixture("job-indexed-create.json");
+    obj["spec"]["parallelism"] = json!(2);
+    obj["spec"]["completions"] = json!(2);
+    edit(&mut obj);
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        "{expected:?} not in {:?}",
+        m.warnings
+    );
+}

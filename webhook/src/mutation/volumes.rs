@@ -316,7 +316,7 @@ pub fn checkpoint(
             None => {
                 if ann.checkpoint_path.is_some() {
                     ctx.warn(format!(
-                        "{} without a checkpoint volume: set {} or mount a volume at {path}",
+                        "{} set but no checkpoint volume: set {} or mount one at {path}",
                         annotations::CHECKPOINT_PATH,
                         annotations::CHECKPOINT_PVC
                     ));
@@ -474,7 +474,7 @@ pub fn shm(
         }
     } else if ann.shm_size.is_some() {
         ctx.warn(format!(
-            "{what} ({user}) is kept; annotation {} asked for {size}",
+            "{what} ({user}) kept; {} asked for {size}",
             annotations::SHM_SIZE
         ));
     }
