@@ -68,6 +68,8 @@ pub enum InjectError {
     },
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error("inject: reading the manifest from a terminal; give -f FILE or pipe the manifest in")]
+    Terminal,
 }
 
 fn location(file: &str, line: Option<u64>, column: Option<u64>) -> String {
@@ -134,6 +136,7 @@ impl InjectError {
                 format!("cannot read the policy file: {e}"),
             )],
             InjectError::Policy(other) => vec![error(None, None, None, other.to_string())],
+            InjectError::Terminal => vec![error(None, None, None, self.to_string())],
         }
     }
 }
@@ -968,12 +971,10 @@ fn emit(rendered: &Rendered, format: Format) -> anyhow::Result<()> {
 
 pub fn run(args: InjectArgs) -> anyhow::Result<()> {
     let format = args.output;
-    if args.file.as_os_str() == "-" && std::io::stdin().is_terminal() {
-        anyhow::bail!(
-            "inject: reading the manifest from a terminal; give -f FILE or pipe the manifest in"
-        );
-    }
     let rendered = Options::from_args(&args.policy, args.namespace).and_then(|opts| {
+        if args.file.as_os_str() == "-" && std::io::stdin().is_terminal() {
+            return Err(InjectError::Terminal);
+        }
         let (input, name) = read_input(&args.file)?;
         render_file(&input, &name, &opts)
     });
