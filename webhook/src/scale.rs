@@ -95,7 +95,7 @@ pub fn decide(
         Verdict::AllowUnknown(
             reason,
             format!(
-                "trainwire could not check this scale of StatefulSet {namespace}/{name} ({why}): scale with kubectl apply or patch instead"
+                "trainwire could not check this scale of {namespace}/{name} ({why}): use kubectl apply or patch"
             ),
         )
     };
@@ -104,7 +104,7 @@ pub fn decide(
         Lookup::Missing => {
             return unknown(
                 Unknown::not_cached,
-                "it is not in the webhook's StatefulSet cache yet",
+                "not in the webhook's StatefulSet cache yet",
             );
         }
         Lookup::Found(sts) => sts,

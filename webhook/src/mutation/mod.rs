@@ -285,7 +285,7 @@ pub fn not_managed_warnings(object: &Value) -> Vec<String> {
 }
 
 /// The kinds trainwire injects, as messages name them.
-pub const MANAGED_KINDS: &str = "StatefulSets (apps/v1) and Jobs (batch/v1)";
+pub const MANAGED_KINDS: &str = "apps/v1 StatefulSets and batch/v1 Jobs";
 
 /// Mutate one typed workload (the admission server's path: the object was
 /// read once, straight into the typed model). Only the patch is computed,

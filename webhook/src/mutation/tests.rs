@@ -2082,7 +2082,7 @@ fn objects_meant_for_trainwire_but_not_managed_are_named() {
         "metadata": {"name": "web", "annotations": {"trainwire.dev/inject": "true"}}});
     assert_eq!(
         warned(deployment),
-        vec!["trainwire.dev/inject is ignored on kind Deployment: trainwire injects only StatefulSets (apps/v1) and Jobs (batch/v1)".to_string()]
+        vec!["trainwire.dev/inject is ignored on kind Deployment: trainwire injects only apps/v1 StatefulSets and batch/v1 Jobs".to_string()]
     );
     let old = json!({"apiVersion": "apps/v1beta2", "kind": "StatefulSet",
         "metadata": {"name": "x", "annotations": {"trainwire.dev/inject": true}}});
