@@ -475,8 +475,15 @@ impl Admitter {
             Ok(Ok(mutation::Outcome::Mutated(m))) => {
                 let mut response = allow(request);
                 let patched = !m.patch.is_empty();
-                if !m.warnings.is_empty() {
-                    response.warnings = Some(m.warnings);
+                let mut warnings = m.warnings;
+                // `podManagementPolicy` is immutable: said at CREATE only
+                // (the engine says it at any first injection, which on an
+                // UPDATE is one that opts an existing StatefulSet in).
+                if !matches!(request.operation, Operation::Create) {
+                    warnings.retain(|w| w != crate::mutation::workload::ORDERED_READY_WARNING);
+                }
+                if !warnings.is_empty() {
+                    response.warnings = Some(warnings);
                 }
                 Decision {
                     response,

@@ -15,9 +15,39 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+/// How a command prints what it has to say: `text` lines, or one JSON
+/// document (docs/cli.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+/// A command that has printed all it had to say and ends with this exit
+/// status: `main` prints nothing more.
+#[derive(Debug, thiserror::Error)]
+#[error("exit status {0}")]
+pub struct Exit(pub u8);
+
+const INJECT_HELP: &str = "\
+Diagnostics (stderr):
+  FILE:LINE: Kind/name: warning: ...   a value kept, a setting overwritten, a kind not managed
+  FILE:LINE: Kind/name: note: ...      an object added (a Job's headless Service)
+  FILE:LINE: Kind/name: refused: ...   nothing is rendered; exit status 1
+  -o json prints them as one JSON document instead (docs/cli.md).
+
+KRM function mode: given a config.kubernetes.io/v1 ResourceList (on stdin or
+-f), the answer is the same ResourceList with its items injected and every
+message in `results`. Without a subcommand and with stdin not a terminal,
+trainwire-webhook runs as such a function (kustomize exec, kpt fn eval
+--exec), configured by TRAINWIRE_POLICY, TRAINWIRE_SIDECAR_IMAGE,
+TRAINWIRE_CLUSTER_DOMAIN and TRAINWIRE_NAMESPACE.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Render manifests offline: inject every annotated StatefulSet/Job.
+    #[command(after_help = INJECT_HELP)]
     Inject(crate::inject::InjectArgs),
     /// Serve the mutating admission webhook over TLS.
     Serve(crate::serve::ServeArgs),
@@ -34,6 +64,10 @@ pub enum PolicyCommand {
     Check {
         /// The policy file.
         file: std::path::PathBuf,
+        /// `text`: the summary or one line per error; `json`: one JSON
+        /// document on stdout (docs/cli.md).
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
 }
 
@@ -52,18 +86,35 @@ impl Cli {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
             Command::Certs(args) => crate::certs::run(args),
-            Command::Policy(PolicyCommand::Check { file }) => match crate::policy::check(&file) {
-                Ok(summary) => {
-                    println!("{summary}");
-                    Ok(())
-                }
-                Err(errors) => {
-                    // One line per error, nothing added: editors and CI
-                    // annotations read `file:line:column: ...` as is.
-                    eprintln!("{errors}");
-                    std::process::exit(1);
-                }
-            },
+            Command::Policy(PolicyCommand::Check { file, output }) => policy_check(&file, output),
         }
+    }
+}
+
+/// `policy check`: the summary on stdout, or the errors, one line each
+/// (`file:line:column: field.path: message`, as editors and CI annotations
+/// read them) on stderr and exit status 1. With `-o json`, one
+/// [`crate::policy::CheckReport`] on stdout either way.
+fn policy_check(file: &std::path::Path, output: Format) -> anyhow::Result<()> {
+    match output {
+        Format::Json => {
+            let report = crate::policy::CheckReport::of(file);
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if report.valid {
+                Ok(())
+            } else {
+                Err(Exit(1).into())
+            }
+        }
+        Format::Text => match crate::policy::check(file) {
+            Ok(summary) => {
+                println!("{summary}");
+                Ok(())
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                Err(Exit(1).into())
+            }
+        },
     }
 }

@@ -4,8 +4,10 @@
 //! one by one), injects every StatefulSet/Job annotated
 //! `trainwire.dev/inject: "true"`, and prints YAML. Documents it does not
 //! change are printed exactly as they were written (comments included).
-//! Warnings go to stderr, prefixed with the document's index and kind/name; a
-//! refusal prints nothing on stdout and exits non-zero.
+//! Diagnostics go to stderr, one line each, `FILE:LINE: Kind/name: warning:
+//! ...` (the line of the document, or of the annotation a message is about);
+//! with `-o json`, one JSON document instead ([`Report`]). A refusal prints
+//! nothing on stdout and exits non-zero.
 //!
 //! It is also a KRM function (kustomize `exec` / kpt): when the input is a
 //! `config.kubernetes.io/v1 ResourceList`, the answer is the same
@@ -16,10 +18,12 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 
 use clap::Args;
+use serde::Serialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::mutation::{self, Outcome};
+use crate::cli::{Exit, Format};
+use crate::mutation::{self, Outcome, Refusal};
 use crate::policy::{self, Policy, PolicyArgs, PolicyError, Profile};
 
 #[derive(Debug, Args)]
@@ -35,21 +39,177 @@ pub struct InjectArgs {
     /// Namespace for documents without `metadata.namespace` (default: `default`, like kubectl).
     #[arg(short = 'n', long = "namespace", env = "TRAINWIRE_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Diagnostics as `text` (one line each on stderr) or `json` (one JSON
+    /// document on stderr); the rendered YAML stays on stdout.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Text)]
+    pub output: Format,
     #[command(flatten)]
     pub policy: PolicyArgs,
 }
 
+/// The largest manifest `inject` reads.
+pub const MAX_INPUT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Why nothing could be rendered. Each message is complete: it names the
+/// file (and line and column) itself and carries no `source` that a
+/// printer of causes would repeat.
 #[derive(Debug, Error)]
 pub enum InjectError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
+    #[error("{path}: cannot read it: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error("{path}: larger than {MAX_INPUT_BYTES} bytes; split the manifest")]
+    TooLarge { path: String },
+    #[error("{}: not valid YAML: {message}", location(file, *line, *column))]
+    Yaml {
+        file: String,
+        line: Option<u64>,
+        column: Option<u64>,
+        message: String,
     },
-    #[error("document {index}: not valid YAML: {message}")]
-    Yaml { index: usize, message: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error("inject: reading the manifest from a terminal; give -f FILE or pipe the manifest in")]
+    Terminal,
+}
+
+fn location(file: &str, line: Option<u64>, column: Option<u64>) -> String {
+    match (line, column) {
+        (Some(l), Some(c)) => format!("{file}:{l}:{c}"),
+        (Some(l), None) => format!("{file}:{l}"),
+        _ => file.to_string(),
+    }
+}
+
+impl InjectError {
+    /// The error as diagnostics (a policy file may have several errors).
+    pub fn diagnostics(&self) -> Vec<Diagnostic> {
+        let error = |file: Option<String>, line, column, message: String| Diagnostic {
+            severity: Severity::Error,
+            file,
+            line,
+            column,
+            object: None,
+            who: String::new(),
+            message,
+        };
+        match self {
+            InjectError::Read { path, error: e } => vec![error(
+                Some(path.clone()),
+                None,
+                None,
+                format!("cannot read it: {e}"),
+            )],
+            InjectError::TooLarge { path } => {
+                let text = self.to_string();
+                let message = text
+                    .strip_prefix(&format!("{path}: "))
+                    .unwrap_or(&text)
+                    .to_string();
+                vec![error(Some(path.clone()), None, None, message)]
+            }
+            InjectError::Yaml {
+                file,
+                line,
+                column,
+                message,
+            } => vec![error(
+                Some(file.clone()),
+                *line,
+                *column,
+                format!("not valid YAML: {message}"),
+            )],
+            InjectError::Policy(PolicyError::Invalid(diagnostics)) => diagnostics
+                .iter()
+                .map(|d| {
+                    error(
+                        Some(d.file.clone()),
+                        d.line,
+                        d.column,
+                        format!("{}: {}", d.path, d.message),
+                    )
+                })
+                .collect(),
+            InjectError::Policy(PolicyError::Read { path, error: e }) => vec![error(
+                Some(path.clone()),
+                None,
+                None,
+                format!("cannot read the policy file: {e}"),
+            )],
+            InjectError::Policy(other) => vec![error(None, None, None, other.to_string())],
+            InjectError::Terminal => vec![error(None, None, None, self.to_string())],
+        }
+    }
+}
+
+/// How bad a diagnostic is (the KRM `results` severities).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// A refusal, or what kept the manifest from being read.
+    Error,
+    Warning,
+    /// Something added (a Job's headless Service).
+    Info,
+}
+
+/// One message about the input.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Diagnostic {
+    pub severity: Severity,
+    /// The manifest (`<stdin>` for `-`); absent in a KRM function's answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// 1-based: the line of the document, or of the annotation the message
+    /// is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub column: Option<u64>,
+    /// The object: `apiVersion`, `kind`, `name`, `namespace` as written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<Value>,
+    /// `Kind/name`, `item 2 Kind/name` in a List.
+    #[serde(skip)]
+    pub who: String,
+    pub message: String,
+}
+
+/// `FILE:LINE: Kind/name: warning: message` about an object;
+/// `error: FILE:LINE:COLUMN: message` about the input as a whole.
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let word = match (self.severity, self.who.is_empty()) {
+            (Severity::Error, false) => "refused",
+            (Severity::Error, true) => "error",
+            (Severity::Warning, _) => "warning",
+            (Severity::Info, _) => "note",
+        };
+        let at = self
+            .file
+            .as_deref()
+            .map(|file| location(file, self.line, self.column));
+        if self.who.is_empty() {
+            f.write_str(word)?;
+            f.write_str(": ")?;
+            if let Some(at) = at {
+                write!(f, "{at}: ")?;
+            }
+            return f.write_str(&self.message);
+        }
+        if let Some(at) = at {
+            write!(f, "{at}: ")?;
+        }
+        write!(f, "{}: {word}: {}", self.who, self.message)
+    }
+}
+
+/// The `-o json` document on stderr.
+#[derive(Debug, Serialize)]
+pub struct Report<'a> {
+    /// Whether the rendered YAML was printed on stdout.
+    pub rendered: bool,
+    pub diagnostics: &'a [Diagnostic],
 }
 
 /// Everything a rendering needs besides the input.
@@ -84,7 +244,9 @@ impl Options {
 pub struct Rendered {
     /// The YAML to print (meaningless when there are refusals).
     pub output: String,
-    /// `document N Kind/name: message` lines.
+    /// Every message, in order: warnings, notes, refusals.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The same as text lines, by severity.
     pub warnings: Vec<String>,
     pub refusals: Vec<String>,
     /// The input was a KRM ResourceList and `output` is the answer to it.
@@ -94,15 +256,107 @@ pub struct Rendered {
     pub notes: Vec<String>,
 }
 
+impl Rendered {
+    fn new(output: String, resource_list: bool, diagnostics: Vec<Diagnostic>) -> Rendered {
+        let text = |s: Severity| {
+            diagnostics
+                .iter()
+                .filter(|d| d.severity == s)
+                .map(ToString::to_string)
+                .collect()
+        };
+        Rendered {
+            output,
+            warnings: text(Severity::Warning),
+            refusals: text(Severity::Error),
+            notes: text(Severity::Info),
+            resource_list,
+            diagnostics,
+        }
+    }
+}
+
+/// Where an object is: the file and the line of its document (none in a
+/// KRM function's answer), and `item N ` when it is in a List.
+#[derive(Clone, Debug, Default)]
+struct Place {
+    file: Option<String>,
+    line: Option<u64>,
+    /// The document's text (not for a List's items): where an annotation a
+    /// message names is looked up.
+    text: Option<std::sync::Arc<str>>,
+    /// `item 2 `, `item 1 item 3 `.
+    prefix: String,
+}
+
+impl Place {
+    fn within(&self, item: usize) -> Place {
+        Place {
+            file: self.file.clone(),
+            line: self.line,
+            text: None,
+            prefix: format!("{}item {item} ", self.prefix),
+        }
+    }
+
+    fn diagnostic(&self, severity: Severity, obj: &Value, message: String) -> Diagnostic {
+        Diagnostic {
+            severity,
+            file: self.file.clone(),
+            line: self.line,
+            column: None,
+            object: Some(resource_ref(obj)),
+            who: format!("{}{}", self.prefix, label(obj)),
+            message,
+        }
+    }
+
+    /// A diagnostic about annotation `key`: on the annotation's own line
+    /// when it is found in the document's text.
+    fn about_annotation(
+        &self,
+        severity: Severity,
+        obj: &Value,
+        key: &str,
+        message: String,
+    ) -> Diagnostic {
+        let mut d = self.diagnostic(severity, obj, message);
+        if let (Some(text), Some(line)) = (&self.text, self.line)
+            && let Some((offset, _)) = annotation_line(text, key)
+        {
+            d.line = Some(line + offset);
+        }
+        d
+    }
+}
+
+/// The 0-based line of `key:` in `text` (a document), and the value as
+/// written after it (comment dropped).
+fn annotation_line(text: &str, key: &str) -> Option<(u64, String)> {
+    text.lines().enumerate().find_map(|(i, line)| {
+        let t = line.trim_start();
+        let rest = [key.to_string(), format!("\"{key}\""), format!("'{key}'")]
+            .iter()
+            .find_map(|k| t.strip_prefix(k.as_str()))?
+            .trim_start()
+            .strip_prefix(':')?;
+        let value = match rest.find(" #") {
+            Some(i) => &rest[..i],
+            None => rest,
+        };
+        Some((i as u64, value.trim().to_string()))
+    })
+}
+
 /// The headless Services the injected Jobs among `objects` need and the
 /// input does not have (`inputs`: every object of the input), with a note for
 /// each. Offline there is no reconciler to create them, and without one a
 /// Job's pods never resolve each other's names: the rendezvous never forms.
 fn missing_job_services(
-    objects: &[(String, &Value)],
+    objects: &[(Place, &Value)],
     inputs: &[&Value],
     default_namespace: &str,
-) -> Vec<(String, Value)> {
+) -> Vec<(Option<Diagnostic>, Value)> {
     let namespace_of = |v: &Value| {
         v.pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -117,7 +371,7 @@ fn missing_job_services(
                 && namespace_of(v) == namespace
         })
     };
-    let mut out: Vec<(String, Value)> = Vec::new();
+    let mut out: Vec<(Option<Diagnostic>, Value)> = Vec::new();
     for (who, obj) in objects {
         if obj.get("kind").and_then(Value::as_str) != Some("Job")
             || obj.get("apiVersion").and_then(Value::as_str) != Some("batch/v1")
@@ -144,9 +398,13 @@ fn missing_job_services(
             continue;
         };
         out.push((
-            format!(
-                "{who}: note: added the headless Service {name} its pods' DNS names need (in the cluster the webhook's reconciler creates it, owned by the Job; this one has no owner: delete it with the Job)"
-            ),
+            Some(who.diagnostic(
+                Severity::Info,
+                obj,
+                format!(
+                    "added the headless Service {name} its pods need (no owner: delete it with the Job)"
+                ),
+            )),
             value,
         ));
     }
@@ -157,11 +415,11 @@ fn missing_job_services(
 /// the injected workloads among `objects` need and the input does not have,
 /// with a note for each: offline there is no reconciler to create them.
 fn missing_stores(
-    objects: &[(String, &Value)],
+    objects: &[(Place, &Value)],
     inputs: &[&Value],
     default_namespace: &str,
     opts: &Options,
-) -> Vec<(String, Value)> {
+) -> Vec<(Option<Diagnostic>, Value)> {
     let namespace_of = |v: &Value| {
         v.pointer("/metadata/namespace")
             .and_then(Value::as_str)
@@ -169,7 +427,7 @@ fn missing_stores(
             .unwrap_or(default_namespace)
             .to_string()
     };
-    let present = |kind: &str, name: &str, namespace: &str, out: &[(String, Value)]| {
+    let present = |kind: &str, name: &str, namespace: &str, out: &[(Option<Diagnostic>, Value)]| {
         inputs
             .iter()
             .copied()
@@ -180,7 +438,7 @@ fn missing_stores(
                     && namespace_of(v) == namespace
             })
     };
-    let mut out: Vec<(String, Value)> = Vec::new();
+    let mut out: Vec<(Option<Diagnostic>, Value)> = Vec::new();
     for (who, obj) in objects {
         let str_at = |p: &str| obj.pointer(p).and_then(Value::as_str).unwrap_or_default();
         let (api_version, kind, name) = (
@@ -235,16 +493,16 @@ fn missing_stores(
                 map.insert("kind".to_string(), Value::String(object_kind.to_string()));
             }
             added.push(object_kind);
-            out.push((String::new(), value));
+            out.push((None, value));
         }
         if !added.is_empty() {
             let note = format!(
-                "{who}: note: added the dedicated rendezvous store {store_name} ({}; in the cluster the webhook's reconciler creates it, owned by the {kind}; these have no owner: delete them with it)",
+                "added the rendezvous store {store_name} ({}; no owner: delete them with the {kind})",
                 added.join(" and ")
             );
             // The note goes with the first object added for this workload.
             let first = out.len() - added.len();
-            out[first].0 = note;
+            out[first].0 = Some(who.diagnostic(Severity::Info, obj, note));
         }
     }
     out
@@ -269,9 +527,8 @@ fn label(obj: &Value) -> String {
 fn inject_object(
     obj: &Value,
     opts: &Options,
-    prefix: &str,
-    warnings: &mut Vec<(String, Value)>,
-    refusals: &mut Vec<(String, Value)>,
+    place: &Place,
+    diagnostics: &mut Vec<Diagnostic>,
 ) -> Injected {
     let namespace = obj
         .pointer("/metadata/namespace")
@@ -281,14 +538,32 @@ fn inject_object(
         .or_else(|| opts.namespace.clone())
         .unwrap_or_else(|| "default".to_string());
     let profile = opts.profile_for(&namespace);
-    let who = format!("{prefix} {}", label(obj));
     match mutation::mutate(obj, Some(&namespace), &profile) {
-        Ok(Outcome::NotManaged) => Injected::Unchanged,
+        Ok(Outcome::NotManaged) => {
+            for w in mutation::not_managed_warnings(obj) {
+                let key = w
+                    .strip_prefix("unknown annotation ")
+                    .and_then(|rest| rest.split(':').next())
+                    .map(str::to_string);
+                diagnostics.push(match key {
+                    Some(key) => place.about_annotation(Severity::Warning, obj, &key, w),
+                    None => place.diagnostic(Severity::Warning, obj, w),
+                });
+            }
+            Injected::Unchanged
+        }
         Ok(Outcome::Mutated(m)) => {
-            // Each result names its object by reference, not by a copy.
-            let reference = resource_ref(obj);
             for w in m.warnings {
-                warnings.push((format!("{who}: warning: {w}"), reference.clone()));
+                // `unknown annotation trainwire.dev/nnode is ignored; ...`:
+                // on the annotation's line.
+                let key = w
+                    .strip_prefix("unknown annotation ")
+                    .and_then(|rest| rest.split_whitespace().next())
+                    .map(str::to_string);
+                diagnostics.push(match key {
+                    Some(key) => place.about_annotation(Severity::Warning, obj, &key, w),
+                    None => place.diagnostic(Severity::Warning, obj, w),
+                });
             }
             if m.patch.0.is_empty() {
                 Injected::Unchanged
@@ -297,9 +572,38 @@ fn inject_object(
             }
         }
         Err(refusal) => {
-            refusals.push((format!("{who}: refused: {refusal}"), resource_ref(obj)));
+            diagnostics.push(refused(obj, place, refusal));
             Injected::Unchanged
         }
+    }
+}
+
+/// A refusal as a diagnostic: one about an annotation on the annotation's
+/// line, with a non-string value shown as it is written in the file.
+fn refused(obj: &Value, place: &Place, refusal: Refusal) -> Diagnostic {
+    let refusal = match refusal {
+        Refusal::NotAString { annotation, .. } => {
+            let value = obj
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(&annotation))
+                .cloned()
+                .unwrap_or(Value::Null);
+            let written = place
+                .text
+                .as_deref()
+                .and_then(|t| annotation_line(t, &annotation))
+                .map(|(_, w)| w)
+                .unwrap_or_else(|| mutation::annotations::yaml_text(&value));
+            mutation::annotations::not_a_string(&annotation, &value, &written)
+        }
+        other => other,
+    };
+    match &refusal {
+        Refusal::NotAString { annotation, .. } | Refusal::Annotation { annotation, .. } => {
+            let key = annotation.clone();
+            place.about_annotation(Severity::Error, obj, &key, refusal.to_string())
+        }
+        _ => place.diagnostic(Severity::Error, obj, refusal.to_string()),
     }
 }
 
@@ -307,16 +611,14 @@ fn inject_object(
 fn inject_list(
     list: &Value,
     opts: &Options,
-    prefix: &str,
-    warnings: &mut Vec<(String, Value)>,
-    refusals: &mut Vec<(String, Value)>,
+    place: &Place,
+    diagnostics: &mut Vec<Diagnostic>,
 ) -> Option<Value> {
     let items = list.get("items")?.as_array()?;
     let mut changed = false;
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let p = format!("{prefix} item {}", i + 1);
-        match inject_object(item, opts, &p, warnings, refusals) {
+        match inject_object(item, opts, &place.within(i + 1), diagnostics) {
             Injected::Unchanged => out.push(item.clone()),
             Injected::Changed(v) => {
                 changed = true;
@@ -345,26 +647,31 @@ pub fn is_resource_list(v: &Value) -> bool {
 }
 
 /// Split multi-document YAML on `---` lines (a `---` at column 0 is always a
-/// document marker), keeping each document's text.
-fn split_documents(input: &str) -> Vec<String> {
+/// document marker), keeping each document's text and the 1-based line of
+/// the file it starts on.
+fn split_documents(input: &str) -> Vec<(u64, String)> {
     let mut docs = Vec::new();
     let mut current = String::new();
-    for line in input.split_inclusive('\n') {
+    let mut start = 1u64;
+    for (i, line) in input.split_inclusive('\n').enumerate() {
+        let n = i as u64 + 1;
         let bare = line.trim_end_matches(['\n', '\r']);
         if bare == "---" || bare.starts_with("--- ") || bare.starts_with("---\t") || bare == "..." {
-            docs.push(std::mem::take(&mut current));
+            docs.push((start, std::mem::take(&mut current)));
+            start = n + 1;
             if let Some(rest) = bare.strip_prefix("---") {
                 let rest = rest.trim_start();
                 if !rest.is_empty() {
                     current.push_str(rest);
                     current.push('\n');
+                    start = n;
                 }
             }
             continue;
         }
         current.push_str(line);
     }
-    docs.push(current);
+    docs.push((start, current));
     docs
 }
 
@@ -376,42 +683,55 @@ fn to_yaml(v: &Value) -> String {
     s
 }
 
-/// Render a multi-document manifest (or a ResourceList, see [`render_resource_list`]).
+/// Render a multi-document manifest (or a ResourceList, see
+/// [`render_resource_list`]); messages name it `<input>`.
 pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
-    let mut parsed: Vec<(String, Value)> = Vec::new();
-    for (i, text) in split_documents(input).into_iter().enumerate() {
-        let value: Value = serde_saphyr::from_str(&text).map_err(|e| InjectError::Yaml {
-            index: i + 1,
-            message: e.to_string(),
+    render_file(input, "<input>", opts)
+}
+
+/// Render the manifest `input` read from `file` (the name messages give).
+pub fn render_file(input: &str, file: &str, opts: &Options) -> Result<Rendered, InjectError> {
+    let mut parsed: Vec<(u64, String, Value)> = Vec::new();
+    for (start, text) in split_documents(input) {
+        let value: Value = serde_saphyr::from_str(&text).map_err(|e| {
+            let at = crate::yaml_error::describe(&e, &text);
+            InjectError::Yaml {
+                file: file.to_string(),
+                line: at.line.map(|l| l + start - 1).or(Some(start)),
+                column: at.column,
+                message: at.message,
+            }
         })?;
         if !value.is_null() {
-            parsed.push((text, value));
+            parsed.push((start, text, value));
         }
     }
-    if let [(_, single)] = parsed.as_slice()
+    if let [(_, _, single)] = parsed.as_slice()
         && is_resource_list(single)
     {
         // Only this run's own messages count: `results` that came with
         // the input (an earlier function's) are passed on, not re-judged.
         let answer = render_resource_list(single, opts);
-        return Ok(Rendered {
-            output: to_yaml(&answer.list),
-            resource_list: true,
-            warnings: answer.warnings,
-            refusals: answer.refusals,
-            notes: answer.notes,
-        });
+        return Ok(Rendered::new(
+            to_yaml(&answer.list),
+            true,
+            answer.diagnostics,
+        ));
     }
-    let mut warnings = Vec::new();
-    let mut refusals = Vec::new();
+    let mut diagnostics = Vec::new();
     let mut out: Vec<String> = Vec::new();
-    let mut results: Vec<(String, Value)> = Vec::new();
-    for (i, (text, value)) in parsed.iter().enumerate() {
-        let prefix = format!("document {}", i + 1);
+    let mut results: Vec<(Place, Value)> = Vec::new();
+    for (start, text, value) in &parsed {
+        let place = Place {
+            file: Some(file.to_string()),
+            line: Some(*start),
+            text: Some(text.as_str().into()),
+            prefix: String::new(),
+        };
         let changed = if is_list(value) {
-            inject_list(value, opts, &prefix, &mut warnings, &mut refusals)
+            inject_list(value, opts, &place, &mut diagnostics)
         } else {
-            match inject_object(value, opts, &prefix, &mut warnings, &mut refusals) {
+            match inject_object(value, opts, &place, &mut diagnostics) {
                 Injected::Unchanged => None,
                 Injected::Changed(v) => Some(v),
             }
@@ -424,28 +744,26 @@ pub fn render(input: &str, opts: &Options) -> Result<Rendered, InjectError> {
                 t
             }
         });
-        results.push((prefix, changed.unwrap_or_else(|| value.clone())));
+        results.push((place, changed.unwrap_or_else(|| value.clone())));
     }
     let objects = flatten(&results);
-    let inputs: Vec<&Value> = parsed.iter().flat_map(|(_, v)| items_of(v)).collect();
+    let inputs: Vec<&Value> = parsed.iter().flat_map(|(_, _, v)| items_of(v)).collect();
     let default_namespace = opts.namespace.as_deref().unwrap_or("default");
     let mut notes = Vec::new();
-    for (note, service) in missing_job_services(&objects, &inputs, default_namespace)
+    for (note, added) in missing_job_services(&objects, &inputs, default_namespace)
         .into_iter()
         .chain(missing_stores(&objects, &inputs, default_namespace, opts))
     {
-        out.push(to_yaml(&service));
-        if !note.is_empty() {
-            notes.push(note);
-        }
+        out.push(to_yaml(&added));
+        notes.extend(note);
     }
-    Ok(Rendered {
-        output: out.join("---\n"),
-        warnings: warnings.into_iter().map(|(m, _)| m).collect(),
-        refusals: refusals.into_iter().map(|(m, _)| m).collect(),
-        resource_list: false,
-        notes,
-    })
+    // Warnings, then notes, then refusals (the last lines are the reason
+    // nothing was rendered).
+    let (refusals, warnings): (Vec<_>, Vec<_>) = diagnostics
+        .into_iter()
+        .partition(|d| d.severity == Severity::Error);
+    let diagnostics = warnings.into_iter().chain(notes).chain(refusals).collect();
+    Ok(Rendered::new(out.join("---\n"), false, diagnostics))
 }
 
 /// A document's objects: itself, or a List's items.
@@ -460,14 +778,20 @@ fn items_of(v: &Value) -> Vec<&Value> {
     }
 }
 
-/// Every object of the rendered documents, with its `document N Kind/name`.
-fn flatten(results: &[(String, Value)]) -> Vec<(String, &Value)> {
+/// Every object of the rendered documents, with its place.
+fn flatten(results: &[(Place, Value)]) -> Vec<(Place, &Value)> {
     results
         .iter()
-        .flat_map(|(prefix, v)| {
-            items_of(v)
-                .into_iter()
-                .map(move |o| (format!("{prefix} {}", label(o)), o))
+        .flat_map(|(place, v)| {
+            let list = is_list(v);
+            items_of(v).into_iter().enumerate().map(move |(i, o)| {
+                let place = if list {
+                    place.within(i + 1)
+                } else {
+                    place.clone()
+                };
+                (place, o)
+            })
         })
         .collect()
 }
@@ -493,18 +817,15 @@ pub struct ListAnswer {
     /// The ResourceList to print: items injected, the input's `results`
     /// followed by this run's.
     pub list: Value,
-    /// This run's refusals (`severity: error`), warnings and notes; the
-    /// input's own `results` are not among them.
-    pub refusals: Vec<String>,
-    pub warnings: Vec<String>,
-    pub notes: Vec<String>,
+    /// This run's refusals (`severity: error`), warnings and notes, in
+    /// that order; the input's own `results` are not among them.
+    pub diagnostics: Vec<Diagnostic>,
 }
 
 /// Answer a KRM ResourceList: its items injected, warnings and refusals
 /// appended to `results`.
 pub fn render_resource_list(list: &Value, opts: &Options) -> ListAnswer {
-    let mut warnings = Vec::new();
-    let mut refusals = Vec::new();
+    let mut diagnostics = Vec::new();
     let items = list
         .get("items")
         .and_then(Value::as_array)
@@ -512,122 +833,158 @@ pub fn render_resource_list(list: &Value, opts: &Options) -> ListAnswer {
         .unwrap_or_default();
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        let prefix = format!("item {}", i + 1);
+        let place = Place::default().within(i + 1);
         let changed = if is_list(item) {
-            inject_list(item, opts, &prefix, &mut warnings, &mut refusals)
+            inject_list(item, opts, &place, &mut diagnostics)
         } else {
-            match inject_object(item, opts, &prefix, &mut warnings, &mut refusals) {
+            match inject_object(item, opts, &place, &mut diagnostics) {
                 Injected::Unchanged => None,
                 Injected::Changed(v) => Some(v),
             }
         };
         out.push(changed.unwrap_or_else(|| item.clone()));
     }
-    let notes = {
-        let rendered: Vec<(String, Value)> = out
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (format!("item {}", i + 1), v.clone()))
-            .collect();
-        let objects = flatten(&rendered);
-        let inputs: Vec<&Value> = items.iter().flat_map(items_of).collect();
-        let default_namespace = opts.namespace.as_deref().unwrap_or("default");
-        let mut notes = missing_job_services(&objects, &inputs, default_namespace);
-        notes.extend(missing_stores(&objects, &inputs, default_namespace, opts));
-        notes
-    };
-    let mut infos = Vec::new();
-    for (note, service) in notes {
-        if !note.is_empty() {
-            infos.push((note, resource_ref(&service)));
-        }
-        out.push(service);
+    let rendered: Vec<(Place, Value)> = out
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (Place::default().within(i + 1), v.clone()))
+        .collect();
+    let objects = flatten(&rendered);
+    let inputs: Vec<&Value> = items.iter().flat_map(items_of).collect();
+    let default_namespace = opts.namespace.as_deref().unwrap_or("default");
+    let mut added = missing_job_services(&objects, &inputs, default_namespace);
+    added.extend(missing_stores(&objects, &inputs, default_namespace, opts));
+    let mut notes = Vec::new();
+    for (note, object) in added {
+        notes.extend(note);
+        out.push(object);
     }
     let mut results: Vec<Value> = list
         .get("results")
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
-    let mut said = [Vec::new(), Vec::new(), Vec::new()];
-    for ((severity, entries), texts) in
-        [("error", refusals), ("warning", warnings), ("info", infos)]
-            .into_iter()
-            .zip(said.iter_mut())
-    {
-        for (message, reference) in entries {
-            results.push(json!({
-                "message": message,
-                "severity": severity,
-                "resourceRef": reference,
-            }));
-            texts.push(message);
-        }
+    let (refusals, warnings): (Vec<_>, Vec<_>) = diagnostics
+        .into_iter()
+        .partition(|d| d.severity == Severity::Error);
+    let diagnostics: Vec<Diagnostic> = refusals.into_iter().chain(warnings).chain(notes).collect();
+    for d in &diagnostics {
+        results.push(json!({
+            "message": d.to_string(),
+            "severity": d.severity,
+            "resourceRef": d.object,
+        }));
     }
     let mut answer = list.clone();
     answer["items"] = Value::Array(out);
     if !results.is_empty() {
         answer["results"] = Value::Array(results);
     }
-    let [refusals, warnings, notes] = said;
     ListAnswer {
         list: answer,
-        refusals,
-        warnings,
-        notes,
+        diagnostics,
     }
 }
 
-fn read_input(file: &std::path::Path) -> Result<String, InjectError> {
-    let name = file.display().to_string();
-    let mut text = String::new();
-    if name == "-" {
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|source| InjectError::Read {
-                path: "stdin".to_string(),
-                source,
-            })?;
+/// The manifest's text and the name messages give it (`<stdin>` for `-`).
+fn read_input(file: &std::path::Path) -> Result<(String, String), InjectError> {
+    let stdin = file.as_os_str() == "-";
+    let name = if stdin {
+        "<stdin>".to_string()
     } else {
-        text = std::fs::read_to_string(file)
-            .map_err(|source| InjectError::Read { path: name, source })?;
+        file.display().to_string()
+    };
+    let read = |r: &mut dyn Read| -> Result<String, InjectError> {
+        let mut bytes = Vec::new();
+        r.take(MAX_INPUT_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|error| InjectError::Read {
+                path: name.clone(),
+                error,
+            })?;
+        if bytes.len() as u64 > MAX_INPUT_BYTES {
+            return Err(InjectError::TooLarge { path: name.clone() });
+        }
+        String::from_utf8(bytes).map_err(|e| InjectError::Read {
+            path: name.clone(),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+        })
+    };
+    let text = if stdin {
+        read(&mut std::io::stdin().lock())?
+    } else {
+        let mut f = std::fs::File::open(file).map_err(|error| InjectError::Read {
+            path: name.clone(),
+            error,
+        })?;
+        read(&mut f)?
+    };
+    Ok((text, name))
+}
+
+/// Print diagnostics on stderr: one line each, or one JSON [`Report`].
+fn print_diagnostics(
+    format: Format,
+    diagnostics: &[Diagnostic],
+    rendered: bool,
+) -> std::io::Result<()> {
+    let mut err = std::io::stderr().lock();
+    match format {
+        Format::Text => {
+            for d in diagnostics {
+                writeln!(err, "{d}")?;
+            }
+        }
+        Format::Json => {
+            let report = Report {
+                rendered,
+                diagnostics,
+            };
+            serde_json::to_writer_pretty(&mut err, &report)?;
+            writeln!(err)?;
+        }
     }
-    Ok(text)
+    err.flush()
 }
 
 /// Print a rendering: YAML on stdout unless refused (a ResourceList answer
-/// is printed even then, as KRM functions do), messages on stderr.
-fn emit(rendered: &Rendered) -> anyhow::Result<()> {
-    let mut err = std::io::stderr().lock();
-    for w in rendered.warnings.iter().chain(&rendered.notes) {
-        writeln!(err, "{w}")?;
+/// is printed even then, as KRM functions do), diagnostics on stderr.
+fn emit(rendered: &Rendered, format: Format) -> anyhow::Result<()> {
+    let print = rendered.refusals.is_empty() || rendered.resource_list;
+    if print {
+        let mut out = std::io::stdout().lock();
+        out.write_all(rendered.output.as_bytes())?;
+        out.flush()?;
     }
-    for r in &rendered.refusals {
-        writeln!(err, "{r}")?;
-    }
-    if rendered.refusals.is_empty() || rendered.resource_list {
-        std::io::stdout()
-            .lock()
-            .write_all(rendered.output.as_bytes())?;
-    }
+    print_diagnostics(format, &rendered.diagnostics, print)?;
     if !rendered.refusals.is_empty() {
-        anyhow::bail!(
-            "{} workload(s) refused; nothing was rendered",
-            rendered.refusals.len()
-        );
+        if format == Format::Text {
+            eprintln!(
+                "error: {} workload(s) refused; nothing was rendered",
+                rendered.refusals.len()
+            );
+        }
+        return Err(Exit(1).into());
     }
     Ok(())
 }
 
 pub fn run(args: InjectArgs) -> anyhow::Result<()> {
-    if args.file.as_os_str() == "-" && std::io::stdin().is_terminal() {
-        anyhow::bail!(
-            "inject: reading the manifest from a terminal; give -f FILE or pipe the manifest in"
-        );
+    let format = args.output;
+    let rendered = Options::from_args(&args.policy, args.namespace).and_then(|opts| {
+        if args.file.as_os_str() == "-" && std::io::stdin().is_terminal() {
+            return Err(InjectError::Terminal);
+        }
+        let (input, name) = read_input(&args.file)?;
+        render_file(&input, &name, &opts)
+    });
+    match rendered {
+        Ok(rendered) => emit(&rendered, format),
+        Err(e) => {
+            print_diagnostics(format, &e.diagnostics(), false)?;
+            Err(Exit(1).into())
+        }
     }
-    let opts = Options::from_args(&args.policy, args.namespace)?;
-    let input = read_input(&args.file)?;
-    let rendered = render(&input, &opts)?;
-    emit(&rendered)
 }
 
 /// Run as a KRM function (no subcommand, stdin not a terminal): read a
@@ -641,6 +998,7 @@ pub fn run_function() -> anyhow::Result<()> {
     run(InjectArgs {
         file: PathBuf::from("-"),
         namespace: std::env::var("TRAINWIRE_NAMESPACE").ok(),
+        output: Format::Text,
         policy,
     })
 }
@@ -650,8 +1008,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn split_keeps_text_and_handles_markers() {
+    fn split_keeps_text_lines_and_handles_markers() {
         let docs = split_documents("a: 1\n---\n# c\nb: 2\n--- {c: 3}\n...\n");
-        assert_eq!(docs, vec!["a: 1\n", "# c\nb: 2\n", "{c: 3}\n", ""]);
+        assert_eq!(
+            docs,
+            vec![
+                (1, "a: 1\n".to_string()),
+                (3, "# c\nb: 2\n".to_string()),
+                (5, "{c: 3}\n".to_string()),
+                (7, String::new())
+            ]
+        );
+    }
+
+    #[test]
+    fn annotation_lines_are_found_with_the_value_as_written() {
+        let text = "metadata:\n  annotations:\n    trainwire.dev/inject: true  # opt in\n    \"trainwire.dev/nnodes\": 2.50\n";
+        assert_eq!(
+            annotation_line(text, "trainwire.dev/inject"),
+            Some((2, "true".to_string()))
+        );
+        assert_eq!(
+            annotation_line(text, "trainwire.dev/nnodes"),
+            Some((3, "2.50".to_string()))
+        );
+        assert_eq!(annotation_line(text, "trainwire.dev/container"), None);
     }
 }

@@ -27,3 +27,4 @@ pub use trainwire_runtime::shutdown;
 pub mod telemetry;
 pub mod tls;
 pub mod world;
+pub mod yaml_error;

@@ -18,9 +18,13 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // A user's error is a message (with its causes), never a stack
         // backtrace, whatever RUST_BACKTRACE says.
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<trainwire_webhook::cli::Exit>() {
+            // Already said.
+            Some(trainwire_webhook::cli::Exit(code)) => ExitCode::from(*code),
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

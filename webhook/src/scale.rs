@@ -95,7 +95,7 @@ pub fn decide(
         Verdict::AllowUnknown(
             reason,
             format!(
-                "trainwire could not check this scale of StatefulSet {namespace}/{name} ({why}); if trainwire injected it with a fixed world size, its pods keep the old PET_NNODES: change spec.replicas with kubectl apply or kubectl patch instead, which re-injects"
+                "trainwire could not check this scale of {namespace}/{name} ({why}): use kubectl apply or patch"
             ),
         )
     };
@@ -104,7 +104,7 @@ pub fn decide(
         Lookup::Missing => {
             return unknown(
                 Unknown::not_cached,
-                "it is not in the webhook's StatefulSet cache yet",
+                "not in the webhook's StatefulSet cache yet",
             );
         }
         Lookup::Found(sts) => sts,
@@ -192,7 +192,6 @@ pub fn job_size_warning(job: &k8s_openapi::api::batch::v1::Job) -> Option<String
     if world.covers_with_spares(parallelism, status.spares) {
         return None;
     }
-    let name = job.metadata.name.as_deref().unwrap_or_default();
     let spares = match status.spares {
         0 => String::new(),
         n => format!(" and {n} spare(s)"),
@@ -202,7 +201,7 @@ pub fn job_size_warning(job: &k8s_openapi::api::batch::v1::Job) -> Option<String
         Nnodes::Elastic { min, max } => format!("the elastic world {min}:{max}{spares}"),
     };
     Some(format!(
-        "Job {name}: parallelism {parallelism} does not fit {injected} its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+        "parallelism {parallelism} does not fit {injected} of the pods: set it back, or recreate the Job"
     ))
 }
 
@@ -574,7 +573,7 @@ mod tests {
         assert_eq!(
             warned(Some("4"), 2, false).as_deref(),
             Some(
-                "Job bert: parallelism 2 does not fit PET_NNODES=4 its pods were injected with, and a Job's template cannot be re-injected; set parallelism back, or recreate the Job (an elastic trainwire.dev/nnodes range may cover both)"
+                "parallelism 2 does not fit PET_NNODES=4 of the pods: set it back, or recreate the Job"
             )
         );
         assert!(

@@ -42,12 +42,44 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// Render every `examples/*.yaml` (but the policy file) with `policy` and
-/// compare to `<out_dir>/<name>.yaml` (stdout) and `<out_dir>/<name>.stderr`
-/// (warnings and refusals; a refused example renders nothing).
+/// `trainwire-webhook ARGS` run in `dir`: stdout, stderr and exit status.
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(bin())
+        .args(args)
+        .current_dir(dir)
+        .env_remove("TRAINWIRE_POLICY")
+        .env_remove("TRAINWIRE_SIDECAR_IMAGE")
+        .env_remove("TRAINWIRE_NAMESPACE")
+        .env_remove("TRAINWIRE_INJECT_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run trainwire-webhook")
+}
+
+/// Compare `actual` with the golden file (or write it under
+/// `TRAINWIRE_BLESS=1`); a difference is added to `mismatches`.
+fn compare(file: &Path, actual: &str, bless: bool, mismatches: &mut Vec<String>) {
+    if bless {
+        std::fs::write(file, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(file).unwrap_or_default();
+    if expected != actual {
+        mismatches.push(format!(
+            "{} differs (TRAINWIRE_BLESS=1 to rewrite)\n--- expected\n{expected}\n--- actual\n{actual}",
+            file.display()
+        ));
+    }
+}
+
+/// Run the real binary on every `examples/*.yaml` (but the policy file),
+/// from the repository's root (`inject -f examples/NAME.yaml`), with
+/// `policy`, and compare to `<out_dir>/<name>.yaml` (stdout: nothing when
+/// refused) and `<out_dir>/<name>.stderr` (the whole of stderr).
 /// `TRAINWIRE_BLESS=1` rewrites them.
-fn golden(policy: Option<&Path>, out_dir: &str) {
-    let examples = repo().join("examples");
+fn golden(policy: Option<&str>, out_dir: &str) {
+    let root = repo();
+    let examples = root.join("examples");
     let out = examples.join(out_dir);
     let bless = std::env::var_os("TRAINWIRE_BLESS").is_some();
     if bless {
@@ -55,7 +87,7 @@ fn golden(policy: Option<&Path>, out_dir: &str) {
     }
     let opts = Options::from_args(
         &PolicyArgs {
-            policy: policy.map(Path::to_path_buf),
+            policy: policy.map(|p| root.join(p)),
             sidecar_image: None,
             cluster_domain: None,
         },
@@ -77,48 +109,40 @@ fn golden(policy: Option<&Path>, out_dir: &str) {
             .and_then(|s| s.to_str())
             .unwrap_or_default()
             .to_string();
-        let input = std::fs::read_to_string(&path).expect("read example");
-        let rendered = render(&input, &opts).expect("example renders");
-        let refused = !rendered.refusals.is_empty();
+        let relative = format!("examples/{stem}.yaml");
+        let mut args = vec!["inject", "-f", relative.as_str()];
+        if let Some(policy) = policy {
+            args.extend(["--policy", policy]);
+        }
+        let output = run_in(&root, &args);
+        let stdout = text(&output.stdout);
+        let stderr = text(&output.stderr);
+        let refused = !output.status.success();
+        if refused {
+            assert_eq!(output.status.code(), Some(1), "{stem}: {stderr}");
+            assert!(stdout.is_empty(), "{stem}: refused but rendered");
+        }
         if policy.is_none() {
-            assert!(!refused, "{stem}: {:?}", rendered.refusals);
+            assert!(!refused, "{stem}: {stderr}");
         }
-        let stdout = if refused {
-            String::new()
-        } else {
-            rendered.output.clone()
-        };
-        let stderr: String = rendered
-            .warnings
-            .iter()
-            .chain(&rendered.refusals)
-            .map(|l| format!("{l}\n"))
-            .collect();
-        for (file, actual) in [
-            (out.join(format!("{stem}.yaml")), &stdout),
-            (out.join(format!("{stem}.stderr")), &stderr),
-        ] {
-            if bless {
-                std::fs::write(&file, actual).expect("write golden");
-                continue;
-            }
-            let expected = std::fs::read_to_string(&file).unwrap_or_default();
-            if &expected != actual {
-                mismatches.push(format!(
-                    "{} differs (TRAINWIRE_BLESS=1 to rewrite)\n--- expected\n{expected}\n--- actual\n{actual}",
-                    file.display()
-                ));
-            }
-        }
+        compare(
+            &out.join(format!("{stem}.yaml")),
+            &stdout,
+            bless,
+            &mut mismatches,
+        );
+        compare(
+            &out.join(format!("{stem}.stderr")),
+            &stderr,
+            bless,
+            &mut mismatches,
+        );
         if refused {
             continue;
         }
         // The rendered example is a fixed point.
-        let again = render(&rendered.output, &opts).expect("rendered example renders");
-        assert_eq!(
-            again.output, rendered.output,
-            "{stem}: injecting twice changes it"
-        );
+        let again = render(&stdout, &opts).expect("rendered example renders");
+        assert_eq!(again.output, stdout, "{stem}: injecting twice changes it");
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n\n"));
 }
@@ -130,10 +154,7 @@ fn examples_render_as_checked_in() {
 
 #[test]
 fn examples_render_under_the_example_policy_as_checked_in() {
-    golden(
-        Some(&repo().join("examples/policy.yaml")),
-        "rendered-policy",
-    );
+    golden(Some("examples/policy.yaml"), "rendered-policy");
 }
 
 const MANIFEST: &str = "\
@@ -155,6 +176,7 @@ metadata:
 spec:
   replicas: 2
   serviceName: llama
+  podManagementPolicy: Parallel
   selector:
     matchLabels: {app: llama}
   template:
@@ -196,9 +218,13 @@ fn inject_multi_document_file_with_warnings_on_stderr() {
         stdout.contains("name: PET_NPROC_PER_NODE\n          value: \"2\""),
         "{stdout}"
     );
+    // The file and the line of the annotation.
     assert_eq!(
         text(&out.stderr),
-        "document 2 StatefulSet/llama: warning: unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?\n"
+        format!(
+            "{}:15: StatefulSet/llama: warning: unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?\n",
+            file.display()
+        )
     );
     // stdin, and the output is a fixed point.
     let again = run(&["inject", "-f", "-", "-n", "team-a"], &stdout);
@@ -221,7 +247,8 @@ fn a_refusal_exits_non_zero_naming_the_document() {
     );
     let stderr = text(&out.stderr);
     assert!(
-        stderr.starts_with("document 2 StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: N is not a whole number from 1; accepted: "),
+        // The line of the annotation.
+        stderr.starts_with("<stdin>:15: StatefulSet/llama: refused: annotation trainwire.dev/nnodes: \"many\" is not valid: N is not a whole number from 1; accepted: "),
         "{stderr}"
     );
 }
@@ -245,7 +272,11 @@ fn list_items_are_injected() {
         v["items"][1]["spec"]["template"]["spec"]["shareProcessNamespace"],
         true
     );
-    assert!(text(&out.stderr).starts_with("document 1 item 2 StatefulSet/llama: warning: "));
+    assert!(
+        text(&out.stderr).starts_with("<stdin>:1: item 2 StatefulSet/llama: warning: "),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 fn resource_list(items: &[&str]) -> String {
@@ -453,7 +484,14 @@ fn an_injected_job_gets_its_headless_service_offline() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let v: Value = serde_saphyr::from_str(&text(&out.stdout)).expect("ResourceList out");
     assert_eq!(v["items"][1]["kind"], "Service");
-    assert_eq!(v["results"][0]["severity"], "info");
+    let results = v["results"].as_array().cloned().unwrap_or_default();
+    assert!(
+        results.iter().any(|r| r["severity"] == "info"
+            && r["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("note: added the headless Service"))),
+        "{results:?}"
+    );
 }
 
 /// A refusal is a message and exit code 1, never an anyhow stack backtrace,
@@ -490,4 +528,86 @@ fn a_refusal_prints_no_backtrace() {
         !stderr.contains("Caused by") && !stderr.contains(" at "),
         "{stderr}"
     );
+}
+
+/// The first mistakes a user makes, each with its whole stderr and exit
+/// status (`tests/data/inject/NAME.stderr`, `NAME.status`; `NAME.stdout`
+/// for `policy check` and `--help`): the command is
+/// `NAME.args` (one argument a line) or `inject -f tests/data/inject/NAME.yaml`,
+/// run in `webhook/`. `TRAINWIRE_BLESS=1` rewrites the expected files.
+#[test]
+fn first_mistakes_get_one_message_each() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let data = dir.join("tests/data/inject");
+    let bless = std::env::var_os("TRAINWIRE_BLESS").is_some();
+    let mut cases: Vec<String> = std::fs::read_dir(&data)
+        .expect("tests/data/inject")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "args"))
+        .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_string))
+        .collect();
+    cases.sort();
+    cases.dedup();
+    assert!(cases.len() >= 10, "{cases:?}");
+    let mut mismatches = Vec::new();
+    for case in &cases {
+        let args_file = data.join(format!("{case}.args"));
+        let args: Vec<String> = match std::fs::read_to_string(&args_file) {
+            Ok(t) => t.lines().map(str::to_string).collect(),
+            Err(_) => vec![
+                "inject".into(),
+                "-f".into(),
+                format!("tests/data/inject/{case}.yaml"),
+            ],
+        };
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = run_in(dir, &args);
+        let stderr = text(&out.stderr);
+        let status = format!("{}\n", out.status.code().unwrap_or(-1));
+        compare(
+            &data.join(format!("{case}.stderr")),
+            &stderr,
+            bless,
+            &mut mismatches,
+        );
+        compare(
+            &data.join(format!("{case}.status")),
+            &status,
+            bless,
+            &mut mismatches,
+        );
+        // `policy check` and `--help` answer on stdout.
+        if args[0] == "policy" || args.contains(&"--help") {
+            let stdout = text(&out.stdout);
+            compare(
+                &data.join(format!("{case}.stdout")),
+                &stdout,
+                bless,
+                &mut mismatches,
+            );
+        }
+        // One message per mistake: no line is printed twice, none says
+        // `error:` twice, and none names `<input>`.
+        let json = args.contains(&"json");
+        let lines: Vec<&str> = if json {
+            assert!(
+                serde_json::from_slice::<Value>(if args[0] == "policy" {
+                    &out.stdout
+                } else {
+                    &out.stderr
+                })
+                .is_ok(),
+                "{case}: not one JSON document"
+            );
+            Vec::new()
+        } else {
+            stderr.lines().collect()
+        };
+        for (i, line) in lines.iter().enumerate() {
+            assert!(!lines[..i].contains(line), "{case}: repeated: {line}");
+            assert!(line.matches("error:").count() <= 1, "{case}: {line}");
+            assert!(!line.contains("<input>"), "{case}: {line}");
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n\n"));
 }

@@ -157,19 +157,54 @@ pub fn opted_in(annotations: Option<&serde_json::Map<String, Value>>) -> Result<
         None => Ok(false),
         Some(Value::String(s)) if s == "true" => Ok(true),
         Some(Value::String(s)) if s == "false" => Ok(false),
-        Some(other) => Err(bad(
+        Some(Value::String(s)) => Err(bad(
             INJECT,
-            &display(other),
+            s,
             "not a boolean string",
             "\"true\" or \"false\" (quoted in YAML)",
         )),
+        Some(other) => Err(not_a_string(INJECT, other, &yaml_text(other))),
     }
 }
 
-fn display(v: &Value) -> String {
+/// A non-string value as YAML shows it (`true`, `2`, `null`).
+pub fn yaml_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
+        Value::Array(_) | Value::Object(_) => serde_saphyr::to_string(v)
+            .map(|t| t.trim_end().replace('\n', " "))
+            .unwrap_or_else(|_| v.to_string()),
         other => other.to_string(),
+    }
+}
+
+/// The refusal of a YAML value that is not a string: it shows `written`
+/// (the value as the user wrote it, when known; else [`yaml_text`]) and
+/// the quoting that makes it one. Only YAML can say this: the apiserver
+/// rejects such an object before admission.
+pub fn not_a_string(annotation: &str, value: &Value, written: &str) -> Refusal {
+    let shown = shown(written);
+    let (what, fix) = match value {
+        Value::Bool(_) => ("a YAML boolean", format!("write \"{shown}\" in quotes")),
+        Value::Number(_) => ("a YAML number", format!("write \"{shown}\" in quotes")),
+        Value::Null => ("empty (YAML null)", "write the value in quotes".to_string()),
+        Value::Array(_) => (
+            "a YAML list",
+            "write one quoted string (lists are comma-separated)".to_string(),
+        ),
+        Value::Object(_) | Value::String(_) => {
+            ("a YAML mapping", "write one quoted string".to_string())
+        }
+    };
+    Refusal::NotAString {
+        annotation: annotation.to_string(),
+        written: if written.is_empty() {
+            "(nothing)".to_string()
+        } else {
+            shown
+        },
+        what: what.to_string(),
+        fix,
     }
 }
 
@@ -266,15 +301,18 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
     let mut unknown = 0usize;
     for (key, value) in map {
         if !key.starts_with(PREFIX) {
+            // `trainwire/nnodes`, `Trainwire.dev/nnodes`: meant for
+            // trainwire, ignored by it.
+            if looks_like_ours(key) && nearest_known(key).is_some() {
+                unknown += 1;
+                if unknown <= MAX_UNKNOWN_NAMED {
+                    out.warnings.push(unknown_warning(key));
+                }
+            }
             continue;
         }
         let Value::String(value) = value else {
-            return Err(bad(
-                key,
-                &display(value),
-                "annotation values are strings",
-                "the same value quoted in YAML",
-            ));
+            return Err(not_a_string(key, value, &yaml_text(value)));
         };
         if KNOWN.contains(&key.as_str()) {
             own.insert(key.as_str(), value.as_str());
@@ -479,32 +517,88 @@ const MAX_UNKNOWN_NAMED: usize = 5;
 /// distance costs its length times each known name's).
 const MAX_SUGGESTED_LEN: usize = 64;
 
+/// Whether an annotation name outside `trainwire.dev/` may still be meant
+/// for trainwire (`trainwire/inject`, `Trainwire.dev/inject`,
+/// `trainwire.io/nnodes`): its prefix starts with `trainwire`, any case.
+pub fn looks_like_ours(key: &str) -> bool {
+    key.len() <= PREFIX.len() + MAX_SUGGESTED_LEN
+        && key
+            .get(..9)
+            .is_some_and(|p| p.eq_ignore_ascii_case("trainwire"))
+}
+
+/// The known annotation a name that is not one was probably meant to be:
+/// the same name in another case or under a misspelt prefix, a prefix of
+/// it, or one within a small edit distance (`trainwire.dev/injct`,
+/// `trainwire.dev/Inject`, `trainwire/inject`). `None` for a known name or
+/// one that looks like none.
+pub fn nearest_known(key: &str) -> Option<&'static str> {
+    if KNOWN.contains(&key) || key == STATUS || key == WORLD || CONTROLLER_OWNED.contains(&key) {
+        return None;
+    }
+    let suffix = match key.strip_prefix(PREFIX) {
+        Some(s) => s,
+        // `trainwire/inject`, or `trainwire.dev-inject` with no `/`.
+        None if looks_like_ours(key) => key.rsplit_once('/').map_or_else(
+            || {
+                let rest = &key[9..];
+                let rest = rest.strip_prefix(".dev").unwrap_or(rest);
+                rest.trim_start_matches(['.', '-', '_', ':'])
+            },
+            |(_, s)| s,
+        ),
+        None => return None,
+    };
+    if suffix.len() > MAX_SUGGESTED_LEN {
+        return None;
+    }
+    let suffix = suffix.to_ascii_lowercase();
+    let known = KNOWN
+        .iter()
+        .map(|k| (*k, k.strip_prefix(PREFIX).unwrap_or(k)));
+    if let Some((k, _)) = known.clone().find(|(_, s)| *s == suffix) {
+        return Some(k);
+    }
+    let by_prefix = known
+        .clone()
+        .find(|(_, s)| suffix.len() >= 3 && (s.starts_with(&suffix) || suffix.starts_with(s)));
+    by_prefix.map(|(k, _)| k).or_else(|| {
+        known
+            .map(|(k, s)| (strsim::damerau_levenshtein(&suffix, s), k))
+            .filter(|(d, _)| *d <= 2.max(suffix.len() / 3))
+            .min()
+            .map(|(_, k)| k)
+    })
+}
+
+/// Warnings for a workload that is not opted in but has an annotation
+/// that was probably meant as the opt-in (`trainwire.dev/injct: "true"`,
+/// `trainwire/inject: "true"`): offline `inject` says so instead of
+/// passing it through silently.
+pub fn misspelt_opt_in(annotations: Option<&serde_json::Map<String, Value>>) -> Vec<String> {
+    let Some(map) = annotations else {
+        return Vec::new();
+    };
+    if map.contains_key(INJECT) {
+        return Vec::new();
+    }
+    map.keys()
+        .filter(|k| k.starts_with(PREFIX) || looks_like_ours(k))
+        .filter(|k| nearest_known(k) == Some(INJECT))
+        .take(MAX_UNKNOWN_NAMED)
+        .map(|k| format!("unknown annotation {k}: not injected; did you mean {INJECT}?"))
+        .collect()
+}
+
 fn unknown_warning(key: &str) -> String {
     let suffix = key.strip_prefix(PREFIX).unwrap_or(key);
     if suffix.len() > MAX_SUGGESTED_LEN {
         let shown: String = key.chars().take(MAX_SUGGESTED_LEN).collect();
-        return format!(
-            "unknown annotation {shown}... is ignored; it is not a trainwire annotation (see docs/annotations.md)"
-        );
+        return format!("unknown annotation {shown}... is ignored (see docs/annotations.md)");
     }
-    let known = KNOWN
-        .iter()
-        .map(|k| (k, k.strip_prefix(PREFIX).unwrap_or(k)));
-    let by_prefix = known
-        .clone()
-        .find(|(_, s)| suffix.len() >= 3 && (s.starts_with(suffix) || suffix.starts_with(s)));
-    let nearest = by_prefix.map(|(k, _)| *k).or_else(|| {
-        known
-            .map(|(k, s)| (strsim::damerau_levenshtein(suffix, s), *k))
-            .filter(|(d, _)| *d <= 2.max(suffix.len() / 3))
-            .min()
-            .map(|(_, k)| k)
-    });
-    match nearest {
+    match nearest_known(key) {
         Some(k) => format!("unknown annotation {key} is ignored; did you mean {k}?"),
-        None => format!(
-            "unknown annotation {key} is ignored; it is not a trainwire annotation (see docs/annotations.md)"
-        ),
+        None => format!("unknown annotation {key} is ignored (see docs/annotations.md)"),
     }
 }
 
@@ -562,8 +656,76 @@ mod tests {
                 "unknown annotation trainwire.dev/chekpoint-pvc is ignored; did you mean trainwire.dev/checkpoint-pvc?".to_string(),
                 "unknown annotation trainwire.dev/gpus is ignored; did you mean trainwire.dev/gpus-per-node?".to_string(),
                 "unknown annotation trainwire.dev/nnode is ignored; did you mean trainwire.dev/nnodes?".to_string(),
-                "unknown annotation trainwire.dev/zzzzzzzz is ignored; it is not a trainwire annotation (see docs/annotations.md)".to_string(),
+                "unknown annotation trainwire.dev/zzzzzzzz is ignored (see docs/annotations.md)".to_string(),
             ]
+        );
+    }
+
+    #[test]
+    fn near_misses_of_known_names_are_found() {
+        for (key, want) in [
+            ("trainwire.dev/injct", Some(INJECT)),
+            ("trainwire.dev/Inject", Some(INJECT)),
+            ("trainwire/inject", Some(INJECT)),
+            ("Trainwire.dev/inject", Some(INJECT)),
+            ("trainwire.io/nnodes", Some(NNODES)),
+            ("trainwire.dev-inject", Some(INJECT)),
+            ("trainwire.dev/nnode", Some(NNODES)),
+            ("trainwire.dev/inject", None),
+            ("trainwire.dev/status", None),
+            ("example.com/inject", None),
+            ("trainwire.dev/zzzzzzzz", None),
+        ] {
+            assert_eq!(nearest_known(key), want, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_misspelt_opt_in_is_named() {
+        let m = map(json!({"trainwire.dev/injct": "true", "app": "x"}));
+        assert_eq!(
+            misspelt_opt_in(Some(&m)),
+            vec!["unknown annotation trainwire.dev/injct: not injected; did you mean trainwire.dev/inject?".to_string()]
+        );
+        // Opted in as well: the engine's own warning says it.
+        let m = map(json!({"trainwire.dev/injct": "true", INJECT: "true"}));
+        assert!(misspelt_opt_in(Some(&m)).is_empty());
+        // Outside trainwire.dev/ but meant for it, when opted in.
+        let m = map(json!({INJECT: "true", "trainwire/nnodes": "2"}));
+        let a = parse(Some(&m)).unwrap_or_default();
+        assert_eq!(
+            a.warnings,
+            vec!["unknown annotation trainwire/nnodes is ignored; did you mean trainwire.dev/nnodes?".to_string()]
+        );
+    }
+
+    /// A YAML boolean or number is shown as written, with the quoting that
+    /// fixes it; never inside the quotes as if it were already a string.
+    #[test]
+    fn non_string_values_show_the_yaml_and_the_fix() {
+        let refused = |v: Value| {
+            parse(Some(&map(json!({ NNODES: v }))))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            refused(json!(2)),
+            "trainwire.dev/nnodes: 2 is a YAML number, annotation values are strings: write \"2\" in quotes"
+        );
+        assert_eq!(
+            refused(json!(null)),
+            "trainwire.dev/nnodes: null is empty (YAML null), annotation values are strings: write the value in quotes"
+        );
+        assert!(refused(json!([1, 2])).contains("is a YAML list"));
+        let e = opted_in(Some(&map(json!({ INJECT: true }))))
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some(
+                "trainwire.dev/inject: true is a YAML boolean, annotation values are strings: write \"true\" in quotes"
+            )
         );
     }
 

@@ -51,7 +51,7 @@ pub fn apply(
             gpus = want;
         } else if gpus != want {
             ctx.warn(format!(
-                "container {:?} asks for {GPU_RESOURCE} {gpus} in the manifest, which is kept, but annotation {GPUS_PER_NODE} says {want}; remove one of them",
+                "container {:?} asks for {GPU_RESOURCE} {gpus} (kept), but {GPUS_PER_NODE} says {want}: remove one",
                 c.name
             ));
         }

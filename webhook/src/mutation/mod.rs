@@ -72,6 +72,19 @@ pub enum Refusal {
         reason: String,
         accepted: String,
     },
+    /// A `trainwire.dev/*` annotation whose YAML value is not a string
+    /// (`trainwire.dev/inject: true`, `trainwire.dev/nnodes: 2`): the
+    /// message shows the value as written and the quoting that fixes it.
+    #[error("{annotation}: {written} is {what}, annotation values are strings: {fix}")]
+    NotAString {
+        annotation: String,
+        /// The value as written in YAML (`true`, `2`).
+        written: String,
+        /// `a YAML boolean`, `a YAML number`, `empty (YAML null)`, ...
+        what: String,
+        /// `write "true" in quotes`, ...
+        fix: String,
+    },
     /// The platform policy forbids what the workload asks for.
     #[error("policy profile {profile:?} rule {rule}: {detail}")]
     Policy {
@@ -103,6 +116,25 @@ pub struct Ctx<'a> {
     /// one is counted once).
     pub omitted_warnings: std::collections::HashSet<String>,
     pub status: Status,
+    /// No earlier injection is recorded on the template: a CREATE (or the
+    /// UPDATE that opts an existing workload in), or offline rendering.
+    pub first_injection: bool,
+}
+
+/// The longest warning, in characters, where the values it quotes allow:
+/// one line of a terminal. What a warning leaves out is in
+/// docs/warnings.md.
+pub const MAX_WARNING_LEN: usize = 120;
+
+/// `core`, followed by ` (detail)` when that still fits in
+/// [`MAX_WARNING_LEN`] (a long value quoted in `core` drops the detail,
+/// which docs/warnings.md gives).
+pub fn with_detail(core: String, detail: &str) -> String {
+    if core.chars().count() + 3 + detail.chars().count() <= MAX_WARNING_LEN {
+        format!("{core} ({detail})")
+    } else {
+        core
+    }
 }
 
 /// At most this many warnings are returned for one workload (a hostile
@@ -118,6 +150,7 @@ impl Ctx<'_> {
             warnings: Vec::new(),
             omitted_warnings: Default::default(),
             status: Status::default(),
+            first_injection: false,
         }
     }
 
@@ -198,6 +231,62 @@ pub fn mutate(
     }))
 }
 
+/// What offline `inject` says about an object [`mutate`] passed through
+/// untouched ([`Outcome::NotManaged`]) that its author probably meant
+/// trainwire to inject: the opt-in on a kind trainwire does not manage (a
+/// Deployment, a Pod, a CronJob...), a misspelt opt-in, or the opt-in on
+/// the pod template instead of the workload. The admission webhook sees only
+/// StatefulSets and Jobs, and a workload not opted in there is not read.
+pub fn not_managed_warnings(object: &Value) -> Vec<String> {
+    let str_at = |p: &str| object.pointer(p).and_then(Value::as_str);
+    let (api_version, kind) = (
+        str_at("/apiVersion").unwrap_or_default(),
+        str_at("/kind").unwrap_or_default(),
+    );
+    let annotations = object
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object);
+    let opt_in = |map: Option<&serde_json::Map<String, Value>>| {
+        map.and_then(|m| m.get(annotations::INJECT))
+            .is_some_and(|v| v == "true" || v == &Value::Bool(true))
+    };
+    if !workload::is_managed_kind(api_version, kind) {
+        if !opt_in(annotations) || kind == "List" {
+            return Vec::new();
+        }
+        // `apps/v1beta2 StatefulSet`: the version is what is wrong.
+        let what = if matches!(kind, "StatefulSet" | "Job") {
+            format!("{api_version} {kind}")
+        } else {
+            kind.to_string()
+        };
+        return vec![format!(
+            "{} is ignored on kind {what}: trainwire injects only {MANAGED_KINDS}",
+            annotations::INJECT
+        )];
+    }
+    if object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+    {
+        return Vec::new();
+    }
+    let mut warnings = annotations::misspelt_opt_in(annotations);
+    let template = object
+        .pointer("/spec/template/metadata/annotations")
+        .and_then(Value::as_object);
+    if !annotations.is_some_and(|a| a.contains_key(annotations::INJECT)) && opt_in(template) {
+        warnings.push(format!(
+            "{} is on the pod template: not injected; put it in the {kind}'s own metadata.annotations",
+            annotations::INJECT
+        ));
+    }
+    warnings
+}
+
+/// The kinds trainwire injects, as messages name them.
+pub const MANAGED_KINDS: &str = "apps/v1 StatefulSets and batch/v1 Jobs";
+
 /// Mutate one typed workload (the admission server's path: the object was
 /// read once, straight into the typed model). Only the patch is computed,
 /// from the typed before and after: fields the typed model does not know are
@@ -216,7 +305,7 @@ pub fn mutate_typed(
         .annotations
         .iter()
         .flatten()
-        .filter(|(k, _)| k.starts_with(annotations::PREFIX))
+        .filter(|(k, _)| k.starts_with(annotations::PREFIX) || annotations::looks_like_ours(k))
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
     if !annotations::opted_in(Some(&own))? {
@@ -255,6 +344,7 @@ fn run(
     }
 
     let previous = workload.template().and_then(status::read);
+    ctx.first_injection = previous.is_none();
     if previous.is_none()
         && let Some(template) = workload.template_mut()
     {

@@ -140,7 +140,7 @@ fn node_failure_toleration(
             }
             Enforce::Overwrite => {
                 ctx.warn(format!(
-                    "policy profile {:?} rule {rule}: the pod template tolerated {taint} forever, overwritten with the enforced {} s",
+                    "policy profile {:?} rule {rule}: the toleration of {taint} for ever overwritten with the enforced {}s",
                     profile.name, setting.value
                 ));
                 Some(setting.value)

@@ -151,9 +151,7 @@ fn sized(
     let nnodes = match ann.nnodes {
         None if size == 0 && shape.kind == "StatefulSet" => {
             ctx.warn(format!(
-                    "StatefulSet {}: replicas 0 and no {}, so it is paused with no world size; scale it up with kubectl apply or patch (which re-inject it), not kubectl scale, or set {}",
-                    shape.name,
-                    annotations::NNODES,
+                    "replicas 0 without {}: no world size; scale up with kubectl apply or patch, not kubectl scale",
                     annotations::NNODES
                 ));
             return finish(ctx, shape, ann, None, spares, gpus, framework);
@@ -184,7 +182,7 @@ fn sized(
             let pods = n.max().saturating_add(spares);
             if size < n.min() || size > pods {
                 ctx.warn(format!(
-                    "annotation {} is {n}{} but {} of {} {} is {size}: the world {} until they agree",
+                    "{} is {n}{} but {} is {size}: the world {} until they agree",
                     annotations::NNODES,
                     if spares > 0 {
                         format!(" with {spares} spares")
@@ -192,8 +190,6 @@ fn sized(
                         String::new()
                     },
                     shape.size_field,
-                    shape.kind,
-                    shape.name,
                     if size < n.min() {
                         "does not form"
                     } else {
@@ -202,9 +198,7 @@ fn sized(
                 ));
             } else if spares > 0 && size < pods {
                 ctx.warn(format!(
-                    "{} {}: {} {size} holds {} of the {spares} spares of annotation {}: set it to {pods}",
-                    shape.kind,
-                    shape.name,
+                    "{} {size} holds {} of the {spares} spares of {}: set it to {pods}",
                     shape.size_field,
                     size.saturating_sub(n.max()),
                     annotations::SPARES
@@ -388,9 +382,7 @@ fn topology(
     }
     if spares > 0 && store == RdzvStore::Pod0 {
         ctx.warn(format!(
-            "{} {}: spares replace any lost node but pod 0, whose loss stops the store; add {}: dedicated (docs/topology.md)",
-            shape.kind,
-            shape.name,
+            "spares replace any lost node but pod 0, whose loss stops the store: add {}: dedicated",
             annotations::RDZV_STORE
         ));
     }
@@ -423,14 +415,14 @@ pub fn host_network_dns(ctx: &mut Ctx<'_>, spec: &mut PodSpec) {
         Some(HOST_NETWORK_DNS_POLICY) => {}
         Some(other) => {
             ctx.warn(format!(
-                "hostNetwork with dnsPolicy {other}, which is kept: pod names (the rendezvous endpoint, the sidecar's peers) resolve only if that resolver reaches the cluster DNS; remove dnsPolicy to get {HOST_NETWORK_DNS_POLICY}"
+                "hostNetwork with dnsPolicy {other} (kept): pod names resolve only through the cluster DNS; remove dnsPolicy"
             ));
             return;
         }
     }
     spec.dns_policy = Some(HOST_NETWORK_DNS_POLICY.to_string());
     ctx.warn(format!(
-        "hostNetwork: dnsPolicy set to {HOST_NETWORK_DNS_POLICY} so that pod names resolve; with no /etc/hosts line of its own, a replaced pod 0 hosts the rendezvous store only once DNS has its new address"
+        "hostNetwork: dnsPolicy set to {HOST_NETWORK_DNS_POLICY} so that pod names resolve"
     ));
 }
 
@@ -586,9 +578,12 @@ fn rdzv_conf(
         .collect::<Vec<_>>()
         .join(",");
     if trainer::sets(c, RDZV_CONF) && trainer::literal(c, RDZV_CONF).is_none() {
-        ctx.warn(format!(
-            "env {RDZV_CONF} of container {:?} is a reference that trainwire cannot merge; make sure it contains {ours} (torchrun then drops a lost node from the rendezvous in about 3 s)",
-            c.name
+        ctx.warn(super::with_detail(
+            format!(
+                "env {RDZV_CONF} of container {:?} is a reference trainwire cannot merge: give it {ours}",
+                c.name
+            ),
+            "a lost node then leaves the rendezvous in 3 s",
         ));
         return None;
     }
@@ -615,16 +610,18 @@ fn rdzv_conf(
         .collect();
     for (key, value) in wanted {
         match pairs.iter().find(|(k, _)| k == key) {
-            Some((_, v)) if v != value => ctx.warn(format!(
-                "env {RDZV_CONF} of container {:?} sets {key}={v}, which is kept, but trainwire would set {key}={value}: {}",
-                c.name,
+            Some((_, v)) if v != value => ctx.warn(super::with_detail(
+                format!(
+                    "env {RDZV_CONF} of container {:?}: {key}={v} kept, trainwire would set {key}={value}",
+                    c.name
+                ),
                 if key == ELASTIC_LAST_CALL.0 {
-                    "the world then waits that long before it shrinks after a lost node"
+                    "a world shrinks that late"
                 } else if key == NOT_HOST.0 {
-                    "a training node then runs a second store beside the dedicated one"
+                    "a node runs a second store"
                 } else {
-                    "a lost node then stays in the rendezvous longer"
-                }
+                    "a lost node stays longer"
+                },
             )),
             Some(_) => {}
             None => pairs.push((key.to_string(), value.to_string())),
@@ -634,7 +631,7 @@ fn rdzv_conf(
         && v.parse::<u64>().is_ok_and(|t| t < DEFAULT_JOIN_TIMEOUT)
     {
         ctx.warn(format!(
-                "env {RDZV_CONF} of container {:?} sets join_timeout={v}, shorter than torchrun's default {DEFAULT_JOIN_TIMEOUT}: survivors of a lost node then give up and close the rendezvous before a replacement joins",
+                "env {RDZV_CONF} of container {:?}: join_timeout={v} is below torchrun's {DEFAULT_JOIN_TIMEOUT}: a replacement may join too late",
                 c.name
             ));
     }

@@ -110,7 +110,7 @@ pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityCo
             let can_signal = uid == 0 || trainer_uid == Some(uid);
             if !can_signal {
                 ctx.warn(format!(
-                    "policy profile {:?} runs the sidecar as UID {uid} and the trainer as {}: a non-root process cannot signal another user's, so the sidecar can only report a lost peer",
+                    "policy profile {:?} runs the sidecar as UID {uid}, the trainer as {}: it can report a lost peer, not restart",
                     ctx.profile.name,
                     trainer_uid.map_or("the image's user".to_string(), |u| format!("UID {u}"))
                 ));
@@ -129,7 +129,7 @@ pub fn identity(ctx: &mut Ctx<'_>, spec: &PodSpec, trainer: usize) -> SecurityCo
         && let Some((true, whose)) = non_root
     {
         ctx.warn(format!(
-            "{whose} sets runAsNonRoot without the trainer's UID: the sidecar runs as root with only KILL to signal it, which Pod Security restricted refuses; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability"
+            "{whose} sets runAsNonRoot but no runAsUser: the sidecar is root, refused by restricted Pod Security"
         ));
     }
     SecurityContext {
@@ -237,8 +237,7 @@ pub fn inject(
         match super::tensorflow::agent_match(&spec.containers[trainer]) {
             Some(pattern) => vars.push(plain(env::AGENT_MATCH, pattern)),
             None if action.value != PeerLossAction::None => ctx.warn(format!(
-                "{}: tensorflow: the trainer container's command names no Python script or module, so the sidecar cannot find the trainer process to restart it after a lost worker and only reports (TensorFlow's own error exit restarts it in most cases); give the container a command such as [python, train.py], or set {} in the policy's sidecar.env",
-                annotations::FRAMEWORK,
+                "tensorflow: no Python script in the trainer's command, the sidecar cannot restart it; set {}",
                 env::AGENT_MATCH
             )),
             None => {}
@@ -247,7 +246,7 @@ pub fn inject(
     for (k, v) in &profile.sidecar.env {
         if vars.iter().any(|e| &e.name == k) {
             ctx.warn(format!(
-                "policy profile {:?} sidecar.env sets {k}, which trainwire computes per workload; the policy's value is ignored",
+                "policy profile {:?} sidecar.env {k} is ignored: trainwire sets it per workload",
                 profile.name
             ));
         } else {
@@ -324,7 +323,7 @@ pub fn inject(
     let inits = spec.init_containers.get_or_insert_with(Vec::new);
     if inits.iter().any(|c| c.name == NAME) {
         ctx.warn(format!(
-            "the pod template already has an init container named {NAME:?} that trainwire did not write; it is kept as it is (remove it to let trainwire manage the sidecar)"
+            "init container {NAME:?} was not written by trainwire: kept as is; remove it to get trainwire's sidecar"
         ));
     } else {
         ctx.status
@@ -342,10 +341,10 @@ pub fn inject(
         && action.value != PeerLossAction::None
         && restarts_trainers
     {
-        ctx.warn(format!(
-            "Job {}: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place",
-            shape.name
-        ));
+        ctx.warn(
+            "restartPolicy Never: each trainer restart fails the pod and counts against backoffLimit; OnFailure restarts in place"
+                .to_string(),
+        );
     }
 
     if spec.host_pid == Some(true) {
@@ -358,7 +357,7 @@ pub fn inject(
             }
             Some(true) => {}
             Some(false) => ctx.warn(
-                "the pod template sets shareProcessNamespace: false, which is kept; the sidecar then cannot see or restart the trainer's processes (it only reports)".to_string(),
+                "shareProcessNamespace: false (kept): the sidecar cannot see or restart the trainer, only report".to_string(),
             ),
         }
     }

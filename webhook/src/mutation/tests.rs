@@ -14,18 +14,33 @@ fn fixture(name: &str) -> (Value, String) {
     trainwire_test_support::fixtures::request_object(name)
 }
 
-/// The apiserver may truncate an admission warning past 256 characters.
-const MAX_WARNING: usize = 256;
+/// Every warning any test here produces fits in [`MAX_WARNING_LEN`]
+/// characters, but for these, which quote values of the manifest or the
+/// policy that may be long by themselves (docs/warnings.md lists them).
+const LONG_WARNINGS: &[&str] = &[
+    // The manifest's value and trainwire's (a pod's DNS name).
+    "env ",
+    // The policy's rule, the manifest's value and the enforced one.
+    "policy profile ",
+];
+
+/// The apiserver truncates an admission warning past 256 characters.
+const MAX_ANY_WARNING: usize = 256;
+
+fn check_warning(w: &str) {
+    let n = w.chars().count();
+    assert!(n <= MAX_ANY_WARNING, "warning of {n} characters: {w}");
+    assert!(
+        n <= MAX_WARNING_LEN || LONG_WARNINGS.iter().any(|p| w.starts_with(p)),
+        "warning of {n} characters (at most {MAX_WARNING_LEN}; docs/warnings.md): {w}"
+    );
+}
 
 fn mutated(obj: &Value, ns: Option<&str>, profile: &Profile) -> Mutation {
     match mutate(obj, ns, profile) {
         Ok(Outcome::Mutated(m)) => {
             for w in &m.warnings {
-                assert!(
-                    w.len() <= MAX_WARNING,
-                    "warning of {} characters: {w}",
-                    w.len()
-                );
+                check_warning(w);
             }
             m
         }
@@ -413,8 +428,9 @@ fn retrofit_keeps_the_manifest_values_and_warns() {
     assert_eq!(
         m.warnings,
         vec![
-            "env PET_RDZV_CONF of container \"trainer\" sets keep_alive_interval=5, which is kept, but trainwire would set keep_alive_interval=1: a lost node then stays in the rendezvous longer".to_string(),
-            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc.cluster.local\" (pod 0's own DNS name; a Service name resolves to every pod)".to_string(),
+            workload::ORDERED_READY_WARNING.to_string(),
+            "env PET_RDZV_CONF of container \"trainer\": keep_alive_interval=5 kept, trainwire would set keep_alive_interval=1".to_string(),
+            "env MASTER_ADDR of container \"trainer\": the manifest's \"train-rdzv\" is kept; trainwire would set \"llama-ft-0.llama-ft.trainwire-test.svc.cluster.local\"".to_string(),
             "env NNODES of container \"trainer\": the manifest's \"3\" is kept; trainwire would set \"4\" (spec.replicas)".to_string(),
         ]
     );
@@ -649,7 +665,7 @@ fn without(pointer: &str, key: &str) -> Value {
 
 #[rstest]
 #[case(with_annotations(&[("trainwire.dev/inject", "true")]).pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/sidecar"] = json!(false); o }),
-    "annotation trainwire.dev/sidecar: \"false\" is not valid: annotation values are strings; accepted: the same value quoted in YAML")]
+    "trainwire.dev/sidecar: false is a YAML boolean, annotation values are strings: write \"false\" in quotes")]
 #[case(with_annotations(&[("trainwire.dev/rdzv-backend", "static"), ("trainwire.dev/nnodes", "1:2")]),
     "annotation trainwire.dev/nnodes: \"1:2\" is not valid: the static rendezvous backend cannot run an elastic world; accepted: a fixed node count such as \"4\" with rdzv-backend static, or rdzv-backend c10d for MIN:MAX")]
 #[case(
@@ -712,7 +728,7 @@ fn a_resize_held_back_by_the_update_strategy_is_warned(
     // A real change besides, so that the same size still re-injects.
     update["spec"]["template"]["spec"]["containers"][0]["image"] = json!("trainer:v2");
     let m = mutated(&update, None, &Profile::default());
-    let expected = "StatefulSet llama-ft: world size 2 -> 3, but ";
+    let expected = "world size 2 -> 3, but ";
     assert_eq!(
         m.warnings.iter().any(|w| w.starts_with(expected)),
         warned,
@@ -721,9 +737,9 @@ fn a_resize_held_back_by_the_update_strategy_is_warned(
     );
     if warned {
         assert!(
-            m.warnings.iter().any(|w| w.ends_with(
-                "on PET_NNODES 2 until deleted; a world needs one size: delete those pods"
-            )),
+            m.warnings
+                .iter()
+                .any(|w| w.ends_with("on the old size: delete those pods")),
             "{:?}",
             m.warnings
         );
@@ -864,10 +880,11 @@ fn policy_overwrites_defaults_and_placement() {
     assert_eq!(
         m.warnings,
         vec![
-            "policy profile \"ml\" rule checkpoint: annotation trainwire.dev/checkpoint-pvc was \"ckpt\", overwritten with the required claim \"llama-ft-ckpt\"".to_string(),
-            "policy profile \"ml\" rule nccl.NCCL_SOCKET_IFNAME: env NCCL_SOCKET_IFNAME of container \"trainer\" was \"ib0\", overwritten with the enforced \"eth1\"".to_string(),
-            "policy profile \"ml\" rule nodeSelector.pool: nodeSelector pool of the pod template was \"cpu\", overwritten with the enforced \"gpu\"".to_string(),
-            "policy profile \"ml\" rule nodeFailureTolerationSeconds: tolerationSeconds of the pod template's toleration for node.kubernetes.io/not-ready was 300, overwritten with the enforced 30".to_string(),
+            workload::ORDERED_READY_WARNING.to_string(),
+            "policy profile \"ml\" rule checkpoint: annotation trainwire.dev/checkpoint-pvc \"ckpt\" overwritten with the required \"llama-ft-ckpt\"".to_string(),
+            "policy profile \"ml\" rule nccl.NCCL_SOCKET_IFNAME: env NCCL_SOCKET_IFNAME of container \"trainer\" \"ib0\" overwritten with the enforced \"eth1\"".to_string(),
+            "policy profile \"ml\" rule nodeSelector.pool: nodeSelector pool of the pod template \"cpu\" overwritten with the enforced \"gpu\"".to_string(),
+            "policy profile \"ml\" rule nodeFailureTolerationSeconds: tolerationSeconds of the pod template's toleration for node.kubernetes.io/not-ready 300 overwritten with the enforced 30".to_string(),
         ]
     );
     // A policy that stops enforcing gives the user's values back, at the
@@ -933,7 +950,7 @@ fn the_sidecar_runs_as_the_trainer_or_as_root_with_kill_only(
     assert_eq!(
         m.warnings
             .iter()
-            .any(|w| w.contains("cannot signal another user's")),
+            .any(|w| w.contains("it can report a lost peer, not restart")),
         warned,
         "{:?}",
         m.warnings
@@ -978,7 +995,7 @@ fn a_root_sidecar_beside_a_run_as_non_root_trainer_is_explained(
             assert_eq!(
                 warned,
                 [&format!(
-                    "{whose} sets runAsNonRoot without the trainer's UID: the sidecar runs as root with only KILL to signal it, which Pod Security restricted refuses; set runAsUser on the trainer or the pod and the sidecar runs as that user with no capability"
+                    "{whose} sets runAsNonRoot but no runAsUser: the sidecar is root, refused by restricted Pod Security"
                 )]
             );
         }
@@ -1177,7 +1194,7 @@ fn a_job_that_never_restarts_is_warned_about() {
     let m = mutated(&obj, Some(&ns), &Profile::default());
     assert_eq!(
         m.warnings,
-        vec!["Job bert-pretrain: with restartPolicy Never, a trainer the sidecar restarts after losing the rendezvous host fails its pod, which the Job replaces and counts against backoffLimit; restartPolicy OnFailure restarts the trainer in place".to_string()]
+        vec!["restartPolicy Never: each trainer restart fails the pod and counts against backoffLimit; OnFailure restarts in place".to_string()]
     );
 }
 
@@ -1190,7 +1207,10 @@ fn a_per_pod_claim_at_the_checkpoint_path_is_named_in_the_warning() {
     let m = check_round_trip(&obj, Some(&ns), &Profile::default());
     assert_eq!(
         m.warnings,
-        vec!["container \"trainer\" already mounts volume \"ckpt-local\" (a volumeClaimTemplate: one claim per pod, not shared) at /checkpoints, which is kept; annotation trainwire.dev/checkpoint-pvc asked for claim \"ckpt\" there".to_string()]
+        vec![
+            workload::ORDERED_READY_WARNING.to_string(),
+            "container \"trainer\" mounts per-pod \"ckpt-local\" at /checkpoints (kept), not claim \"ckpt\" (trainwire.dev/checkpoint-pvc)".to_string()
+        ]
     );
     // The sidecar watches that mount.
     assert_eq!(
@@ -1352,13 +1372,7 @@ fn a_nonindexed_job_becomes_indexed_with_a_warning(#[case] name: &str, #[case] s
         trainer_value(&m.object, "PET_NNODES").as_deref(),
         Some(size.to_string().as_str())
     );
-    let job = obj["metadata"]["name"].as_str().expect("name");
-    assert_eq!(
-        m.warnings[0],
-        format!(
-            "Job {job}: spec.completionMode NonIndexed (the apiserver's default when the manifest does not set it) is changed to Indexed: a torchrun world needs a node rank per pod, which only an Indexed Job gives"
-        )
-    );
+    assert_eq!(m.warnings[0], workload::NON_INDEXED_WARNING);
     // Injecting the result again changes nothing.
     let again = mutated(&m.object, Some(&ns), &Profile::default());
     assert!(again.patch.0.is_empty(), "{:?}", again.patch);
@@ -1514,12 +1528,12 @@ fn job_with(f: impl FnOnce(&mut Value)) -> Value {
 // The manifest's own policy is kept; without a DisruptionTarget rule, a warning.
 #[case::own_policy(reclaiming(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
     false, Some("Failed"), None,
-    Some("Job bert-pretrain: spec.podFailurePolicy (kept) has no DisruptionTarget rule, so a pod lost with its node counts against backoffLimit: put {action: Ignore, onPodConditions: [{type: DisruptionTarget}]} first in its rules"))]
+    Some("spec.podFailurePolicy (kept) has no DisruptionTarget rule: a pod lost with its node counts against backoffLimit"))]
 #[case::own_policy_with_rule(reclaiming(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
     false, Some("Failed"), None, None)]
 #[case::own_policy_no_reclaim(Profile::default(), job_with(|o| { o["spec"]["podFailurePolicy"] = json!({"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}); o["spec"]["podReplacementPolicy"] = json!("Failed"); }),
     false, Some("Failed"), None,
-    Some("Job bert-pretrain: with a podFailurePolicy (podReplacementPolicy Failed) a pod whose node dies never reaches Failed, so the Job gets no replacement for it; the platform policy's nodeFailure reclaim is what frees such a pod, and it is off for this namespace"))]
+    Some("spec.podFailurePolicy without the policy's nodeFailure reclaim: a pod on a dead node is never replaced"))]
 fn jobs_get_the_disruption_rule_only_with_reclaim(
     #[case] profile: Profile,
     #[case] obj: Value,
@@ -1855,7 +1869,7 @@ fn host_network_pods_get_the_cluster_dns() {
     assert!(
         kept.warnings
             .iter()
-            .any(|w| w.starts_with("hostNetwork with dnsPolicy Default, which is kept")),
+            .any(|w| w.starts_with("hostNetwork with dnsPolicy Default (kept)")),
         "{:?}",
         kept.warnings
     );
@@ -2062,6 +2076,130 @@ fn empty_user_fields_are_kept_on_reinjection(
     }
 }
 
+/// What offline `inject` says about objects the engine passes through.
+#[test]
+fn objects_meant_for_trainwire_but_not_managed_are_named() {
+    let warned = |v: Value| not_managed_warnings(&v);
+    let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "annotations": {"trainwire.dev/inject": "true"}}});
+    assert_eq!(
+        warned(deployment),
+        vec!["trainwire.dev/inject is ignored on kind Deployment: trainwire injects only apps/v1 StatefulSets and batch/v1 Jobs".to_string()]
+    );
+    let old = json!({"apiVersion": "apps/v1beta2", "kind": "StatefulSet",
+        "metadata": {"name": "x", "annotations": {"trainwire.dev/inject": true}}});
+    assert!(warned(old)[0].contains("kind apps/v1beta2 StatefulSet"));
+    let not_opted = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "annotations": {"trainwire.dev/inject": "false"}}});
+    assert!(warned(not_opted).is_empty());
+    let template = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+        "spec": {"template": {"metadata": {"annotations": {"trainwire.dev/inject": "true"}}}}});
+    assert_eq!(
+        warned(template),
+        vec!["trainwire.dev/inject is on the pod template: not injected; put it in the Job's own metadata.annotations".to_string()]
+    );
+    for w in [
+        workload::ORDERED_READY_WARNING,
+        workload::NON_INDEXED_WARNING,
+    ] {
+        check_warning(w);
+    }
+}
+
+/// Each warning the other tests here do not produce, produced once, so that
+/// every warning the engine gives is checked against [`MAX_WARNING_LEN`]
+/// (by [`mutated`]).
+#[rstest]
+#[case::gpus(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/gpus-per-node"] = json!("4");
+    o["spec"]["template"]["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": "8"}});
+}, "container \"trainer\" asks for nvidia.com/gpu 8 (kept)")]
+#[case::checkpoint_path(|o: &mut Value| {
+    if let Some(a) = o["metadata"]["annotations"].as_object_mut() {
+        a.remove("trainwire.dev/checkpoint-pvc");
+    }
+    o["metadata"]["annotations"]["trainwire.dev/checkpoint-path"] = json!("/ckpt");
+}, "trainwire.dev/checkpoint-path set but no checkpoint volume")]
+#[case::shm_kept(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/shm-size"] = json!("16Gi");
+    o["spec"]["template"]["spec"]["volumes"] = json!([{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]);
+    o["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "dshm", "mountPath": "/dev/shm"}]);
+}, "the volume \"dshm\" mounted at /dev/shm (64Gi) kept")]
+#[case::own_init_container(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["initContainers"] = json!([{"name": "trainwire-sidecar", "image": "x"}]);
+}, "init container \"trainwire-sidecar\" was not written by trainwire")]
+#[case::no_shared_pids(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["shareProcessNamespace"] = json!(false);
+}, "shareProcessNamespace: false (kept)")]
+#[case::tensorflow_without_script(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/framework"] = json!("tensorflow");
+    o["spec"]["template"]["spec"]["containers"][0]["command"] = json!(["/usr/local/bin/trainer"]);
+    o["spec"]["template"]["spec"]["containers"][0]["args"] = json!([]);
+}, "tensorflow: no Python script in the trainer's command")]
+#[case::torchrun_annotation_with_tensorflow(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/framework"] = json!("tensorflow");
+    o["metadata"]["annotations"]["trainwire.dev/max-restarts"] = json!("5");
+}, "annotation trainwire.dev/max-restarts is for torchrun")]
+#[case::spares_short(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("2");
+    o["spec"]["replicas"] = json!(3);
+}, "spec.replicas 3 holds 1 of the 2 spares")]
+#[case::spares_on_pod0_store(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    o["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("pod0");
+    o["spec"]["replicas"] = json!(3);
+}, "spares replace any lost node but pod 0")]
+#[case::short_join_timeout(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "PET_RDZV_CONF", "value": "join_timeout=60"}]);
+}, "env PET_RDZV_CONF of container \"trainer\": join_timeout=60 is below")]
+#[case::rdzv_conf_reference(|o: &mut Value| {
+    o["spec"]["template"]["spec"]["containers"][0]["env"] = json!([{"name": "PET_RDZV_CONF", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}]);
+}, "env PET_RDZV_CONF of container \"trainer\" is a reference")]
+fn every_other_warning_fits_in_a_terminal_line(
+    #[case] edit: fn(&mut Value),
+    #[case] expected: &str,
+) {
+    let (mut obj, ns) = sts_fixture();
+    obj["spec"]["podManagementPolicy"] = json!("Parallel");
+    edit(&mut obj);
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        "{expected:?} not in {:?}",
+        m.warnings
+    );
+}
+
+/// The Job warnings the other tests do not produce.
+#[rstest]
+#[case::completions(|o: &mut Value| {
+    o["spec"]["completions"] = json!(3);
+}, "spec.completions 3 differs from spec.parallelism 2")]
+#[case::success_policy(|o: &mut Value| {
+    o["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!("2");
+    o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    o["spec"]["parallelism"] = json!(3);
+    o["spec"]["completions"] = json!(3);
+    o["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 3}]});
+}, "spec.successPolicy (kept) has no rule succeededCount <= 2")]
+fn every_other_job_warning_fits_in_a_terminal_line(
+    #[case] edit: fn(&mut Value),
+    #[case] expected: &str,
+) {
+    let (mut obj, ns) = fixture("job-indexed-create.json");
+    obj["spec"]["parallelism"] = json!(2);
+    obj["spec"]["completions"] = json!(2);
+    edit(&mut obj);
+    let m = mutated(&obj, Some(&ns), &Profile::default());
+    assert!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        "{expected:?} not in {:?}",
+        m.warnings
+    );
+}
+
 /// A world of 2 with one hot spare and a dedicated store (3 pods).
 fn spare_sts() -> Value {
     with_annotations(&[
@@ -2071,6 +2209,7 @@ fn spare_sts() -> Value {
     ])
     .pipe(|mut o| {
         o["spec"]["replicas"] = json!(3);
+        o["spec"]["podManagementPolicy"] = json!("Parallel");
         o
     })
 }
@@ -2144,13 +2283,13 @@ fn the_topology_is_part_of_the_input_hash() {
 #[rstest]
 #[case::spares_with_the_store_on_pod_0(
     with_annotations(&[("trainwire.dev/nnodes", "2"), ("trainwire.dev/spares", "1")]).pipe(|mut o| { o["spec"]["replicas"] = json!(3); o }),
-    "StatefulSet llama-ft: spares replace any lost node but pod 0, whose loss stops the store; add trainwire.dev/rdzv-store: dedicated (docs/topology.md)")]
+    "spares replace any lost node but pod 0, whose loss stops the store: add trainwire.dev/rdzv-store: dedicated")]
 #[case::a_spare_short(
     spare_sts().pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/spares"] = json!("2"); o }),
-    "StatefulSet llama-ft: spec.replicas 3 holds 1 of the 2 spares of annotation trainwire.dev/spares: set it to 4")]
+    "spec.replicas 3 holds 1 of the 2 spares of trainwire.dev/spares: set it to 4")]
 #[case::more_pods_than_world_and_spares(
     spare_sts().pipe(|mut o| { o["spec"]["replicas"] = json!(5); o }),
-    "annotation trainwire.dev/nnodes is 2 with 1 spares but spec.replicas of StatefulSet llama-ft is 5: the world leaves pods out until they agree")]
+    "trainwire.dev/nnodes is 2 with 1 spares but spec.replicas is 5: the world leaves pods out until they agree")]
 fn topology_warnings(#[case] obj: Value, #[case] warning: &str) {
     let m = mutated(&obj, None, &Profile::default());
     assert!(m.warnings.iter().any(|w| w == warning), "{:?}", m.warnings);
@@ -2225,7 +2364,7 @@ fn a_job_with_spares_succeeds_on_the_worlds_nodes() {
     );
     assert!(
         m.warnings.iter().any(|w| w
-            == "Job bert-pretrain: backoffLimit 0 is below its 1 spares, whose pods fail (exit 1) when the world ends: set backoffLimit >= 1"),
+            == "backoffLimit 0 is below the 1 spares, whose pods fail (exit 1) when the world ends: set it >= 1"),
         "{:?}",
         m.warnings
     );

@@ -170,11 +170,13 @@ pub fn apply_env(
         let source = format!("env {name} of container {:?}", c.name);
         match d.conflict {
             Conflict::Quiet => {}
-            Conflict::ManifestWins => ctx.warn(format!(
-                "{source}: the manifest's {} is kept; trainwire would set {} ({})",
-                describe(&env[pos]),
-                describe(&d.var),
-                d.why
+            Conflict::ManifestWins => ctx.warn(super::with_detail(
+                format!(
+                    "{source}: the manifest's {} is kept; trainwire would set {}",
+                    describe(&env[pos]),
+                    describe(&d.var),
+                ),
+                &d.why,
             )),
             Conflict::Replace => replace(ctx, &mut env[pos], d.var),
             Conflict::Policy { rule, setting } => {

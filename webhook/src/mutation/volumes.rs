@@ -143,13 +143,13 @@ fn mount_claim(
         let has = claim_of(spec, &name);
         if has.as_deref() != Some(claim) {
             ctx.warn(format!(
-                "container {:?} already mounts volume {name:?} ({}) at {path}, which is kept; {why} asked for claim {claim:?} there",
+                "container {:?} mounts {} at {path} (kept), not claim {claim:?} ({why})",
                 spec.containers[trainer].name,
                 match has {
                     Some(c) => format!("claim {c:?}"),
                     None if !spec.volumes.iter().flatten().any(|v| v.name == name) =>
-                        "a volumeClaimTemplate: one claim per pod, not shared".to_string(),
-                    None => "not a PersistentVolumeClaim".to_string(),
+                        format!("per-pod {name:?}"),
+                    None => format!("volume {name:?}"),
                 },
             ));
         }
@@ -226,7 +226,7 @@ fn checkpoint_claim(
         }
         (Some(c), Enforce::Overwrite) if is_plain(&pattern) => {
             ctx.warn(format!(
-                "policy profile {:?} rule checkpoint: annotation {} was {c:?}, overwritten with the required claim {pattern:?}",
+                "policy profile {:?} rule checkpoint: annotation {} {c:?} overwritten with the required {pattern:?}",
                 profile.name,
                 annotations::CHECKPOINT_PVC
             ));
@@ -308,7 +308,7 @@ pub fn checkpoint(
                 path: &path,
                 read_only: false,
                 base_name: CHECKPOINT_VOLUME,
-                why: format!("annotation {}", annotations::CHECKPOINT_PVC),
+                why: annotations::CHECKPOINT_PVC.to_string(),
             },
         ),
         None => match mount_at(spec, trainer, &path) {
@@ -316,7 +316,7 @@ pub fn checkpoint(
             None => {
                 if ann.checkpoint_path.is_some() {
                     ctx.warn(format!(
-                        "annotation {} is set but there is no checkpoint volume: annotate {} or mount a volume at {path}",
+                        "{} set but no checkpoint volume: set {} or mount one at {path}",
                         annotations::CHECKPOINT_PATH,
                         annotations::CHECKPOINT_PVC
                     ));
@@ -353,7 +353,7 @@ pub fn shared(
                 path: &v.path,
                 read_only: v.read_only,
                 base_name: &v.claim,
-                why: format!("annotation {}", annotations::VOLUMES),
+                why: annotations::VOLUMES.to_string(),
             },
         );
     }
@@ -474,7 +474,7 @@ pub fn shm(
         }
     } else if ann.shm_size.is_some() {
         ctx.warn(format!(
-            "{what} ({user}) is kept; annotation {} asked for {size}",
+            "{what} ({user}) kept; {} asked for {size}",
             annotations::SHM_SIZE
         ));
     }

@@ -157,11 +157,20 @@ pub fn warn_held_back_resize(ctx: &mut Ctx<'_>, workload: &Workload, old_nnodes:
             _ => return,
         },
     };
-    let name = s.metadata.name.as_deref().unwrap_or_default();
     ctx.warn(format!(
-        "StatefulSet {name}: world size {old_nnodes} -> {new_nnodes}, but {held_back} keeps {which} on PET_NNODES {old_nnodes} until deleted; a world needs one size: delete those pods"
+        "world size {old_nnodes} -> {new_nnodes}, but {held_back} keeps {which} on the old size: delete those pods"
     ));
 }
+
+/// A Job whose `completionMode` is absent or `NonIndexed` (the
+/// apiserver's default) is made Indexed (docs/warnings.md).
+pub const NON_INDEXED_WARNING: &str = "spec.completionMode NonIndexed (the default) is changed to Indexed: a torchrun world needs a rank per pod";
+
+/// A StatefulSet first injected with `podManagementPolicy` absent or
+/// `OrderedReady` (the apiserver's default): its pods start one at a time,
+/// each after the previous one is Running and Ready, so the world waits for
+/// every pod in turn; the field is immutable (docs/warnings.md).
+pub const ORDERED_READY_WARNING: &str = "podManagementPolicy OrderedReady starts the pods one at a time and cannot be changed later: set Parallel";
 
 /// What the rest of the engine needs to know about the workload.
 #[derive(Clone, Debug)]
@@ -378,6 +387,16 @@ impl Workload {
                         next = i64::from(start) + 1
                     )));
                 }
+                // The apiserver defaults it to OrderedReady before admission,
+                // and it is immutable: only the first injection says it.
+                if ctx.first_injection
+                    && spec
+                        .pod_management_policy
+                        .as_deref()
+                        .is_none_or(|p| p == "OrderedReady")
+                {
+                    ctx.warn(ORDERED_READY_WARNING.to_string());
+                }
                 Ok(Shape {
                     kind,
                     selector: selector_string(&spec.selector),
@@ -403,6 +422,9 @@ impl Workload {
                     None => {
                         spec.completion_mode = Some("Indexed".to_string());
                         ctx.status.fields.push("completionMode".to_string());
+                        // Offline the field is absent where the apiserver
+                        // would have defaulted it: the same warning.
+                        ctx.warn(NON_INDEXED_WARNING.to_string());
                     }
                     Some("Indexed") => {}
                     Some("NonIndexed") => {
@@ -411,9 +433,7 @@ impl Workload {
                         // re-admission strips back to the very input that
                         // was hashed, and the same input stays a no-op.
                         ctx.status.fields.push(FIELD_NON_INDEXED.to_string());
-                        ctx.warn(format!(
-                            "Job {name}: spec.completionMode NonIndexed (the apiserver's default when the manifest does not set it) is changed to Indexed: a torchrun world needs a node rank per pod, which only an Indexed Job gives"
-                        ));
+                        ctx.warn(NON_INDEXED_WARNING.to_string());
                     }
                     Some(other) => {
                         return Err(Refusal::Workload(format!(
@@ -428,7 +448,7 @@ impl Workload {
                         ctx.status.fields.push("completions".to_string());
                     }
                     Some(c) if c != parallelism => ctx.warn(format!(
-                        "Job {name}: spec.completions is {c} but spec.parallelism is {parallelism}; every rank of a torchrun world must run at once, so set both to the number of nodes"
+                        "spec.completions {c} differs from spec.parallelism {parallelism}: a world's ranks run at once; set both to the node count"
                     )),
                     Some(_) => {}
                 }
@@ -441,7 +461,7 @@ impl Workload {
                         name.clone()
                     }
                 };
-                disruption_policy(ctx, &name, spec);
+                disruption_policy(ctx, spec);
                 Ok(Shape {
                     kind,
                     selector: format!("batch.kubernetes.io/job-name={name}"),
@@ -602,7 +622,6 @@ pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32
     let Workload::Job(j) = workload else {
         return;
     };
-    let name = j.metadata.name.clone().unwrap_or_default();
     let Some(spec) = j.spec.as_mut() else {
         return;
     };
@@ -613,7 +632,7 @@ pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32
     let backoff = spec.backoff_limit.unwrap_or(6);
     if spec.backoff_limit_per_index.is_none() && i64::from(backoff) < i64::from(spares) {
         ctx.warn(format!(
-            "Job {name}: backoffLimit {backoff} is below its {spares} spares, whose pods fail (exit 1) when the world ends: set backoffLimit >= {spares}"
+            "backoffLimit {backoff} is below the {spares} spares, whose pods fail (exit 1) when the world ends: set it >= {spares}"
         ));
     }
     if let Some(own) = &spec.success_policy {
@@ -622,7 +641,7 @@ pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32
         });
         if !fits {
             ctx.warn(format!(
-                "Job {name}: spec.successPolicy (kept) has no rule succeededCount <= {count}; its {spares} spares exit 1 when the world ends, so the Job may end Failed"
+                "spec.successPolicy (kept) has no rule succeededCount <= {count}: with {spares} spares the Job may end Failed"
             ));
         }
         return;
@@ -671,7 +690,7 @@ pub fn disruption_rule() -> PodFailurePolicyRule {
 /// happen: without `nodeFailure` nothing is injected. A manifest's own
 /// `podFailurePolicy` is kept; without a `DisruptionTarget` rule it is
 /// warned about.
-fn disruption_policy(ctx: &mut Ctx<'_>, name: &str, spec: &mut JobSpec) {
+fn disruption_policy(ctx: &mut Ctx<'_>, spec: &mut JobSpec) {
     let reclaim = ctx.profile.node_failure.is_some();
     if let Some(own) = &spec.pod_failure_policy {
         let has_rule = own.rules.iter().any(|r| {
@@ -681,13 +700,15 @@ fn disruption_policy(ctx: &mut Ctx<'_>, name: &str, spec: &mut JobSpec) {
                 .any(|c| c.type_ == DISRUPTION_TARGET)
         });
         if !reclaim {
-            ctx.warn(format!(
-                "Job {name}: with a podFailurePolicy (podReplacementPolicy Failed) a pod whose node dies never reaches Failed, so the Job gets no replacement for it; the platform policy's nodeFailure reclaim is what frees such a pod, and it is off for this namespace"
-            ));
+            ctx.warn(
+                "spec.podFailurePolicy without the policy's nodeFailure reclaim: a pod on a dead node is never replaced"
+                    .to_string(),
+            );
         } else if !has_rule {
-            ctx.warn(format!(
-                "Job {name}: spec.podFailurePolicy (kept) has no DisruptionTarget rule, so a pod lost with its node counts against backoffLimit: put {{action: Ignore, onPodConditions: [{{type: DisruptionTarget}}]}} first in its rules"
-            ));
+            ctx.warn(
+                "spec.podFailurePolicy (kept) has no DisruptionTarget rule: a pod lost with its node counts against backoffLimit"
+                    .to_string(),
+            );
         }
         return;
     }

@@ -601,11 +601,10 @@ impl Policy {
 /// Why a policy could not be loaded.
 #[derive(Debug, Error)]
 pub enum PolicyError {
-    #[error("{path}: cannot read the policy file: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The OS error is part of the message and not a `source`: printed
+    /// with its causes, it would otherwise show twice.
+    #[error("{path}: cannot read the policy file: {error}")]
+    Read { path: String, error: std::io::Error },
     /// One line per error: `file:line:column: field.path: message`.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<Diagnostic>),
@@ -632,9 +631,9 @@ impl PolicyError {
 /// Read and validate the policy file at `path`.
 pub fn load_file(path: &Path) -> Result<Policy, PolicyError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+    let text = std::fs::read_to_string(path).map_err(|error| PolicyError::Read {
         path: file.clone(),
-        source,
+        error,
     })?;
     Policy::from_yaml(&text, &file)
 }
@@ -677,6 +676,83 @@ pub fn check(path: &Path) -> Result<String, PolicyError> {
         if n == 1 { "" } else { "s" },
         policy.profile_names().join(", ")
     ))
+}
+
+/// `policy check -o json`: the file, whether it is valid, its profiles
+/// (when valid) or its errors.
+#[derive(Debug, serde::Serialize)]
+pub struct CheckReport {
+    pub file: String,
+    pub valid: bool,
+    pub profiles: Vec<String>,
+    pub diagnostics: Vec<CheckDiagnostic>,
+}
+
+/// One error of a policy file; `line`, `column` and `path` are absent
+/// when the file could not be read.
+#[derive(Debug, serde::Serialize)]
+pub struct CheckDiagnostic {
+    pub file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub column: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    pub message: String,
+}
+
+impl CheckReport {
+    /// Check the policy file at `path`.
+    pub fn of(path: &Path) -> CheckReport {
+        let file = path.display().to_string();
+        match load_file(path) {
+            Ok(policy) => CheckReport {
+                valid: true,
+                profiles: policy
+                    .profile_names()
+                    .into_iter()
+                    .map(str::to_string)
+                    .collect(),
+                diagnostics: Vec::new(),
+                file,
+            },
+            Err(e) => {
+                let diagnostics = match &e {
+                    PolicyError::Invalid(d) => d
+                        .iter()
+                        .map(|d| CheckDiagnostic {
+                            file: d.file.clone(),
+                            line: d.line,
+                            column: d.column,
+                            path: Some(d.path.to_string()),
+                            message: d.message.clone(),
+                        })
+                        .collect(),
+                    PolicyError::Read { error, .. } => vec![CheckDiagnostic {
+                        file: file.clone(),
+                        line: None,
+                        column: None,
+                        path: None,
+                        message: format!("cannot read the policy file: {error}"),
+                    }],
+                    other => vec![CheckDiagnostic {
+                        file: file.clone(),
+                        line: None,
+                        column: None,
+                        path: None,
+                        message: other.to_string(),
+                    }],
+                };
+                CheckReport {
+                    file,
+                    valid: false,
+                    profiles: Vec::new(),
+                    diagnostics,
+                }
+            }
+        }
+    }
 }
 
 /// The policy in force, shared between the server's request handlers and the
@@ -787,7 +863,7 @@ where
             Enforce::Overwrite => Ok(Resolved {
                 value: setting.value.clone(),
                 warning: Some(format!(
-                    "policy profile {:?} rule {rule}: {source} was {value:?}, overwritten with the enforced {:?}",
+                    "policy profile {:?} rule {rule}: {source} {value:?} overwritten with the enforced {:?}",
                     profile.name, setting.value
                 )),
             }),
@@ -985,7 +1061,7 @@ mod tests {
     #[case::overwritten(
         Some("1Gi"),
         Enforce::Overwrite,
-        Ok(("8Gi", Some("policy profile \"p\" rule shmSize: annotation trainwire.dev/shm-size was \"1Gi\", overwritten with the enforced \"8Gi\"")))
+        Ok(("8Gi", Some("policy profile \"p\" rule shmSize: annotation trainwire.dev/shm-size \"1Gi\" overwritten with the enforced \"8Gi\"")))
     )]
     fn resolve_semantics(
         #[case] user: Option<&str>,

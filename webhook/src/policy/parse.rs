@@ -456,6 +456,13 @@ pub fn parse(text: &str, file: &str) -> Result<Policy, PolicyError> {
                     }
                 }
             };
+            // The parser places a tab where the scalar before it ended.
+            let (line, column, message) = if crate::yaml_error::is_about_a_tab(raw) {
+                let at = crate::yaml_error::describe(err, text);
+                (at.line.or(line), at.column.or(column), at.message)
+            } else {
+                (line, column, message)
+            };
             Err(PolicyError::Invalid(vec![Diagnostic {
                 file: file.to_string(),
                 line,
