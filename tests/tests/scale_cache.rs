@@ -167,7 +167,7 @@ async fn the_guard_answers_from_the_watch_cache_and_allows_when_it_cannot_know()
         bail!("{verdict:?}");
     };
     ensure!(
-        warning.contains("kubectl apply or kubectl patch"),
+        warning.contains("use kubectl apply or patch"),
         "{warning}"
     );
 
