@@ -166,10 +166,7 @@ async fn the_guard_answers_from_the_watch_cache_and_allows_when_it_cannot_know()
     let scale::Verdict::AllowUnknown(Unknown::watch_error, warning) = verdict else {
         bail!("{verdict:?}");
     };
-    ensure!(
-        warning.contains("use kubectl apply or patch"),
-        "{warning}"
-    );
+    ensure!(warning.contains("use kubectl apply or patch"), "{warning}");
 
     // It recovers (the watcher backs off and watches again, or lists
     // again): the next event makes the cache trusted again.

@@ -455,6 +455,9 @@ fn inject(
     if let Some(nnodes) = world.nnodes {
         workload::success_policy(ctx, workload, nnodes.min(), world.spares);
     }
+    if world.store == trainwire_contract::RdzvStore::Dedicated {
+        workload::store_loss_budget(ctx, workload);
+    }
     Ok(())
 }
 

@@ -2368,6 +2368,13 @@ fn a_job_with_spares_succeeds_on_the_worlds_nodes() {
         "{:?}",
         m.warnings
     );
+    // One store loss fails every pod once: a budget below that is warned.
+    assert!(
+        m.warnings.iter().any(|w| w
+            == "backoffLimit 0 is below the 3 pods, which all fail once if the rendezvous store is lost"),
+        "{:?}",
+        m.warnings
+    );
     // The user's own rule is kept.
     job["spec"]["backoffLimit"] = json!(1);
     job["spec"]["successPolicy"] = json!({"rules": [{"succeededCount": 3}]});

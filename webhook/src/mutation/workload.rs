@@ -654,6 +654,30 @@ pub fn success_policy(ctx: &mut Ctx<'_>, workload: &mut Workload, world_min: u32
     });
     ctx.status.fields.push(FIELD_SUCCESS_POLICY.to_string());
 }
+/// A Job with a dedicated store: when the store is lost, every trainer's
+/// torchrun fails (exit 1) once, and each failure counts against the
+/// Job's `backoffLimit` (a pod failure with `Never`, a container restart
+/// with `OnFailure`). Warned when the limit is below the Job's pods: one
+/// store loss would end the Job Failed.
+pub fn store_loss_budget(ctx: &mut Ctx<'_>, workload: &Workload) {
+    let Workload::Job(j) = workload else {
+        return;
+    };
+    let Some(spec) = j.spec.as_ref() else {
+        return;
+    };
+    if spec.backoff_limit_per_index.is_some() {
+        return;
+    }
+    let pods = spec.parallelism.unwrap_or(1);
+    let backoff = spec.backoff_limit.unwrap_or(6);
+    if backoff < pods {
+        ctx.warn(format!(
+            "backoffLimit {backoff} is below the {pods} pods, which all fail once if the rendezvous store is lost"
+        ));
+    }
+}
+
 /// The status `fields` entry for `spec.podReplacementPolicy` set to `Failed`
 /// where it was absent; `podReplacementPolicy=<value>` when it had another
 /// value (the apiserver defaults it to `TerminatingOrFailed` before
