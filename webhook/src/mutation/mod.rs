@@ -343,6 +343,7 @@ fn run(
         ctx.warn(w.clone());
     }
 
+    workload::refuse_invalid(&workload)?;
     let previous = workload.template().and_then(status::read);
     ctx.first_injection = previous.is_none();
     if previous.is_none()

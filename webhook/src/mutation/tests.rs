@@ -2391,3 +2391,28 @@ fn a_job_with_spares_succeeds_on_the_worlds_nodes() {
         m.warnings
     );
 }
+
+/// Fuzz finding (admission, seed 2211): a Job whose `successPolicy` has no
+/// rules (`{}` or a map of anything else) was given a rule by a patch that
+/// did not apply to the object as sent. The apiserver refuses such a Job
+/// anyway: refused first, with the fix, whether injected before or not.
+#[rstest]
+#[case::first_injection(false)]
+#[case::reinjection(true)]
+fn a_success_policy_without_rules_is_refused(#[case] injected_before: bool) {
+    let (mut job, ns) = fixture("job-indexed-create.json");
+    job["metadata"]["annotations"]["trainwire.dev/spares"] = json!("1");
+    job["metadata"]["annotations"]["trainwire.dev/rdzv-store"] = json!("dedicated");
+    job["spec"]["parallelism"] = json!(3);
+    job["spec"]["completions"] = json!(3);
+    if injected_before {
+        job = mutated(&job, Some(&ns), &Profile::default()).object;
+    }
+    for policy in [json!({}), json!({"group": "batch"})] {
+        job["spec"]["successPolicy"] = policy;
+        assert_eq!(
+            refusal(&job, &Profile::default()),
+            "Job bert-pretrain has a spec.successPolicy without rules, which Kubernetes refuses: add a rule or remove it"
+        );
+    }
+}

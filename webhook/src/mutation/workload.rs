@@ -606,6 +606,24 @@ pub const FIELD_NON_INDEXED: &str = "completionMode=NonIndexed";
 
 /// The status `fields` entry for an injected `spec.podFailurePolicy`.
 pub const FIELD_POD_FAILURE_POLICY: &str = "podFailurePolicy";
+/// Fields of the manifest that the apiserver refuses and that the engine
+/// could not patch around: a Job's `successPolicy` without rules (the
+/// apiserver requires at least one; typed, it cannot be told from
+/// `rules: []`, so a rule added to it would not apply to the object as
+/// sent). Refused here with the fix, before anything is changed.
+pub fn refuse_invalid(workload: &Workload) -> Result<(), Refusal> {
+    if let Workload::Job(j) = workload
+        && let Some(own) = j.spec.as_ref().and_then(|s| s.success_policy.as_ref())
+        && own.rules.is_empty()
+    {
+        return Err(Refusal::Workload(format!(
+            "Job {} has a spec.successPolicy without rules, which Kubernetes refuses: add a rule or remove it",
+            j.metadata.name.as_deref().unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
 /// The status `fields` entry for a Job `successPolicy` trainwire set.
 pub const FIELD_SUCCESS_POLICY: &str = "successPolicy";
 
