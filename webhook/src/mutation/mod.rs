@@ -272,6 +272,11 @@ fn run(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
+    // The injected label is trainwire's, never the user's input: off before
+    // hashing, on again below.
+    if let Some(template) = workload.template_mut() {
+        status::unlabel(template);
+    }
     let hash = status::input_hash(&workload, &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
@@ -279,6 +284,7 @@ fn run(
     ctx.status.hash = hash.clone();
     if let Some(template) = workload.template_mut() {
         status::write(template, &ctx.status);
+        status::label(template);
     }
 
     // Same user inputs (a label added, an upgrade of trainwire or its policy),

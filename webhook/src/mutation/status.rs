@@ -239,6 +239,25 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
+/// Put the injected label ([`trainwire_contract::labels::INJECTED`]) on the
+/// template: the controllers' watches select the pods by it.
+pub fn label(template: &mut PodTemplateSpec) {
+    use trainwire_contract::labels::{INJECTED, INJECTED_VALUE};
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(INJECTED.to_string(), INJECTED_VALUE.to_string());
+}
+
+/// Take the injected label off the template (before the input hash).
+pub fn unlabel(template: &mut PodTemplateSpec) {
+    if let Some(labels) = template.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+        labels.remove(trainwire_contract::labels::INJECTED);
+    }
+}
+
 /// Whether two workloads differ at most in the status annotation's `hash`
 /// and `version`.
 pub fn same_but_hash(a: &Workload, b: &Workload) -> bool {

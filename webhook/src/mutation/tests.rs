@@ -335,6 +335,31 @@ fn the_input_hash_decides_a_no_op() {
     );
 }
 
+/// The injected label: on every injected template, never part of the
+/// input (a template that already carries it, with any value, injects to
+/// the same hash and the same pods).
+#[test]
+fn injected_pods_carry_the_label_and_it_is_not_an_input() {
+    use trainwire_contract::labels::{INJECTED, INJECTED_VALUE};
+    let label = format!(
+        "/spec/template/metadata/labels/{}",
+        INJECTED.replace('/', "~1")
+    );
+    let status = "/spec/template/metadata/annotations/trainwire.dev~1status";
+    let (obj, ns) = sts_fixture();
+    let first = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(first.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+    let mut preset = obj.clone();
+    preset["spec"]["template"]["metadata"]["labels"][INJECTED] = json!("no");
+    let again = mutated(&preset, Some(&ns), &Profile::default());
+    assert_eq!(again.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+    assert_eq!(again.object.pointer(status), first.object.pointer(status));
+    // A Job too.
+    let (job, ns) = fixture("job-indexed-create.json");
+    let m = check_round_trip(&job, Some(&ns), &Profile::default());
+    assert_eq!(m.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+}
+
 #[test]
 fn not_managed_objects_pass() {
     for name in [
