@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 
 const NAMESPACE: &str = "trainwire-system";
 const SERVICE: &str = "trainwire-webhook";
+/// The controllers' Deployment and ServiceAccount.
+const CONTROLLERS: &str = "trainwire-controllers";
 const TLS_SECRET: &str = "trainwire-webhook-tls";
 const INJECT: &str = "inject.trainwire.dev";
 const SCALE: &str = "scale.trainwire.dev";
@@ -699,7 +701,7 @@ fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Resu
         let Some(trainwire_webhook::cli::Command::Serve(serve)) = cli.command else {
             bail!("not the serve command")
         };
-        assert!(serve.reconcile, "the reconciler is on");
+        let _ = serve;
         let flag = |name: &str| -> Option<String> {
             args.iter()
                 .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(String::from))
@@ -918,71 +920,336 @@ fn owned(list: &[&[(&str, &str, &str)]]) -> BTreeSet<(String, String, String)> {
         .collect()
 }
 
+/// One right of one ServiceAccount: (ServiceAccount, API group, resource,
+/// verb, where), `where` being `cluster` or the Role's namespace.
+type Right = (String, String, String, String, String);
+
+/// The rights each ServiceAccount gets from the rendered bindings.
+fn rights_by_account(rendered: &Rendered) -> Result<BTreeSet<Right>> {
+    let mut out = BTreeSet::new();
+    let mut grant = |subjects: Option<Vec<k8s_openapi::api::rbac::v1::Subject>>,
+                     rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+                     scope: &str|
+     -> Result<()> {
+        for subject in subjects.unwrap_or_default() {
+            ensure!(
+                subject.kind == "ServiceAccount" && subject.namespace.as_deref() == Some(NAMESPACE),
+                "{}: a binding to {subject:?}",
+                rendered.overlay
+            );
+            for (g, r, v) in permissions(rules)? {
+                out.insert((subject.name.clone(), g, r, v, scope.to_string()));
+            }
+        }
+        Ok(())
+    };
+    for raw in rendered.all("ClusterRoleBinding") {
+        let binding: ClusterRoleBinding = serde_json::from_value(raw.clone())?;
+        ensure!(binding.role_ref.kind == "ClusterRole", "{binding:?}");
+        let role: ClusterRole = rendered.typed("ClusterRole", &binding.role_ref.name)?;
+        ensure!(
+            role.aggregation_rule.is_none(),
+            "aggregated {}",
+            binding.role_ref.name
+        );
+        grant(
+            binding.subjects,
+            role.rules.as_deref().unwrap_or_default(),
+            "cluster",
+        )?;
+    }
+    for raw in rendered.all("RoleBinding") {
+        let binding: RoleBinding = serde_json::from_value(raw.clone())?;
+        let namespace = binding.metadata.namespace.clone().unwrap_or_default();
+        let rules = match binding.role_ref.kind.as_str() {
+            "Role" => {
+                let role: k8s_openapi::api::rbac::v1::Role =
+                    rendered.typed("Role", &binding.role_ref.name)?;
+                ensure!(role.metadata.namespace.as_deref() == Some(namespace.as_str()));
+                role.rules.unwrap_or_default()
+            }
+            _ => {
+                let role: ClusterRole = rendered.typed("ClusterRole", &binding.role_ref.name)?;
+                role.rules.unwrap_or_default()
+            }
+        };
+        grant(binding.subjects, &rules, &namespace)?;
+    }
+    Ok(out)
+}
+
+/// A row of the rights table in docs/deploy.md ("Rights").
+#[derive(Debug)]
+struct TableRow {
+    account: String,
+    with: String,
+    group: String,
+    resource: String,
+    verbs: Vec<String>,
+    scope: String,
+}
+
+/// The table of docs/deploy.md whose header starts `| ServiceAccount | with |`.
+fn rights_table() -> Result<Vec<TableRow>> {
+    let path = trainwire_tests::repo_root().join("docs/deploy.md");
+    let text = std::fs::read_to_string(&path)?;
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| ServiceAccount | with |"));
+    let header = lines.next().context("docs/deploy.md has no rights table")?;
+    ensure!(
+        header == "| ServiceAccount | with | API group | resource | verbs | where | why |",
+        "the rights table's columns changed: {header}"
+    );
+    let mut rows = Vec::new();
+    for line in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().trim_matches('`').to_string())
+            .collect();
+        ensure!(
+            cells.len() == 7,
+            "a rights row of {} cells: {line}",
+            cells.len()
+        );
+        ensure!(!cells[6].is_empty(), "a right without a why: {line}");
+        rows.push(TableRow {
+            account: cells[0].clone(),
+            with: cells[1].clone(),
+            group: if cells[2] == "\"\"" {
+                String::new()
+            } else {
+                cells[2].clone()
+            },
+            resource: cells[3].clone(),
+            verbs: cells[4].split(',').map(|v| v.trim().to_string()).collect(),
+            scope: cells[5].clone(),
+        });
+    }
+    ensure!(!rows.is_empty(), "the rights table is empty");
+    Ok(rows)
+}
+
+/// The rows the table grants with `components` on, as rights.
+fn table_rights(rows: &[TableRow], components: &[String]) -> BTreeSet<Right> {
+    rows.iter()
+        .filter(|r| r.with == "base" || components.contains(&r.with))
+        .flat_map(|r| {
+            r.verbs.iter().map(|v| {
+                (
+                    r.account.clone(),
+                    r.group.clone(),
+                    r.resource.clone(),
+                    v.clone(),
+                    r.scope.clone(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The components under manifests/components/.
+fn components() -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(manifests_dir().join("components"))? {
+        let entry = entry?;
+        if entry.path().join("kustomization.yaml").is_file() {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// `overlay` with `components`, rendered from the manifests tree at `root`
+/// (a copy: the kustomization that combines them is written into it).
+fn render_combination(
+    kubectl: &Path,
+    root: &Path,
+    overlay: &str,
+    components: &[String],
+) -> Result<Rendered> {
+    let dir = root.join(format!("combination-{overlay}-{}", components.join("-")));
+    std::fs::create_dir_all(&dir)?;
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlays/{overlay}\n"
+    );
+    if !components.is_empty() {
+        text.push_str("components:\n");
+        for c in components {
+            text.push_str(&format!("  - ../components/{c}\n"));
+        }
+    }
+    std::fs::write(dir.join("kustomization.yaml"), text)?;
+    let mut rendered = Rendered::render(kubectl, &dir)?;
+    rendered.overlay = format!("{overlay} + [{}]", components.join(", "));
+    Ok(rendered)
+}
+
+/// The controllers Deployment's features, from its args parsed by the real
+/// command line.
+fn controllers_features(rendered: &Rendered) -> Result<trainwire_webhook::failures::Features> {
+    let d: Deployment = rendered.typed("Deployment", CONTROLLERS)?;
+    let args = container(&d, "controllers")?
+        .args
+        .clone()
+        .unwrap_or_default();
+    let argv = std::iter::once("trainwire-webhook".to_string()).chain(args);
+    let cli = <trainwire_webhook::cli::Cli as clap::Parser>::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("the controllers' args do not parse: {e}"))?;
+    let Some(trainwire_webhook::cli::Command::Controllers(c)) = cli.command else {
+        bail!(
+            "{}: the controllers Deployment does not run `controllers`",
+            rendered.overlay
+        )
+    };
+    Ok(c.features())
+}
+
+/// Every overlay alone and with every combination of the components: the
+/// rights of each ServiceAccount are exactly the rows of the table in
+/// docs/deploy.md that apply, and exactly what the code that runs under it
+/// calls (`API_PERMISSIONS`), with the features its flags turn on.
 #[test]
-fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
-    let Some(kubectl) = kubectl("rbac_grants_exactly_what_the_code_calls") else {
+fn rbac_per_service_account_is_the_documented_table_and_what_the_code_calls() -> Result<()> {
+    let Some(kubectl) =
+        kubectl("rbac_per_service_account_is_the_documented_table_and_what_the_code_calls")
+    else {
         return Ok(());
     };
-    for (rendered, _) in render_overlays(&kubectl)? {
-        let role: ClusterRole = rendered.typed("ClusterRole", SERVICE)?;
-        assert_eq!(
-            permissions(role.rules.as_deref().unwrap_or_default())?,
-            owned(&[
-                trainwire_webhook::reconciler::API_PERMISSIONS,
-                trainwire_webhook::failures::API_PERMISSIONS,
-                trainwire_webhook::scale::API_PERMISSIONS,
-                trainwire_webhook::world::API_PERMISSIONS
-            ]),
-            "{}: webhook ClusterRole",
-            rendered.overlay
+    let rows = rights_table()?;
+    let all = components()?;
+    assert_eq!(
+        all,
+        ["crash-loop", "monitoring", "node-failure"],
+        "a component was added: give its rights rows in docs/deploy.md"
+    );
+    for row in &rows {
+        assert!(
+            row.with == "base" || row.with == "sidecar RoleBinding" || all.contains(&row.with),
+            "a row granted with {:?}, which is no component",
+            row.with
         );
-        assert!(role.aggregation_rule.is_none());
-        let binding: ClusterRoleBinding = rendered.typed("ClusterRoleBinding", SERVICE)?;
-        assert_eq!(binding.role_ref.kind, "ClusterRole");
-        assert_eq!(binding.role_ref.name, SERVICE);
-        let subjects = binding.subjects.unwrap_or_default();
-        assert_eq!(subjects.len(), 1);
-        assert_eq!(subjects[0].kind, "ServiceAccount");
-        assert_eq!(subjects[0].name, SERVICE);
-        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
-        rendered.raw("ServiceAccount", SERVICE)?;
-
-        // The sidecar's ClusterRole is installed but bound to nobody.
-        let sidecar: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
-        assert_eq!(
-            permissions(sidecar.rules.as_deref().unwrap_or_default())?,
-            owned(&[SIDECAR_PERMISSIONS]),
-            "sidecar ClusterRole"
-        );
-        assert_eq!(
-            rendered.all("ClusterRoleBinding").len(),
-            1,
-            "only the webhook's binding"
-        );
-        // The Lease: a Role in the webhook's namespace, bound to its account.
-        let lease: k8s_openapi::api::rbac::v1::Role =
-            rendered.typed("Role", "trainwire-webhook-lease")?;
-        assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(
-            permissions(lease.rules.as_deref().unwrap_or_default())?,
-            owned(&[trainwire_webhook::lease::API_PERMISSIONS]),
-            "{}: webhook lease Role",
-            rendered.overlay
-        );
-        let lease_binding: RoleBinding =
-            rendered.typed("RoleBinding", "trainwire-webhook-lease")?;
-        assert_eq!(lease_binding.metadata.namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(lease_binding.role_ref.kind, "Role");
-        assert_eq!(lease_binding.role_ref.name, "trainwire-webhook-lease");
-        let subjects = lease_binding.subjects.unwrap_or_default();
-        assert_eq!(subjects.len(), 1);
-        assert_eq!(subjects[0].name, SERVICE);
-        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(rendered.all("RoleBinding").len(), 1);
-        // Nothing else grants anything.
-        assert_eq!(rendered.all("ClusterRole").len(), 2);
-        assert_eq!(rendered.all("Role").len(), 1);
     }
+    let copy = self_managed_copy()?;
+    let root = copy
+        .overlay
+        .parent()
+        .and_then(Path::parent)
+        .context("the copy's manifests/")?
+        .to_path_buf();
+    let code = |list: &[(&str, &str, &str)], account: &str, scope: &str| -> BTreeSet<Right> {
+        list.iter()
+            .map(|(g, r, v)| {
+                (
+                    account.to_string(),
+                    g.to_string(),
+                    r.to_string(),
+                    v.to_string(),
+                    scope.to_string(),
+                )
+            })
+            .collect()
+    };
+    let mut combinations = 0;
+    for overlay in ["cert-manager", "self-managed"] {
+        for mask in 0..(1u32 << all.len()) {
+            let chosen: Vec<String> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, c)| c.clone())
+                .collect();
+            let rendered = render_combination(&kubectl, &root, overlay, &chosen)?;
+            let rights = rights_by_account(&rendered)?;
+            assert_eq!(
+                rights,
+                table_rights(&rows, &chosen),
+                "{}: the rendered RBAC differs from the table in docs/deploy.md",
+                rendered.overlay
+            );
+
+            // The code under each ServiceAccount.
+            let features = controllers_features(&rendered)?;
+            assert_eq!(
+                (features.node_failure, features.crash_loop),
+                (
+                    chosen.iter().any(|c| c == "node-failure"),
+                    chosen.iter().any(|c| c == "crash-loop")
+                ),
+                "{}: a feature's flag without its component (or the reverse)",
+                rendered.overlay
+            );
+            let mut controllers = code(
+                trainwire_webhook::reconciler::API_PERMISSIONS,
+                CONTROLLERS,
+                "cluster",
+            );
+            controllers.extend(code(
+                trainwire_webhook::world::API_PERMISSIONS,
+                CONTROLLERS,
+                "cluster",
+            ));
+            controllers.extend(code(&features.permissions(), CONTROLLERS, "cluster"));
+            controllers.extend(code(
+                trainwire_webhook::lease::API_PERMISSIONS,
+                CONTROLLERS,
+                NAMESPACE,
+            ));
+            let mut expected = code(
+                trainwire_webhook::scale::API_PERMISSIONS,
+                SERVICE,
+                "cluster",
+            );
+            expected.extend(controllers);
+            assert_eq!(
+                rights, expected,
+                "{}: a right no code calls, or a call without a right",
+                rendered.overlay
+            );
+            // The admission server's account writes nothing.
+            assert!(
+                rights
+                    .iter()
+                    .filter(|r| r.0 == SERVICE)
+                    .all(|r| ["get", "list", "watch"].contains(&r.3.as_str())),
+                "{}: the admission server may write",
+                rendered.overlay
+            );
+            // Each Deployment runs under its own account.
+            for (deployment, account) in [(SERVICE, SERVICE), (CONTROLLERS, CONTROLLERS)] {
+                let d: Deployment = rendered.typed("Deployment", deployment)?;
+                let pod = d.spec.and_then(|s| s.template.spec).context("pod spec")?;
+                assert_eq!(pod.service_account_name.as_deref(), Some(account));
+            }
+
+            // The sidecar's ClusterRole: installed, bound to nobody, and its
+            // rules are the table's rows for the training pods' account.
+            let sidecar: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
+            let sidecar_rows: BTreeSet<(String, String, String)> = rows
+                .iter()
+                .filter(|r| r.with == "sidecar RoleBinding")
+                .flat_map(|r| {
+                    r.verbs
+                        .iter()
+                        .map(|v| (r.group.clone(), r.resource.clone(), v.clone()))
+                })
+                .collect();
+            let sidecar_rules = permissions(sidecar.rules.as_deref().unwrap_or_default())?;
+            assert_eq!(
+                sidecar_rules, sidecar_rows,
+                "sidecar ClusterRole vs the table"
+            );
+            assert_eq!(
+                sidecar_rules,
+                owned(&[SIDECAR_PERMISSIONS]),
+                "sidecar ClusterRole"
+            );
+            combinations += 1;
+        }
+    }
+    assert_eq!(combinations, 2 << all.len());
     Ok(())
 }
 

@@ -19,8 +19,11 @@ pub struct Cli {
 pub enum Command {
     /// Render manifests offline: inject every annotated StatefulSet/Job.
     Inject(crate::inject::InjectArgs),
-    /// Serve the mutating admission webhook over TLS.
+    /// Serve the mutating admission webhook over TLS (no controllers).
     Serve(crate::serve::ServeArgs),
+    /// Run the controllers (Services, world status, failures) apart from
+    /// the admission server.
+    Controllers(crate::controllers::ControllersArgs),
     /// Generate a CA and a serving certificate for a self-managed setup.
     Certs(crate::certs::CertsArgs),
     /// Platform policy tools.
@@ -51,6 +54,7 @@ impl Cli {
         match command {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
+            Command::Controllers(args) => crate::controllers::run(args).await,
             Command::Certs(args) => crate::certs::run(args),
             Command::Policy(PolicyCommand::Check { file }) => match crate::policy::check(&file) {
                 Ok(summary) => {

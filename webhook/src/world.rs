@@ -719,7 +719,10 @@ pub async fn run(client: Client) {
         warn!("world controller: no pod subscription; not started");
         return;
     };
-    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+    // Only the injected pods: the apiserver filters by label.
+    let injected =
+        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
+    let pods = watcher(Api::<Pod>::all(client.clone()), injected)
         .default_backoff()
         .modify(|p: &mut Pod| {
             crate::scale::slim(p);
