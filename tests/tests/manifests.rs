@@ -1332,3 +1332,281 @@ fn each_install_file_is_its_overlay_as_kustomize_renders_it() -> Result<()> {
     }
     Ok(())
 }
+
+/// Evaluates one CEL expression of the sidecar's ValidatingAdmissionPolicy
+/// with the variables the apiserver binds: `object`, `oldObject` and
+/// `request` (the AdmissionRequest, with its `userInfo`).
+fn policy_expression(expression: &str, request: &Value) -> Result<bool> {
+    let program = cel_interpreter::Program::compile(expression)
+        .map_err(|e| anyhow::anyhow!("CEL does not compile: {e:?}\n{expression}"))?;
+    let mut ctx = cel_interpreter::Context::default();
+    for (name, value) in [
+        ("object", &request["object"]),
+        ("oldObject", &request["oldObject"]),
+        ("request", request),
+    ] {
+        ctx.add_variable(name, value.clone())
+            .map_err(|e| anyhow::anyhow!("binding {name}: {e:?}"))?;
+    }
+    match program.execute(&ctx) {
+        Ok(cel_interpreter::Value::Bool(b)) => Ok(b),
+        Ok(other) => bail!("{expression} gave {other:?}, not a bool"),
+        Err(e) => bail!("{expression} failed: {e:?}"),
+    }
+}
+
+/// What the policy does with a request: not matched (`None`), or the
+/// message of the first validation that fails (`Some(Err)`), or allowed.
+fn policy_verdict(policy: &Value, request: &Value) -> Result<Option<Result<(), String>>> {
+    for condition in policy["spec"]["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let expression = condition["expression"].as_str().context("expression")?;
+        if !policy_expression(expression, request)? {
+            return Ok(None);
+        }
+    }
+    for validation in policy["spec"]["validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let expression = validation["expression"].as_str().context("expression")?;
+        if !policy_expression(expression, request)? {
+            return Ok(Some(Err(validation["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string())));
+        }
+    }
+    Ok(Some(Ok(())))
+}
+
+/// The userInfo the apiserver gives a request made with a pod's projected
+/// ServiceAccount token (pkg/serviceaccount: `system:serviceaccount:NS:SA`,
+/// its groups, and the pod and node the token is bound to in `extra`).
+fn pod_token_user(namespace: &str, account: &str, pod: Option<&str>) -> Value {
+    let mut extra = json!({
+        "authentication.kubernetes.io/credential-id": ["JTI=0b0e7a1c-5a7e-4c47-9d7b-3c2d5f0e9a11"],
+    });
+    if let Some(pod) = pod {
+        extra["authentication.kubernetes.io/node-name"] = json!(["node-a"]);
+        extra["authentication.kubernetes.io/node-uid"] =
+            json!(["4f6c9d52-3f0e-4d7e-a0b5-3c1e2f9a8b70"]);
+        extra["authentication.kubernetes.io/pod-name"] = json!([pod]);
+        extra["authentication.kubernetes.io/pod-uid"] =
+            json!(["9d1f3e0a-1b2c-4d5e-8f70-a1b2c3d4e5f6"]);
+    }
+    json!({
+        "username": format!("system:serviceaccount:{namespace}:{account}"),
+        "uid": "5c3f1a2b-7d8e-4f90-a1b2-c3d4e5f60718",
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+        "extra": extra,
+    })
+}
+
+#[test]
+fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
+    let Some(kubectl) = kubectl("the_sidecar_may_write_only_its_own_pods_records") else {
+        return Ok(());
+    };
+    let rendered = Rendered::render(&kubectl, &manifests_dir().join("overlays/cert-manager"))?;
+    let policy = rendered.raw("ValidatingAdmissionPolicy", "trainwire-sidecar-own-pod")?;
+    assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["UPDATE"]}])
+    );
+    let binding = rendered.raw(
+        "ValidatingAdmissionPolicyBinding",
+        "trainwire-sidecar-own-pod",
+    )?;
+    assert_eq!(binding["spec"]["policyName"], "trainwire-sidecar-own-pod");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        binding["spec"]["matchResources"].is_null(),
+        "every namespace"
+    );
+    // The two records the policy lets through are the sidecar's.
+    let text = serde_json::to_string(&policy["spec"]["validations"])?;
+    for key in [
+        trainwire_contract::peer_loss::ANNOTATION,
+        trainwire_contract::world::CHECKPOINT_ANNOTATION,
+    ] {
+        assert!(
+            text.contains(&format!("'{key}'")),
+            "{key} not in the policy"
+        );
+    }
+
+    // A captured Pod UPDATE from a real apiserver (the Job controller
+    // removing its finalizer), as the base of every case.
+    let path =
+        trainwire_tests::admission_fixtures_dir().join("pod-update-job-finalizer-removal.json");
+    let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let captured = review["request"].clone();
+    let label = trainwire_contract::labels::INJECTED;
+    let mut old = captured["oldObject"].clone();
+    old["metadata"]["labels"][label] = json!(trainwire_contract::labels::INJECTED_VALUE);
+    let name = old["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_string();
+    let namespace = captured["namespace"]
+        .as_str()
+        .context("namespace")?
+        .to_string();
+    let account = old["spec"]["serviceAccountName"]
+        .as_str()
+        .context("serviceAccountName")?
+        .to_string();
+    let own = pod_token_user(&namespace, &account, Some(&name));
+
+    // A write by `user` that turns the stored pod into `change(old)`.
+    let request = |user: &Value, change: &dyn Fn(&mut Value)| {
+        let mut r = captured.clone();
+        let mut object = old.clone();
+        change(&mut object);
+        r["object"] = object;
+        r["oldObject"] = old.clone();
+        r["userInfo"] = user.clone();
+        r
+    };
+    let peer_loss = |o: &mut Value| {
+        o["metadata"]["annotations"][trainwire_contract::peer_loss::ANNOTATION] =
+            json!("{\"generation\":1}");
+    };
+    let checkpoint = |o: &mut Value| {
+        o["metadata"]["annotations"][trainwire_contract::world::CHECKPOINT_ANNOTATION] =
+            json!("{\"path\":\"/checkpoints/step-10\"}");
+    };
+    let other_annotation = |o: &mut Value| {
+        o["metadata"]["annotations"]["team"] = json!("b");
+    };
+    let status_annotation = |o: &mut Value| {
+        o["metadata"]["annotations"]["trainwire.dev/status"] = json!("{}");
+    };
+    let relabel = |o: &mut Value| {
+        o["metadata"]["labels"]["app"] = json!("other");
+    };
+    let unlabel = |o: &mut Value| {
+        if let Some(labels) = o["metadata"]["labels"].as_object_mut() {
+            labels.remove(trainwire_contract::labels::INJECTED);
+        }
+    };
+    let image = |o: &mut Value| {
+        o["spec"]["containers"][0]["image"] = json!("evil:latest");
+    };
+    let finalizer = |o: &mut Value| {
+        o["metadata"]["finalizers"] = json!([]);
+    };
+    let neighbour = pod_token_user(&namespace, &account, Some("bert-pretrain-0-abcde"));
+    let unbound = pod_token_user(&namespace, &account, None);
+    let other_account = pod_token_user(&namespace, "someone-else", Some(&name));
+    let job_controller = captured["userInfo"].clone();
+
+    type Case<'a> = (&'a str, &'a Value, &'a dyn Fn(&mut Value), Option<bool>);
+    let cases: Vec<Case> = vec![
+        ("its own peer-loss record", &own, &peer_loss, Some(true)),
+        ("its own checkpoint record", &own, &checkpoint, Some(true)),
+        ("a neighbour's record", &neighbour, &peer_loss, Some(false)),
+        ("a token bound to no pod", &unbound, &peer_loss, Some(false)),
+        ("another annotation", &own, &other_annotation, Some(false)),
+        ("the injected status", &own, &status_annotation, Some(false)),
+        ("a label", &own, &relabel, Some(false)),
+        ("the injected label itself", &own, &unlabel, Some(false)),
+        ("the spec", &own, &image, Some(false)),
+        ("the finalizers", &own, &finalizer, Some(false)),
+        // Not the pod's own ServiceAccount: not the sidecar, not matched
+        // (RBAC alone decides).
+        ("another account", &other_account, &peer_loss, None),
+        ("the Job controller", &job_controller, &finalizer, None),
+    ];
+    for (what, user, change, want) in cases {
+        let verdict = policy_verdict(policy, &request(user, change))?;
+        match (want, &verdict) {
+            (None, None) | (Some(true), Some(Ok(()))) => {}
+            (Some(false), Some(Err(message))) => {
+                assert!(message.contains("trainwire pod"), "{what}: {message}")
+            }
+            _ => panic!("{what}: expected {want:?}, got {verdict:?}"),
+        }
+    }
+    // The captured request as it was (a pod without the label): not matched.
+    assert_eq!(policy_verdict(policy, &captured)?, None);
+    let mut unlabelled_own = request(&own, &peer_loss);
+    unlabelled_own["oldObject"] = captured["oldObject"].clone();
+    assert_eq!(policy_verdict(policy, &unlabelled_own)?, None);
+    Ok(())
+}
+
+#[test]
+fn the_controllers_deployment_is_hardened_and_runs_only_the_controllers() -> Result<()> {
+    let Some(kubectl) =
+        kubectl("the_controllers_deployment_is_hardened_and_runs_only_the_controllers")
+    else {
+        return Ok(());
+    };
+    for (rendered, _) in render_overlays(&kubectl)? {
+        let d: Deployment = rendered.typed("Deployment", CONTROLLERS)?;
+        assert_eq!(d.metadata.namespace.as_deref(), Some(NAMESPACE));
+        let spec = d.spec.as_ref().context("spec")?;
+        let pod = spec.template.spec.as_ref().context("pod spec")?;
+        assert_eq!(pod.service_account_name.as_deref(), Some(CONTROLLERS));
+        let psc = pod
+            .security_context
+            .as_ref()
+            .context("pod securityContext")?;
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert!(psc.run_as_user.is_some_and(|u| u != 0));
+        let c = container(&d, "controllers")?;
+        let csc = c
+            .security_context
+            .as_ref()
+            .context("container securityContext")?;
+        assert_eq!(csc.read_only_root_filesystem, Some(true));
+        assert_eq!(csc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        let limits = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .context("limits")?;
+        assert!(limits.contains_key("memory") && limits.contains_key("cpu"));
+        // No admission port, no certificate: the apiserver never calls it.
+        let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+        assert_eq!(ports, [8080]);
+        assert!(
+            !pod.volumes.iter().flatten().any(|v| v.name == "tls"),
+            "the controllers mount no serving certificate"
+        );
+        // The base turns no optional feature on.
+        let features = controllers_features(&rendered)?;
+        assert_eq!(
+            (features.node_failure, features.crash_loop),
+            (false, false),
+            "{}",
+            rendered.overlay
+        );
+        // The admission Service selects the admission pods only.
+        let svc: Service = rendered.typed("Service", SERVICE)?;
+        let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        assert!(
+            !selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "the webhook Service would send admissions to the controllers"
+        );
+    }
+    Ok(())
+}
