@@ -1,6 +1,6 @@
 //! The failure controller: dead-node reclaim and crash-loop stop, applied.
 //!
-//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! It runs in `trainwire-webhook controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]). A kube-rs [`Controller`] over Pods
 //! (re-triggered by Node changes through a Node reflector) judges every pod
 //! of an injected workload (its template carries `trainwire.dev/status`, so

@@ -4,8 +4,8 @@
 //!
 //! Admission answers without side effects (`sideEffects: None`); this
 //! reconciler acts afterwards, on the stored objects. It is a kube-rs
-//! [`Controller`] over Jobs and over StatefulSets (started by `serve`, on by
-//! default, `--reconcile=false` turns it off). For every workload whose pod
+//! [`Controller`] over Jobs and over StatefulSets (started by
+//! `trainwire-webhook controllers`). For every workload whose pod
 //! template carries trainwire's status annotation (so: injected) it makes
 //! sure the Service its pods' DNS names hang on exists:
 //!
@@ -134,7 +134,7 @@ pub enum Error {
 fn forbidden_hint(e: &kube::Error) -> &'static str {
     match e {
         kube::Error::Api(s) if s.is_forbidden() => {
-            " (the ClusterRole trainwire-webhook in manifests/base/rbac.yaml grants what the reconciler needs; is it applied and bound to the webhook's ServiceAccount?)"
+            " (the ClusterRole trainwire-controllers in manifests/base/rbac.yaml grants what the reconciler needs; is it applied and bound to the ServiceAccount trainwire-controllers?)"
         }
         _ => "",
     }

@@ -1,7 +1,7 @@
 //! The world's state on the workload: the `trainwire.dev/world` annotation
 //! ([`trainwire_contract::world`]), kept by the world controller.
 //!
-//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! It runs in `trainwire-webhook controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
 //! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
 //! by a shared Pod watch (a pod maps to its controller ownerReference). For
