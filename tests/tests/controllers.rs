@@ -1,8 +1,8 @@
 //! The real `trainwire-webhook controllers` against a generated cluster
 //! served over HTTP (`trainwire_tests::cluster_api`): which watches it opens
 //! with each feature on or off. A feature left off must start no watch of
-//! its own (it has no rights for it), and every pod watch must select the
-//! injected pods by label.
+//! its own (it has no rights for it), and every watch of pods, StatefulSets
+//! and Jobs must select the injected ones by label.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -79,16 +79,19 @@ fn lists_and_watches(seen: &[Seen], collection: &str) -> Vec<Seen> {
         .collect()
 }
 
-/// Every pod list and watch selects the injected pods.
+/// Every list and watch of pods, StatefulSets and Jobs selects the injected
+/// ones.
 fn pods_are_selected(seen: &[Seen]) -> Result<()> {
-    let pods = lists_and_watches(seen, "pods");
-    anyhow::ensure!(!pods.is_empty(), "no pod list or watch");
-    for s in pods {
-        anyhow::ensure!(
-            s.query.get("labelSelector").map(String::as_str)
-                == Some(trainwire_contract::labels::injected_selector().as_str()),
-            "a pod request without the injected-label selector: {s:?}"
-        );
+    for collection in ["pods", "statefulsets", "jobs"] {
+        let requests = lists_and_watches(seen, collection);
+        anyhow::ensure!(!requests.is_empty(), "no {collection} list or watch");
+        for s in requests {
+            anyhow::ensure!(
+                s.query.get("labelSelector").map(String::as_str)
+                    == Some(trainwire_contract::labels::injected_selector().as_str()),
+                "a {collection} request without the injected-label selector: {s:?}"
+            );
+        }
     }
     Ok(())
 }

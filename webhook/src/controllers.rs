@@ -35,7 +35,6 @@ use tokio::net::TcpListener;
 use crate::failures::Features;
 use crate::metrics::{Metrics, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::scale::StatefulSetCache;
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Args)]
@@ -180,10 +179,7 @@ async fn supervise(
             let services_client = client.clone();
             let services_policy = policy.clone();
             let services = async move {
-                let (cache, writer) = StatefulSetCache::new();
-                if let Err(e) =
-                    crate::reconciler::run(services_client, cache, writer, services_policy).await
-                {
+                if let Err(e) = crate::reconciler::run(services_client, services_policy).await {
                     tracing::error!(error = %e, "the Job Service reconciler stopped");
                 }
             };

@@ -894,8 +894,9 @@ fn slim<K: Resource>(object: &mut K) {
     }
 }
 
-/// Run the failure controller until aborted, with `features` only: the pod
-/// watch selects the injected pods ([`trainwire_contract::labels`]); the
+/// Run the failure controller until aborted, with `features` only: every
+/// watch but the Nodes' selects the injected pods and workloads
+/// ([`trainwire_contract::labels`]); the
 /// Node watch runs only for dead-node reclaim, the StatefulSet and Job
 /// watches only for crash-loop stop and resume.
 pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, features: Features) {
@@ -918,7 +919,7 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
         )
         .with_features(features),
     );
-    let pod_controller = Controller::new(Api::<Pod>::all(client.clone()), selected);
+    let pod_controller = Controller::new(Api::<Pod>::all(client.clone()), selected.clone());
     let pod_controller = if features.node_failure {
         let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
@@ -953,15 +954,12 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
             .boxed(),
     );
     if features.crash_loop {
-        let sts_stream = watcher(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(slim)
-        .reflect(sts_writer)
-        .applied_objects();
-        let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+        let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), selected.clone())
+            .default_backoff()
+            .modify(slim)
+            .reflect(sts_writer)
+            .applied_objects();
+        let job_stream = watcher(Api::<Job>::all(client.clone()), selected)
             .default_backoff()
             .modify(slim)
             .reflect(job_writer)

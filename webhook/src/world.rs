@@ -719,10 +719,10 @@ pub async fn run(client: Client) {
         warn!("world controller: no pod subscription; not started");
         return;
     };
-    // Only the injected pods: the apiserver filters by label.
+    // Only the injected pods and workloads: the apiserver filters by label.
     let injected =
         watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
-    let pods = watcher(Api::<Pod>::all(client.clone()), injected)
+    let pods = watcher(Api::<Pod>::all(client.clone()), injected.clone())
         .default_backoff()
         .modify(|p: &mut Pod| {
             crate::scale::slim(p);
@@ -736,16 +736,13 @@ pub async fn run(client: Client) {
         .reflect_shared(pod_writer)
         .for_each(|_| futures::future::ready(()));
     let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(crate::scale::slim)
-    .reflect(sts_writer)
-    .applied_objects();
+    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected.clone())
+        .default_backoff()
+        .modify(crate::scale::slim)
+        .reflect(sts_writer)
+        .applied_objects();
     let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+    let job_stream = watcher(Api::<Job>::all(client.clone()), injected)
         .default_backoff()
         .modify(crate::scale::slim)
         .reflect(job_writer)

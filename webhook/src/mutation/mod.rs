@@ -254,6 +254,12 @@ fn run(
         ctx.warn(w.clone());
     }
 
+    // The workload itself carries the injected label too, so that the
+    // controllers' StatefulSet and Job watches select on it: one `add`
+    // beside the diff (which leaves the workload's metadata out), also when
+    // nothing else changes (a label on the workload rolls no pod).
+    let workload_label = status::workload_label(workload.metadata());
+
     let previous = workload.template().and_then(status::read);
     if previous.is_none()
         && let Some(template) = workload.template_mut()
@@ -295,11 +301,14 @@ fn run(
         workload::warn_held_back_resize(&mut ctx, &workload, &prev.nnodes);
     }
     *workload.metadata_mut() = Default::default();
-    let patch = if same_inputs || status::same_but_hash(&before, &workload) {
+    let mut patch = if same_inputs || status::same_but_hash(&before, &workload) {
         patch::Ops::default()
     } else {
         workload::diff(before, workload)
     };
+    if let Some(op) = workload_label {
+        patch.0.insert(0, op);
+    }
     Ok(Admitted {
         patch,
         warnings: ctx.into_warnings(),
