@@ -16,6 +16,7 @@ pub mod config;
 pub mod duration;
 pub mod env;
 pub mod failure;
+pub mod labels;
 pub mod path;
 pub mod peer_loss;
 pub mod quantity;

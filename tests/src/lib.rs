@@ -9,6 +9,7 @@ pub use trainwire_test_support::{
 };
 
 pub mod apiserver;
+pub mod cluster_api;
 pub mod fuzz;
 pub mod kubelet;
 pub mod mock_api;

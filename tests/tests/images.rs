@@ -494,7 +494,6 @@ async fn the_webhook_image_serves_healthz_over_tls_as_its_non_root_user() -> Res
             &format!("127.0.0.1:{listen}"),
             "--probe-listen",
             &format!("127.0.0.1:{probe}"),
-            "--reconcile=false",
             "--tls-cert",
             "/certs/tls.crt",
             "--tls-key",

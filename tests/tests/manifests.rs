@@ -26,6 +26,8 @@ use serde_json::{Value, json};
 
 const NAMESPACE: &str = "trainwire-system";
 const SERVICE: &str = "trainwire-webhook";
+/// The controllers' Deployment and ServiceAccount.
+const CONTROLLERS: &str = "trainwire-controllers";
 const TLS_SECRET: &str = "trainwire-webhook-tls";
 const INJECT: &str = "inject.trainwire.dev";
 const SCALE: &str = "scale.trainwire.dev";
@@ -702,7 +704,7 @@ fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Resu
         let Some(trainwire_webhook::cli::Command::Serve(serve)) = cli.command else {
             bail!("not the serve command")
         };
-        assert!(serve.reconcile, "the reconciler is on");
+        let _ = serve;
         let flag = |name: &str| -> Option<String> {
             args.iter()
                 .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(String::from))
@@ -921,71 +923,336 @@ fn owned(list: &[&[(&str, &str, &str)]]) -> BTreeSet<(String, String, String)> {
         .collect()
 }
 
+/// One right of one ServiceAccount: (ServiceAccount, API group, resource,
+/// verb, where), `where` being `cluster` or the Role's namespace.
+type Right = (String, String, String, String, String);
+
+/// The rights each ServiceAccount gets from the rendered bindings.
+fn rights_by_account(rendered: &Rendered) -> Result<BTreeSet<Right>> {
+    let mut out = BTreeSet::new();
+    let mut grant = |subjects: Option<Vec<k8s_openapi::api::rbac::v1::Subject>>,
+                     rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+                     scope: &str|
+     -> Result<()> {
+        for subject in subjects.unwrap_or_default() {
+            ensure!(
+                subject.kind == "ServiceAccount" && subject.namespace.as_deref() == Some(NAMESPACE),
+                "{}: a binding to {subject:?}",
+                rendered.overlay
+            );
+            for (g, r, v) in permissions(rules)? {
+                out.insert((subject.name.clone(), g, r, v, scope.to_string()));
+            }
+        }
+        Ok(())
+    };
+    for raw in rendered.all("ClusterRoleBinding") {
+        let binding: ClusterRoleBinding = serde_json::from_value(raw.clone())?;
+        ensure!(binding.role_ref.kind == "ClusterRole", "{binding:?}");
+        let role: ClusterRole = rendered.typed("ClusterRole", &binding.role_ref.name)?;
+        ensure!(
+            role.aggregation_rule.is_none(),
+            "aggregated {}",
+            binding.role_ref.name
+        );
+        grant(
+            binding.subjects,
+            role.rules.as_deref().unwrap_or_default(),
+            "cluster",
+        )?;
+    }
+    for raw in rendered.all("RoleBinding") {
+        let binding: RoleBinding = serde_json::from_value(raw.clone())?;
+        let namespace = binding.metadata.namespace.clone().unwrap_or_default();
+        let rules = match binding.role_ref.kind.as_str() {
+            "Role" => {
+                let role: k8s_openapi::api::rbac::v1::Role =
+                    rendered.typed("Role", &binding.role_ref.name)?;
+                ensure!(role.metadata.namespace.as_deref() == Some(namespace.as_str()));
+                role.rules.unwrap_or_default()
+            }
+            _ => {
+                let role: ClusterRole = rendered.typed("ClusterRole", &binding.role_ref.name)?;
+                role.rules.unwrap_or_default()
+            }
+        };
+        grant(binding.subjects, &rules, &namespace)?;
+    }
+    Ok(out)
+}
+
+/// A row of the rights table in docs/deploy.md ("Rights").
+#[derive(Debug)]
+struct TableRow {
+    account: String,
+    with: String,
+    group: String,
+    resource: String,
+    verbs: Vec<String>,
+    scope: String,
+}
+
+/// The table of docs/deploy.md whose header starts `| ServiceAccount | with |`.
+fn rights_table() -> Result<Vec<TableRow>> {
+    let path = trainwire_tests::repo_root().join("docs/deploy.md");
+    let text = std::fs::read_to_string(&path)?;
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| ServiceAccount | with |"));
+    let header = lines.next().context("docs/deploy.md has no rights table")?;
+    ensure!(
+        header == "| ServiceAccount | with | API group | resource | verbs | where | why |",
+        "the rights table's columns changed: {header}"
+    );
+    let mut rows = Vec::new();
+    for line in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().trim_matches('`').to_string())
+            .collect();
+        ensure!(
+            cells.len() == 7,
+            "a rights row of {} cells: {line}",
+            cells.len()
+        );
+        ensure!(!cells[6].is_empty(), "a right without a why: {line}");
+        rows.push(TableRow {
+            account: cells[0].clone(),
+            with: cells[1].clone(),
+            group: if cells[2] == "\"\"" {
+                String::new()
+            } else {
+                cells[2].clone()
+            },
+            resource: cells[3].clone(),
+            verbs: cells[4].split(',').map(|v| v.trim().to_string()).collect(),
+            scope: cells[5].clone(),
+        });
+    }
+    ensure!(!rows.is_empty(), "the rights table is empty");
+    Ok(rows)
+}
+
+/// The rows the table grants with `components` on, as rights.
+fn table_rights(rows: &[TableRow], components: &[String]) -> BTreeSet<Right> {
+    rows.iter()
+        .filter(|r| r.with == "base" || components.contains(&r.with))
+        .flat_map(|r| {
+            r.verbs.iter().map(|v| {
+                (
+                    r.account.clone(),
+                    r.group.clone(),
+                    r.resource.clone(),
+                    v.clone(),
+                    r.scope.clone(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The components under manifests/components/.
+fn components() -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(manifests_dir().join("components"))? {
+        let entry = entry?;
+        if entry.path().join("kustomization.yaml").is_file() {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// `overlay` with `components`, rendered from the manifests tree at `root`
+/// (a copy: the kustomization that combines them is written into it).
+fn render_combination(
+    kubectl: &Path,
+    root: &Path,
+    overlay: &str,
+    components: &[String],
+) -> Result<Rendered> {
+    let dir = root.join(format!("combination-{overlay}-{}", components.join("-")));
+    std::fs::create_dir_all(&dir)?;
+    let mut text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlays/{overlay}\n"
+    );
+    if !components.is_empty() {
+        text.push_str("components:\n");
+        for c in components {
+            text.push_str(&format!("  - ../components/{c}\n"));
+        }
+    }
+    std::fs::write(dir.join("kustomization.yaml"), text)?;
+    let mut rendered = Rendered::render(kubectl, &dir)?;
+    rendered.overlay = format!("{overlay} + [{}]", components.join(", "));
+    Ok(rendered)
+}
+
+/// The controllers Deployment's features, from its args parsed by the real
+/// command line.
+fn controllers_features(rendered: &Rendered) -> Result<trainwire_webhook::failures::Features> {
+    let d: Deployment = rendered.typed("Deployment", CONTROLLERS)?;
+    let args = container(&d, "controllers")?
+        .args
+        .clone()
+        .unwrap_or_default();
+    let argv = std::iter::once("trainwire-webhook".to_string()).chain(args);
+    let cli = <trainwire_webhook::cli::Cli as clap::Parser>::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("the controllers' args do not parse: {e}"))?;
+    let Some(trainwire_webhook::cli::Command::Controllers(c)) = cli.command else {
+        bail!(
+            "{}: the controllers Deployment does not run `controllers`",
+            rendered.overlay
+        )
+    };
+    Ok(c.features())
+}
+
+/// Every overlay alone and with every combination of the components: the
+/// rights of each ServiceAccount are exactly the rows of the table in
+/// docs/deploy.md that apply, and exactly what the code that runs under it
+/// calls (`API_PERMISSIONS`), with the features its flags turn on.
 #[test]
-fn rbac_grants_exactly_what_the_code_calls() -> Result<()> {
-    let Some(kubectl) = kubectl("rbac_grants_exactly_what_the_code_calls") else {
+fn rbac_per_service_account_is_the_documented_table_and_what_the_code_calls() -> Result<()> {
+    let Some(kubectl) =
+        kubectl("rbac_per_service_account_is_the_documented_table_and_what_the_code_calls")
+    else {
         return Ok(());
     };
-    for (rendered, _) in render_overlays(&kubectl)? {
-        let role: ClusterRole = rendered.typed("ClusterRole", SERVICE)?;
-        assert_eq!(
-            permissions(role.rules.as_deref().unwrap_or_default())?,
-            owned(&[
-                trainwire_webhook::reconciler::API_PERMISSIONS,
-                trainwire_webhook::failures::API_PERMISSIONS,
-                trainwire_webhook::scale::API_PERMISSIONS,
-                trainwire_webhook::world::API_PERMISSIONS
-            ]),
-            "{}: webhook ClusterRole",
-            rendered.overlay
+    let rows = rights_table()?;
+    let all = components()?;
+    assert_eq!(
+        all,
+        ["crash-loop", "monitoring", "node-failure"],
+        "a component was added: give its rights rows in docs/deploy.md"
+    );
+    for row in &rows {
+        assert!(
+            row.with == "base" || row.with == "sidecar RoleBinding" || all.contains(&row.with),
+            "a row granted with {:?}, which is no component",
+            row.with
         );
-        assert!(role.aggregation_rule.is_none());
-        let binding: ClusterRoleBinding = rendered.typed("ClusterRoleBinding", SERVICE)?;
-        assert_eq!(binding.role_ref.kind, "ClusterRole");
-        assert_eq!(binding.role_ref.name, SERVICE);
-        let subjects = binding.subjects.unwrap_or_default();
-        assert_eq!(subjects.len(), 1);
-        assert_eq!(subjects[0].kind, "ServiceAccount");
-        assert_eq!(subjects[0].name, SERVICE);
-        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
-        rendered.raw("ServiceAccount", SERVICE)?;
-
-        // The sidecar's ClusterRole is installed but bound to nobody.
-        let sidecar: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
-        assert_eq!(
-            permissions(sidecar.rules.as_deref().unwrap_or_default())?,
-            owned(&[SIDECAR_PERMISSIONS]),
-            "sidecar ClusterRole"
-        );
-        assert_eq!(
-            rendered.all("ClusterRoleBinding").len(),
-            1,
-            "only the webhook's binding"
-        );
-        // The Lease: a Role in the webhook's namespace, bound to its account.
-        let lease: k8s_openapi::api::rbac::v1::Role =
-            rendered.typed("Role", "trainwire-webhook-lease")?;
-        assert_eq!(lease.metadata.namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(
-            permissions(lease.rules.as_deref().unwrap_or_default())?,
-            owned(&[trainwire_webhook::lease::API_PERMISSIONS]),
-            "{}: webhook lease Role",
-            rendered.overlay
-        );
-        let lease_binding: RoleBinding =
-            rendered.typed("RoleBinding", "trainwire-webhook-lease")?;
-        assert_eq!(lease_binding.metadata.namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(lease_binding.role_ref.kind, "Role");
-        assert_eq!(lease_binding.role_ref.name, "trainwire-webhook-lease");
-        let subjects = lease_binding.subjects.unwrap_or_default();
-        assert_eq!(subjects.len(), 1);
-        assert_eq!(subjects[0].name, SERVICE);
-        assert_eq!(subjects[0].namespace.as_deref(), Some(NAMESPACE));
-        assert_eq!(rendered.all("RoleBinding").len(), 1);
-        // Nothing else grants anything.
-        assert_eq!(rendered.all("ClusterRole").len(), 2);
-        assert_eq!(rendered.all("Role").len(), 1);
     }
+    let copy = self_managed_copy()?;
+    let root = copy
+        .overlay
+        .parent()
+        .and_then(Path::parent)
+        .context("the copy's manifests/")?
+        .to_path_buf();
+    let code = |list: &[(&str, &str, &str)], account: &str, scope: &str| -> BTreeSet<Right> {
+        list.iter()
+            .map(|(g, r, v)| {
+                (
+                    account.to_string(),
+                    g.to_string(),
+                    r.to_string(),
+                    v.to_string(),
+                    scope.to_string(),
+                )
+            })
+            .collect()
+    };
+    let mut combinations = 0;
+    for overlay in ["cert-manager", "self-managed"] {
+        for mask in 0..(1u32 << all.len()) {
+            let chosen: Vec<String> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, c)| c.clone())
+                .collect();
+            let rendered = render_combination(&kubectl, &root, overlay, &chosen)?;
+            let rights = rights_by_account(&rendered)?;
+            assert_eq!(
+                rights,
+                table_rights(&rows, &chosen),
+                "{}: the rendered RBAC differs from the table in docs/deploy.md",
+                rendered.overlay
+            );
+
+            // The code under each ServiceAccount.
+            let features = controllers_features(&rendered)?;
+            assert_eq!(
+                (features.node_failure, features.crash_loop),
+                (
+                    chosen.iter().any(|c| c == "node-failure"),
+                    chosen.iter().any(|c| c == "crash-loop")
+                ),
+                "{}: a feature's flag without its component (or the reverse)",
+                rendered.overlay
+            );
+            let mut controllers = code(
+                trainwire_webhook::reconciler::API_PERMISSIONS,
+                CONTROLLERS,
+                "cluster",
+            );
+            controllers.extend(code(
+                trainwire_webhook::world::API_PERMISSIONS,
+                CONTROLLERS,
+                "cluster",
+            ));
+            controllers.extend(code(&features.permissions(), CONTROLLERS, "cluster"));
+            controllers.extend(code(
+                trainwire_webhook::lease::API_PERMISSIONS,
+                CONTROLLERS,
+                NAMESPACE,
+            ));
+            let mut expected = code(
+                trainwire_webhook::scale::API_PERMISSIONS,
+                SERVICE,
+                "cluster",
+            );
+            expected.extend(controllers);
+            assert_eq!(
+                rights, expected,
+                "{}: a right no code calls, or a call without a right",
+                rendered.overlay
+            );
+            // The admission server's account writes nothing.
+            assert!(
+                rights
+                    .iter()
+                    .filter(|r| r.0 == SERVICE)
+                    .all(|r| ["get", "list", "watch"].contains(&r.3.as_str())),
+                "{}: the admission server may write",
+                rendered.overlay
+            );
+            // Each Deployment runs under its own account.
+            for (deployment, account) in [(SERVICE, SERVICE), (CONTROLLERS, CONTROLLERS)] {
+                let d: Deployment = rendered.typed("Deployment", deployment)?;
+                let pod = d.spec.and_then(|s| s.template.spec).context("pod spec")?;
+                assert_eq!(pod.service_account_name.as_deref(), Some(account));
+            }
+
+            // The sidecar's ClusterRole: installed, bound to nobody, and its
+            // rules are the table's rows for the training pods' account.
+            let sidecar: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
+            let sidecar_rows: BTreeSet<(String, String, String)> = rows
+                .iter()
+                .filter(|r| r.with == "sidecar RoleBinding")
+                .flat_map(|r| {
+                    r.verbs
+                        .iter()
+                        .map(|v| (r.group.clone(), r.resource.clone(), v.clone()))
+                })
+                .collect();
+            let sidecar_rules = permissions(sidecar.rules.as_deref().unwrap_or_default())?;
+            assert_eq!(
+                sidecar_rules, sidecar_rows,
+                "sidecar ClusterRole vs the table"
+            );
+            assert_eq!(
+                sidecar_rules,
+                owned(&[SIDECAR_PERMISSIONS]),
+                "sidecar ClusterRole"
+            );
+            combinations += 1;
+        }
+    }
+    assert_eq!(combinations, 2 << all.len());
     Ok(())
 }
 
@@ -1064,6 +1331,284 @@ fn each_install_file_is_its_overlay_as_kustomize_renders_it() -> Result<()> {
             "{} differs from `kubectl kustomize {}`: run manifests/render",
             path.display(),
             dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Evaluates one CEL expression of the sidecar's ValidatingAdmissionPolicy
+/// with the variables the apiserver binds: `object`, `oldObject` and
+/// `request` (the AdmissionRequest, with its `userInfo`).
+fn policy_expression(expression: &str, request: &Value) -> Result<bool> {
+    let program = cel_interpreter::Program::compile(expression)
+        .map_err(|e| anyhow::anyhow!("CEL does not compile: {e:?}\n{expression}"))?;
+    let mut ctx = cel_interpreter::Context::default();
+    for (name, value) in [
+        ("object", &request["object"]),
+        ("oldObject", &request["oldObject"]),
+        ("request", request),
+    ] {
+        ctx.add_variable(name, value.clone())
+            .map_err(|e| anyhow::anyhow!("binding {name}: {e:?}"))?;
+    }
+    match program.execute(&ctx) {
+        Ok(cel_interpreter::Value::Bool(b)) => Ok(b),
+        Ok(other) => bail!("{expression} gave {other:?}, not a bool"),
+        Err(e) => bail!("{expression} failed: {e:?}"),
+    }
+}
+
+/// What the policy does with a request: not matched (`None`), or the
+/// message of the first validation that fails (`Some(Err)`), or allowed.
+fn policy_verdict(policy: &Value, request: &Value) -> Result<Option<Result<(), String>>> {
+    for condition in policy["spec"]["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let expression = condition["expression"].as_str().context("expression")?;
+        if !policy_expression(expression, request)? {
+            return Ok(None);
+        }
+    }
+    for validation in policy["spec"]["validations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let expression = validation["expression"].as_str().context("expression")?;
+        if !policy_expression(expression, request)? {
+            return Ok(Some(Err(validation["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string())));
+        }
+    }
+    Ok(Some(Ok(())))
+}
+
+/// The userInfo the apiserver gives a request made with a pod's projected
+/// ServiceAccount token (pkg/serviceaccount: `system:serviceaccount:NS:SA`,
+/// its groups, and the pod and node the token is bound to in `extra`).
+fn pod_token_user(namespace: &str, account: &str, pod: Option<&str>) -> Value {
+    let mut extra = json!({
+        "authentication.kubernetes.io/credential-id": ["JTI=0b0e7a1c-5a7e-4c47-9d7b-3c2d5f0e9a11"],
+    });
+    if let Some(pod) = pod {
+        extra["authentication.kubernetes.io/node-name"] = json!(["node-a"]);
+        extra["authentication.kubernetes.io/node-uid"] =
+            json!(["4f6c9d52-3f0e-4d7e-a0b5-3c1e2f9a8b70"]);
+        extra["authentication.kubernetes.io/pod-name"] = json!([pod]);
+        extra["authentication.kubernetes.io/pod-uid"] =
+            json!(["9d1f3e0a-1b2c-4d5e-8f70-a1b2c3d4e5f6"]);
+    }
+    json!({
+        "username": format!("system:serviceaccount:{namespace}:{account}"),
+        "uid": "5c3f1a2b-7d8e-4f90-a1b2-c3d4e5f60718",
+        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+        "extra": extra,
+    })
+}
+
+#[test]
+fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
+    let Some(kubectl) = kubectl("the_sidecar_may_write_only_its_own_pods_records") else {
+        return Ok(());
+    };
+    let rendered = Rendered::render(&kubectl, &manifests_dir().join("overlays/cert-manager"))?;
+    let policy = rendered.raw("ValidatingAdmissionPolicy", "trainwire-sidecar-own-pod")?;
+    assert_eq!(policy["apiVersion"], "admissionregistration.k8s.io/v1");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(
+        policy["spec"]["matchConstraints"]["resourceRules"],
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["UPDATE"]}])
+    );
+    let binding = rendered.raw(
+        "ValidatingAdmissionPolicyBinding",
+        "trainwire-sidecar-own-pod",
+    )?;
+    assert_eq!(binding["spec"]["policyName"], "trainwire-sidecar-own-pod");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        binding["spec"]["matchResources"].is_null(),
+        "every namespace"
+    );
+    // The two records the policy lets through are the sidecar's.
+    let text = serde_json::to_string(&policy["spec"]["validations"])?;
+    for key in [
+        trainwire_contract::peer_loss::ANNOTATION,
+        trainwire_contract::world::CHECKPOINT_ANNOTATION,
+    ] {
+        assert!(
+            text.contains(&format!("'{key}'")),
+            "{key} not in the policy"
+        );
+    }
+
+    // A captured Pod UPDATE from a real apiserver (the Job controller
+    // removing its finalizer), as the base of every case.
+    let path =
+        trainwire_tests::admission_fixtures_dir().join("pod-update-job-finalizer-removal.json");
+    let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let captured = review["request"].clone();
+    let label = trainwire_contract::labels::INJECTED;
+    let mut old = captured["oldObject"].clone();
+    old["metadata"]["labels"][label] = json!(trainwire_contract::labels::INJECTED_VALUE);
+    let name = old["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_string();
+    let namespace = captured["namespace"]
+        .as_str()
+        .context("namespace")?
+        .to_string();
+    let account = old["spec"]["serviceAccountName"]
+        .as_str()
+        .context("serviceAccountName")?
+        .to_string();
+    let own = pod_token_user(&namespace, &account, Some(&name));
+
+    // A write by `user` that turns the stored pod into `change(old)`.
+    let request = |user: &Value, change: &dyn Fn(&mut Value)| {
+        let mut r = captured.clone();
+        let mut object = old.clone();
+        change(&mut object);
+        r["object"] = object;
+        r["oldObject"] = old.clone();
+        r["userInfo"] = user.clone();
+        r
+    };
+    let peer_loss = |o: &mut Value| {
+        o["metadata"]["annotations"][trainwire_contract::peer_loss::ANNOTATION] =
+            json!("{\"generation\":1}");
+    };
+    let checkpoint = |o: &mut Value| {
+        o["metadata"]["annotations"][trainwire_contract::world::CHECKPOINT_ANNOTATION] =
+            json!("{\"path\":\"/checkpoints/step-10\"}");
+    };
+    let other_annotation = |o: &mut Value| {
+        o["metadata"]["annotations"]["team"] = json!("b");
+    };
+    let status_annotation = |o: &mut Value| {
+        o["metadata"]["annotations"]["trainwire.dev/status"] = json!("{}");
+    };
+    let relabel = |o: &mut Value| {
+        o["metadata"]["labels"]["app"] = json!("other");
+    };
+    let unlabel = |o: &mut Value| {
+        if let Some(labels) = o["metadata"]["labels"].as_object_mut() {
+            labels.remove(trainwire_contract::labels::INJECTED);
+        }
+    };
+    let image = |o: &mut Value| {
+        o["spec"]["containers"][0]["image"] = json!("evil:latest");
+    };
+    let finalizer = |o: &mut Value| {
+        o["metadata"]["finalizers"] = json!([]);
+    };
+    let neighbour = pod_token_user(&namespace, &account, Some("bert-pretrain-0-abcde"));
+    let unbound = pod_token_user(&namespace, &account, None);
+    let other_account = pod_token_user(&namespace, "someone-else", Some(&name));
+    let job_controller = captured["userInfo"].clone();
+
+    type Case<'a> = (&'a str, &'a Value, &'a dyn Fn(&mut Value), Option<bool>);
+    let cases: Vec<Case> = vec![
+        ("its own peer-loss record", &own, &peer_loss, Some(true)),
+        ("its own checkpoint record", &own, &checkpoint, Some(true)),
+        ("a neighbour's record", &neighbour, &peer_loss, Some(false)),
+        ("a token bound to no pod", &unbound, &peer_loss, Some(false)),
+        ("another annotation", &own, &other_annotation, Some(false)),
+        ("the injected status", &own, &status_annotation, Some(false)),
+        ("a label", &own, &relabel, Some(false)),
+        ("the injected label itself", &own, &unlabel, Some(false)),
+        ("the spec", &own, &image, Some(false)),
+        ("the finalizers", &own, &finalizer, Some(false)),
+        // Not the pod's own ServiceAccount: not the sidecar, not matched
+        // (RBAC alone decides).
+        ("another account", &other_account, &peer_loss, None),
+        ("the Job controller", &job_controller, &finalizer, None),
+    ];
+    for (what, user, change, want) in cases {
+        let verdict = policy_verdict(policy, &request(user, change))?;
+        match (want, &verdict) {
+            (None, None) | (Some(true), Some(Ok(()))) => {}
+            (Some(false), Some(Err(message))) => {
+                assert!(message.contains("trainwire pod"), "{what}: {message}")
+            }
+            _ => panic!("{what}: expected {want:?}, got {verdict:?}"),
+        }
+    }
+    // The captured request as it was (a pod without the label): not matched.
+    assert_eq!(policy_verdict(policy, &captured)?, None);
+    let mut unlabelled_own = request(&own, &peer_loss);
+    unlabelled_own["oldObject"] = captured["oldObject"].clone();
+    assert_eq!(policy_verdict(policy, &unlabelled_own)?, None);
+    Ok(())
+}
+
+#[test]
+fn the_controllers_deployment_is_hardened_and_runs_only_the_controllers() -> Result<()> {
+    let Some(kubectl) =
+        kubectl("the_controllers_deployment_is_hardened_and_runs_only_the_controllers")
+    else {
+        return Ok(());
+    };
+    for (rendered, _) in render_overlays(&kubectl)? {
+        let d: Deployment = rendered.typed("Deployment", CONTROLLERS)?;
+        assert_eq!(d.metadata.namespace.as_deref(), Some(NAMESPACE));
+        let spec = d.spec.as_ref().context("spec")?;
+        let pod = spec.template.spec.as_ref().context("pod spec")?;
+        assert_eq!(pod.service_account_name.as_deref(), Some(CONTROLLERS));
+        let psc = pod
+            .security_context
+            .as_ref()
+            .context("pod securityContext")?;
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert!(psc.run_as_user.is_some_and(|u| u != 0));
+        let c = container(&d, "controllers")?;
+        let csc = c
+            .security_context
+            .as_ref()
+            .context("container securityContext")?;
+        assert_eq!(csc.read_only_root_filesystem, Some(true));
+        assert_eq!(csc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        let limits = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .context("limits")?;
+        assert!(limits.contains_key("memory") && limits.contains_key("cpu"));
+        // No admission port, no certificate: the apiserver never calls it.
+        let ports: Vec<i32> = c.ports.iter().flatten().map(|p| p.container_port).collect();
+        assert_eq!(ports, [8080]);
+        assert!(
+            !pod.volumes.iter().flatten().any(|v| v.name == "tls"),
+            "the controllers mount no serving certificate"
+        );
+        // The base turns no optional feature on.
+        let features = controllers_features(&rendered)?;
+        assert_eq!(
+            (features.node_failure, features.crash_loop),
+            (false, false),
+            "{}",
+            rendered.overlay
+        );
+        // The admission Service selects the admission pods only.
+        let svc: Service = rendered.typed("Service", SERVICE)?;
+        let selector = svc.spec.and_then(|s| s.selector).unwrap_or_default();
+        let labels = spec
+            .template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.labels.clone())
+            .unwrap_or_default();
+        assert!(
+            !selector.iter().all(|(k, v)| labels.get(k) == Some(v)),
+            "the webhook Service would send admissions to the controllers"
         );
     }
     Ok(())

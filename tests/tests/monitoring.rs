@@ -78,7 +78,6 @@ fn real_metrics() -> Result<(String, String)> {
             .arg("serve")
             .arg(format!("--listen=127.0.0.1:{listen}"))
             .arg(format!("--probe-listen=127.0.0.1:{probe}"))
-            .arg("--reconcile=false")
             .arg("--tls-cert")
             .arg(&cert)
             .arg("--tls-key")
@@ -425,6 +424,13 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
         String::from_utf8_lossy(&out.stderr)
     );
     let objects: Vec<Value> = serde_saphyr::from_multiple(&String::from_utf8(out.stdout)?)?;
+    let find_named = |kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .cloned()
+            .with_context(|| format!("no {kind} {name} in the build"))
+    };
     let find = |kind: &str| {
         objects
             .iter()
@@ -449,7 +455,7 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
     );
     // The PodMonitor scrapes the container port the webhook injects: the
     // real `inject` of an example names it.
-    let podmonitor = find("PodMonitor")?;
+    let podmonitor = find_named("PodMonitor", "trainwire-sidecar")?;
     let port_name = podmonitor["spec"]["podMetricsEndpoints"][0]["port"]
         .as_str()
         .context("PodMonitor port")?
@@ -483,6 +489,32 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
             .any(|p| p["name"] == port_name.as_str() && p["containerPort"] == 29600),
         "PodMonitor port {port_name}; sidecar ports {sidecar_ports:?}"
     );
+    // The controllers' PodMonitor scrapes their probe port, on their pods.
+    let controllers = find_named("Deployment", "trainwire-controllers")?;
+    let controllers_monitor = find_named("PodMonitor", "trainwire-controllers")?;
+    assert_eq!(
+        controllers_monitor["spec"]["selector"]["matchLabels"],
+        controllers["spec"]["selector"]["matchLabels"]
+    );
+    let controllers_port = &controllers_monitor["spec"]["podMetricsEndpoints"][0]["port"];
+    assert!(
+        controllers["spec"]["template"]["spec"]["containers"][0]["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| &p["name"] == controllers_port),
+        "{controllers_monitor:#}"
+    );
+    // Their NetworkPolicy admits exactly that port.
+    let controllers_policy = find_named("NetworkPolicy", "trainwire-controllers")?;
+    assert_eq!(
+        controllers_policy["spec"]["podSelector"]["matchLabels"],
+        controllers["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        controllers_policy["spec"]["ingress"][0]["ports"][0]["port"],
+        *controllers_port
+    );
     // The dashboard reaches Grafana's sidecar as a labelled ConfigMap.
     let dashboard = objects
         .iter()
@@ -500,7 +532,7 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
     // The webhook's NetworkPolicy admits exactly the webhook container's two
     // ports (the Service's targets), and the webhook runs at
     // system-cluster-critical with a quota that admits that class.
-    let deployment = find("Deployment")?;
+    let deployment = find_named("Deployment", "trainwire-webhook")?;
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     let quota = find("ResourceQuota")?;
@@ -514,7 +546,7 @@ fn the_monitoring_component_builds_on_an_overlay_and_scrapes_the_injected_port()
         .flatten()
         .filter_map(|p| p["name"].as_str().map(str::to_string))
         .collect();
-    let policy = find("NetworkPolicy")?;
+    let policy = find_named("NetworkPolicy", "trainwire-webhook")?;
     assert_eq!(
         policy["spec"]["podSelector"]["matchLabels"],
         deployment["spec"]["selector"]["matchLabels"]

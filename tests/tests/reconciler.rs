@@ -427,7 +427,7 @@ async fn forbidden_says_which_clusterrole_to_check() -> Result<()> {
         .await?
         .reply(
             StatusCode::FORBIDDEN,
-            &status(403, "Forbidden", "services \"bert-pretrain\" is forbidden: User \"system:serviceaccount:trainwire-system:trainwire-webhook\" cannot get resource \"services\""),
+            &status(403, "Forbidden", "services \"bert-pretrain\" is forbidden: User \"system:serviceaccount:trainwire-system:trainwire-controllers\" cannot get resource \"services\""),
         );
     let err = outcome(task).await?.expect_err("a 403 is an error");
     assert!(matches!(err, Error::Api { .. }));
@@ -438,7 +438,7 @@ async fn forbidden_says_which_clusterrole_to_check() -> Result<()> {
         ),
         "{text}"
     );
-    assert!(text.contains("ClusterRole trainwire-webhook"), "{text}");
+    assert!(text.contains("ClusterRole trainwire-controllers"), "{text}");
     server.done().await
 }
 

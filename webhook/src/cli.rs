@@ -49,8 +49,11 @@ pub enum Command {
     /// Render manifests offline: inject every annotated StatefulSet/Job.
     #[command(after_help = INJECT_HELP)]
     Inject(crate::inject::InjectArgs),
-    /// Serve the mutating admission webhook over TLS.
+    /// Serve the mutating admission webhook over TLS (no controllers).
     Serve(crate::serve::ServeArgs),
+    /// Run the controllers (Services, world status, failures) apart from
+    /// the admission server.
+    Controllers(crate::controllers::ControllersArgs),
     /// Generate a CA and a serving certificate for a self-managed setup.
     Certs(crate::certs::CertsArgs),
     /// Platform policy tools.
@@ -85,6 +88,7 @@ impl Cli {
         match command {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
+            Command::Controllers(args) => crate::controllers::run(args).await,
             Command::Certs(args) => crate::certs::run(args),
             Command::Policy(PolicyCommand::Check { file, output }) => policy_check(&file, output),
         }

@@ -20,6 +20,21 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::policy::{CrashLoopPolicy, ExitCodes, FailureLimit};
 
+/// What crash-loop stop calls on top of the failure controller's own watch
+/// of injected pods ([`crate::failures::API_PERMISSIONS`]), granted by
+/// `manifests/components/crash-loop` only: it watches StatefulSets and Jobs
+/// (their stop and resume annotations), scales a crash-looping StatefulSet
+/// to 0 or suspends a Job (a merge patch with the evidence in annotations),
+/// and undoes it on `trainwire.dev/resume`.
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("apps", "statefulsets", "list"),
+    ("apps", "statefulsets", "watch"),
+    ("apps", "statefulsets", "patch"),
+    ("batch", "jobs", "list"),
+    ("batch", "jobs", "watch"),
+    ("batch", "jobs", "patch"),
+];
+
 /// A trainer failure that finished this long before a peer loss is put down
 /// to that loss (the survivor noticed a moment before the controller did).
 pub const LOSS_BEFORE: Duration = Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! The failure controller: dead-node reclaim and crash-loop stop, applied.
 //!
-//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! It runs in `trainwire-webhook controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]). A kube-rs [`Controller`] over Pods
 //! (re-triggered by Node changes through a Node reflector) judges every pod
 //! of an injected workload (its template carries `trainwire.dev/status`, so
@@ -50,18 +50,51 @@ use crate::mutation::annotations as ann;
 use crate::nodefailure::{self, NodeHealth, RateLimit, Reclaim};
 use crate::policy::{ExitCodes, FailureLimit, SharedPolicy};
 
-/// Every Kubernetes API call the failure controller makes.
+/// The Kubernetes API calls the failure controller makes whatever its
+/// [`Features`]: it watches the injected pods (label-selected) and tells
+/// peer losses in Events on the workload. The rights of each feature are
+/// [`crate::nodefailure::API_PERMISSIONS`] and
+/// [`crate::crashloop::API_PERMISSIONS`], granted only by the kustomize
+/// component that turns it on.
 pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("", "pods", "list"),
     ("", "pods", "watch"),
-    ("", "pods", "delete"),
-    ("", "pods/status", "patch"),
-    ("", "nodes", "list"),
-    ("", "nodes", "watch"),
-    ("", "nodes", "patch"),
-    ("apps", "statefulsets", "patch"),
-    ("batch", "jobs", "patch"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
 ];
+
+/// The failure controller's features that act on the cluster. Each needs
+/// rights of its own; off, its code makes no call and starts no watch (no
+/// Node watch without dead-node reclaim, no StatefulSet or Job watch without
+/// crash-loop stop), so the install grants nothing for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// Dead-node reclaim (the profile's `nodeFailure`).
+    pub node_failure: bool,
+    /// Crash-loop stop and resume (`crashLoop`, `trainwire.dev/max-failures`,
+    /// `trainwire.dev/fail-fast-exit-codes`).
+    pub crash_loop: bool,
+}
+
+impl Features {
+    /// Both on.
+    pub const ALL: Features = Features {
+        node_failure: true,
+        crash_loop: true,
+    };
+
+    /// Every API call the controller makes with these features.
+    pub fn permissions(self) -> Vec<(&'static str, &'static str, &'static str)> {
+        let mut all = API_PERMISSIONS.to_vec();
+        if self.node_failure {
+            all.extend_from_slice(nodefailure::API_PERMISSIONS);
+        }
+        if self.crash_loop {
+            all.extend_from_slice(crashloop::API_PERMISSIONS);
+        }
+        all
+    }
+}
 
 /// Back-off after a failed reconcile.
 const ERROR_RECHECK: Duration = Duration::from_secs(10);
@@ -183,6 +216,7 @@ pub struct Context {
     metrics: Arc<Metrics>,
     clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     state: Mutex<State>,
+    features: Features,
 }
 
 impl Context {
@@ -205,7 +239,14 @@ impl Context {
             metrics,
             clock,
             state: Mutex::new(State::default()),
+            features: Features::ALL,
         }
+    }
+
+    /// Only these features act (all of them by default).
+    pub fn with_features(mut self, features: Features) -> Self {
+        self.features = features;
+        self
     }
 
     fn now(&self) -> Timestamp {
@@ -305,6 +346,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     let node_name = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let health = node_name
         .as_ref()
+        .filter(|_| ctx.features.node_failure)
         .and_then(|n| ctx.nodes.get(&ObjectRef::new(n)))
         .map(|n| NodeHealth::of(&n));
 
@@ -462,7 +504,9 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     }
 
     sidecar_loss(&ctx, &pod, &owner, now).await;
-    crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
+    if ctx.features.crash_loop {
+        crash_loop(&ctx, &pod, &owner, own_loss, &profile.crash_loop).await?;
+    }
     Ok(action)
 }
 
@@ -850,48 +894,45 @@ fn slim<K: Resource>(object: &mut K) {
     }
 }
 
-/// Run the failure controller until aborted.
-pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>) {
+/// Run the failure controller until aborted, with `features` only: every
+/// watch but the Nodes' selects the injected pods and workloads
+/// ([`trainwire_contract::labels`]); the
+/// Node watch runs only for dead-node reclaim, the StatefulSet and Job
+/// watches only for crash-loop stop and resume.
+pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, features: Features) {
+    use futures::FutureExt as _;
+    let selected =
+        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
     let (node_store, node_writer) = reflector::store::<Node>();
-    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(|n: &mut Node| {
-            slim(n);
-            if let Some(s) = n.status.as_mut() {
-                s.images = None;
-            }
-        })
-        .reflect(node_writer)
-        .applied_objects();
     let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(slim)
-    .reflect(sts_writer)
-    .applied_objects();
     let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(slim)
-        .reflect(job_writer)
-        .applied_objects();
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        policy,
-        node_store,
-        sts_store.clone(),
-        job_store.clone(),
-        metrics,
-        Box::new(Timestamp::now),
-    ));
-    let pod_controller =
-        Controller::new(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    let pods_by_node = pod_controller.store();
-    let pods = pod_controller
-        .watches_stream(nodes, move |node: Node| {
+    let mut tasks: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            policy,
+            node_store,
+            sts_store.clone(),
+            job_store.clone(),
+            metrics,
+            Box::new(Timestamp::now),
+        )
+        .with_features(features),
+    );
+    let pod_controller = Controller::new(Api::<Pod>::all(client.clone()), selected.clone());
+    let pod_controller = if features.node_failure {
+        let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(|n: &mut Node| {
+                slim(n);
+                if let Some(s) = n.status.as_mut() {
+                    s.images = None;
+                }
+            })
+            .reflect(node_writer)
+            .applied_objects();
+        let pods_by_node = pod_controller.store();
+        pod_controller.watches_stream(nodes, move |node: Node| {
             let name = node.name_any();
             pods_by_node
                 .state()
@@ -902,14 +943,56 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>) {
                 .map(|p| ObjectRef::from_obj(&*p))
                 .collect::<Vec<_>>()
         })
-        .run(reconcile_pod, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let statefulsets = Controller::for_stream(sts_stream, sts_store)
-        .run(reconcile_statefulset, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let jobs = Controller::for_stream(job_stream, job_store)
-        .run(reconcile_job, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()));
-    info!("failure controller started: dead-node reclaim and crash-loop stop");
-    futures::join!(pods, statefulsets, jobs);
+    } else {
+        drop(node_writer);
+        pod_controller
+    };
+    tasks.push(
+        pod_controller
+            .run(reconcile_pod, error_policy, ctx.clone())
+            .for_each(|_| futures::future::ready(()))
+            .boxed(),
+    );
+    if features.crash_loop {
+        let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), selected.clone())
+            .default_backoff()
+            .modify(slim)
+            .reflect(sts_writer)
+            .applied_objects();
+        let job_stream = watcher(Api::<Job>::all(client.clone()), selected)
+            .default_backoff()
+            .modify(slim)
+            .reflect(job_writer)
+            .applied_objects();
+        tasks.push(
+            Controller::for_stream(sts_stream, sts_store)
+                .run(reconcile_statefulset, error_policy, ctx.clone())
+                .for_each(|_| futures::future::ready(()))
+                .boxed(),
+        );
+        tasks.push(
+            Controller::for_stream(job_stream, job_store)
+                .run(reconcile_job, error_policy, ctx)
+                .for_each(|_| futures::future::ready(()))
+                .boxed(),
+        );
+    } else {
+        drop((sts_writer, job_writer));
+    }
+    info!(
+        node_failure = features.node_failure,
+        crash_loop = features.crash_loop,
+        "failure controller started: peer-loss Events{}{}",
+        if features.node_failure {
+            ", dead-node reclaim"
+        } else {
+            ""
+        },
+        if features.crash_loop {
+            ", crash-loop stop"
+        } else {
+            ""
+        }
+    );
+    futures::future::join_all(tasks).await;
 }

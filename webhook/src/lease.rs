@@ -1,8 +1,8 @@
-//! One replica at a time: the webhook's controllers (the headless-Service
-//! reconciler and the failure controller) run only on the replica that holds
-//! the `coordination.k8s.io` Lease [`LEASE_NAME`] in the webhook's own
+//! One replica at a time: the controllers (`trainwire-webhook controllers`: the
+//! reconciler, the world and failure controllers) run only on the replica that holds
+//! the `coordination.k8s.io` Lease [`LEASE_NAME`] in their own
 //! namespace, so two replicas never act twice (two force-deletes of one pod,
-//! two stops of one world). Admission itself runs on every replica.
+//! two stops of one world).
 //!
 //! The Lease is kept by `kube-lease-manager` (server-side apply of
 //! `holderIdentity`, a conflict for the loser). The holder renews it

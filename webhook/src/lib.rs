@@ -10,6 +10,7 @@
 pub mod admission;
 pub mod certs;
 pub mod cli;
+pub mod controllers;
 pub mod crashloop;
 pub mod failures;
 pub mod inject;

@@ -19,6 +19,21 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::policy::{NodeFailureAction, NodeFailurePolicy};
 
+/// What dead-node reclaim calls on top of the failure controller's own
+/// watch of injected pods ([`crate::failures::API_PERMISSIONS`]), granted by
+/// `manifests/components/node-failure` only: it watches Nodes (their
+/// `Ready` condition), force-deletes a pod on a dead node, first marking a
+/// Job's pod Failed with a `DisruptionTarget` condition (`pods/status`), and
+/// taints a dead node out-of-service (`nodes patch`, for `action:
+/// out-of-service`).
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    ("", "nodes", "list"),
+    ("", "nodes", "watch"),
+    ("", "nodes", "patch"),
+    ("", "pods", "delete"),
+    ("", "pods/status", "patch"),
+];
+
 /// The taint that lets the control plane delete a dead node's pods and
 /// force-detach their volumes.
 pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";

@@ -4,8 +4,8 @@
 //!
 //! Admission answers without side effects (`sideEffects: None`); this
 //! reconciler acts afterwards, on the stored objects. It is a kube-rs
-//! [`Controller`] over Jobs and over StatefulSets (started by `serve`, on by
-//! default, `--reconcile=false` turns it off). For every workload whose pod
+//! [`Controller`] over Jobs and over StatefulSets (started by
+//! `trainwire-webhook controllers`). For every workload whose pod
 //! template carries trainwire's status annotation (so: injected) it makes
 //! sure the Service its pods' DNS names hang on exists:
 //!
@@ -134,7 +134,7 @@ pub enum Error {
 fn forbidden_hint(e: &kube::Error) -> &'static str {
     match e {
         kube::Error::Api(s) if s.is_forbidden() => {
-            " (the ClusterRole trainwire-webhook in manifests/base/rbac.yaml grants what the reconciler needs; is it applied and bound to the webhook's ServiceAccount?)"
+            " (the ClusterRole trainwire-controllers in manifests/base/rbac.yaml grants what the reconciler needs; is it applied and bound to the ServiceAccount trainwire-controllers?)"
         }
         _ => "",
     }
@@ -965,20 +965,18 @@ where
     futures::future::ready(())
 }
 
-/// Run the reconciler until the process shuts down. StatefulSets come from
-/// the shared watch cache (the scale guard reads the same one); `writer` is
-/// its writer, fed by the watch this function drives.
-pub async fn run(
-    client: kube::Client,
-    statefulsets: crate::scale::StatefulSetCache,
-    writer: reflector::store::Writer<StatefulSet>,
-    policy: crate::policy::SharedPolicy,
-) -> anyhow::Result<()> {
+/// Run the reconciler until the process shuts down. Its StatefulSet and Job
+/// watches select the injected workloads (label
+/// [`trainwire_contract::labels::INJECTED`], which the engine puts on every
+/// workload it injects).
+pub async fn run(client: kube::Client, policy: crate::policy::SharedPolicy) -> anyhow::Result<()> {
     let ctx = Arc::new(Context::new(client.clone(), policy));
     let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let injected =
+        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
 
     let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+    let job_stream = watcher(Api::<Job>::all(client.clone()), injected.clone())
         .default_backoff()
         .modify(slim)
         .reflect(job_writer)
@@ -990,11 +988,11 @@ pub async fn run(
         .run(reconcile_job, error_policy, ctx.clone())
         .for_each(log_result);
 
-    let sts_store = statefulsets
-        .store()
-        .ok_or_else(|| anyhow::anyhow!("the StatefulSet cache has no store"))?;
-    let sts_stream = statefulsets
-        .watch(client.clone(), writer)
+    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
+    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected)
+        .default_backoff()
+        .modify(slim)
+        .reflect(sts_writer)
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
     let statefulsets = Controller::for_stream(sts_stream, sts_store)

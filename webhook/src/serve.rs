@@ -1,4 +1,7 @@
-//! `trainwire-webhook serve`: the admission server over TLS.
+//! `trainwire-webhook serve`: the admission server over TLS. It holds no
+//! write right: its only API calls are the scale guard's StatefulSet watch
+//! ([`crate::scale::API_PERMISSIONS`]). The controllers run apart
+//! (`trainwire-webhook controllers`, [`crate::controllers`]).
 //!
 //! - `--listen` (HTTPS, HTTP/1.1 and HTTP/2): `POST /mutate`, plus
 //!   `/healthz` and `/readyz`.
@@ -75,18 +78,6 @@ pub struct ServeArgs {
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,
-    /// Run the reconciler that creates the headless Service of injected Jobs
-    /// (`--reconcile=false` to turn it off).
-    #[arg(
-        long,
-        env = "TRAINWIRE_RECONCILE",
-        value_name = "BOOL",
-        default_value_t = true,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
-    pub reconcile: bool,
     /// After SIGTERM, how long to keep answering with /readyz failing, so the
     /// Service's endpoints drop this pod before its listener closes (with
     /// `failurePolicy: Fail`, an apiserver call to a closed listener would
@@ -98,55 +89,8 @@ pub struct ServeArgs {
         default_value = "5s"
     )]
     pub shutdown_drain: trainwire_contract::Duration,
-    /// Namespace of the Lease that lets one replica at a time run the
-    /// controllers (normally the webhook's own, from the downward API).
-    #[arg(
-        long,
-        env = "TRAINWIRE_LEASE_NAMESPACE",
-        value_name = "NAMESPACE",
-        default_value = "trainwire-system"
-    )]
-    pub lease_namespace: String,
     #[command(flatten)]
     pub policy: PolicyArgs,
-}
-
-/// The controllers (headless Services, failures, the world status), on the replica that holds
-/// the Lease only.
-async fn controllers(
-    client: kube::Client,
-    namespace: String,
-    policy: SharedPolicy,
-    metrics: Arc<Metrics>,
-) {
-    let identity = std::env::var("HOSTNAME")
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| format!("trainwire-webhook-{}", std::process::id()));
-    let config = crate::lease::LeaseConfig::new(namespace, identity);
-    crate::lease::supervise(client.clone(), config, move || {
-        let client = client.clone();
-        let policy = policy.clone();
-        let metrics = metrics.clone();
-        async move {
-            let services_client = client.clone();
-            let services_policy = policy.clone();
-            let services = async move {
-                let (cache, writer) = StatefulSetCache::new();
-                if let Err(e) =
-                    crate::reconciler::run(services_client, cache, writer, services_policy).await
-                {
-                    tracing::error!(error = %e, "the Job Service reconciler stopped");
-                }
-            };
-            futures::join!(
-                services,
-                crate::failures::run(client.clone(), policy, metrics),
-                crate::world::run(client)
-            );
-        }
-    })
-    .await;
 }
 
 /// Readiness: the TLS listener is bound, a certificate is loaded, and the
@@ -223,19 +167,25 @@ async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    metrics_response(&state.metrics, &headers)
+}
+
+/// `/metrics`: OpenMetrics, or the classic Prometheus text format to a
+/// client that asks only for `text/plain` (both programs' probe endpoints).
+pub fn metrics_response(metrics: &Metrics, headers: &HeaderMap) -> Response {
     use trainwire_runtime::exposition;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
     if exposition::wants_classic_text(accept) {
         return (
             [(header::CONTENT_TYPE, exposition::PROMETHEUS_TEXT)],
-            exposition::classic_text(&state.metrics.encode()),
+            exposition::classic_text(&metrics.encode()),
         )
             .into_response();
     }
     (
         [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        state.metrics.encode(),
+        metrics.encode(),
     )
         .into_response()
 }
@@ -420,7 +370,7 @@ pub fn serve_tls(
     Ok(TlsServer { local_addr, task })
 }
 
-/// Build the Kubernetes client the scale guard and the reconciler use.
+/// Build the Kubernetes client of the scale guard's cache.
 async fn kube_client() -> Result<kube::Client, String> {
     kube::Client::try_default().await.map_err(|e| e.to_string())
 }
@@ -463,29 +413,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let mut background = vec![cert_watch, policy_watch];
-    // One watch cache of StatefulSets: the scale guard answers from it, and
-    // the reconciler (when on) shares it.
+    // The scale guard's watch cache of StatefulSets (list/watch only: the
+    // admission server writes nothing; the controllers run apart, as
+    // `trainwire-webhook controllers`).
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
-            // Every replica feeds its own cache (the scale guard answers on
-            // every replica); the controllers run on the Lease holder only,
-            // the reconciler over a StatefulSet watch of its own.
             let (cache, writer) = StatefulSetCache::new();
-            background.push(tokio::spawn(cache.clone().run(client.clone(), writer)));
-            if args.reconcile {
-                background.push(tokio::spawn(controllers(
-                    client,
-                    args.lease_namespace.clone(),
-                    policy.clone(),
-                    metrics.clone(),
-                )));
-            }
+            background.push(tokio::spawn(cache.clone().run(client, writer)));
             Arc::new(cache)
         }
         Err(why) => {
             tracing::warn!(
                 error = %why,
-                "no Kubernetes API client: the Service reconciler is off and the scale guard allows every scale with a warning"
+                "no Kubernetes API client: the scale guard allows every scale with a warning"
             );
             Arc::new(StatefulSetCache::unavailable(why))
         }

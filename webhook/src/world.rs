@@ -1,7 +1,7 @@
 //! The world's state on the workload: the `trainwire.dev/world` annotation
 //! ([`trainwire_contract::world`]), kept by the world controller.
 //!
-//! It runs inside `trainwire-webhook serve` on the replica that holds the
+//! It runs in `trainwire-webhook controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
 //! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
 //! by a shared Pod watch (a pod maps to its controller ownerReference). For
@@ -765,7 +765,10 @@ pub async fn run(client: Client) {
         warn!("world controller: no pod subscription; not started");
         return;
     };
-    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+    // Only the injected pods and workloads: the apiserver filters by label.
+    let injected =
+        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
+    let pods = watcher(Api::<Pod>::all(client.clone()), injected.clone())
         .default_backoff()
         .modify(|p: &mut Pod| {
             crate::scale::slim(p);
@@ -779,16 +782,13 @@ pub async fn run(client: Client) {
         .reflect_shared(pod_writer)
         .for_each(|_| futures::future::ready(()));
     let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(
-        Api::<StatefulSet>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(crate::scale::slim)
-    .reflect(sts_writer)
-    .applied_objects();
+    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected.clone())
+        .default_backoff()
+        .modify(crate::scale::slim)
+        .reflect(sts_writer)
+        .applied_objects();
     let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+    let job_stream = watcher(Api::<Job>::all(client.clone()), injected)
         .default_backoff()
         .modify(crate::scale::slim)
         .reflect(job_writer)

@@ -26,7 +26,7 @@ fn help_lists_every_subcommand() {
     let out = bare(&["--help"]);
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let help = String::from_utf8_lossy(&out.stdout);
-    for command in ["inject", "serve", "certs", "policy"] {
+    for command in ["inject", "serve", "controllers", "certs", "policy"] {
         assert!(help.contains(command), "{command} missing from\n{help}");
     }
 }

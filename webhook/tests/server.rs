@@ -98,7 +98,6 @@ fn serve_command(cert: &Path, key: &Path) -> Command {
         "127.0.0.1:0",
         "--probe-listen",
         "127.0.0.1:0",
-        "--reconcile=false",
     ])
     .arg("--tls-cert")
     .arg(cert)
@@ -706,7 +705,6 @@ fn serve_help_documents_every_flag_and_its_env_var() {
         ("--tls-cert", "TRAINWIRE_TLS_CERT"),
         ("--tls-key", "TRAINWIRE_TLS_KEY"),
         ("--log-format", "TRAINWIRE_LOG_FORMAT"),
-        ("--reconcile", "TRAINWIRE_RECONCILE"),
         ("--policy", "TRAINWIRE_POLICY"),
         ("--sidecar-image", "TRAINWIRE_SIDECAR_IMAGE"),
     ] {
@@ -717,6 +715,41 @@ fn serve_help_documents_every_flag_and_its_env_var() {
         help.contains("0.0.0.0:8443") && help.contains("0.0.0.0:8080"),
         "{help}"
     );
+}
+
+#[test]
+fn controllers_help_documents_every_flag_and_its_env_var() {
+    let out = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"))
+        .args(["controllers", "--help"])
+        .output()
+        .expect("controllers --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for (flag, env) in [
+        ("--probe-listen", "TRAINWIRE_PROBE_LISTEN"),
+        ("--log-format", "TRAINWIRE_LOG_FORMAT"),
+        ("--lease-namespace", "TRAINWIRE_LEASE_NAMESPACE"),
+        ("--node-failure", "TRAINWIRE_NODE_FAILURE"),
+        ("--crash-loop", "TRAINWIRE_CRASH_LOOP"),
+        ("--policy", "TRAINWIRE_POLICY"),
+    ] {
+        assert!(help.contains(flag), "{flag} missing:\n{help}");
+        assert!(help.contains(env), "{env} missing:\n{help}");
+    }
+    // `serve` has none of the controllers' flags any more.
+    let serve = Command::new(env!("CARGO_BIN_EXE_trainwire-webhook"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("serve --help");
+    let serve = String::from_utf8_lossy(&serve.stdout);
+    for flag in [
+        "--reconcile",
+        "--lease-namespace",
+        "--node-failure",
+        "--crash-loop",
+    ] {
+        assert!(!serve.contains(flag), "serve still has {flag}:\n{serve}");
+    }
 }
 
 #[tokio::test]

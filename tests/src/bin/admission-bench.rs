@@ -366,7 +366,6 @@ fn start_webhook(bin: &Path, cpus: &str, dir: &Path, log: &str) -> anyhow::Resul
             &format!("127.0.0.1:{port}"),
             "--probe-listen",
             &format!("127.0.0.1:{probe}"),
-            "--reconcile=false",
         ])
         .arg("--tls-cert")
         .arg(dir.join("tls.crt"))

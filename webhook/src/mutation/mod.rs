@@ -344,6 +344,12 @@ fn run(
     }
 
     workload::refuse_invalid(&workload)?;
+    // The workload itself carries the injected label too, so that the
+    // controllers' StatefulSet and Job watches select on it: one `add`
+    // beside the diff (which leaves the workload's metadata out), also when
+    // nothing else changes (a label on the workload rolls no pod).
+    let workload_label = status::workload_label(workload.metadata());
+
     let previous = workload.template().and_then(status::read);
     ctx.first_injection = previous.is_none();
     if previous.is_none()
@@ -363,6 +369,11 @@ fn run(
     // an UPDATE that changes none of it keeps the injected template exactly
     // as it is, even when the engine, the sidecar image or the policy changed
     // since, so an upgrade never rolls running training by itself.
+    // The injected label is trainwire's, never the user's input: off before
+    // hashing, on again below.
+    if let Some(template) = workload.template_mut() {
+        status::unlabel(template);
+    }
     let hash = status::input_hash(&workload, &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
@@ -370,6 +381,7 @@ fn run(
     ctx.status.hash = hash.clone();
     if let Some(template) = workload.template_mut() {
         status::write(template, &ctx.status);
+        status::label(template);
     }
 
     // Same user inputs (a label added, an upgrade of trainwire or its policy),
@@ -380,11 +392,14 @@ fn run(
         workload::warn_held_back_resize(&mut ctx, &workload, &prev.nnodes);
     }
     *workload.metadata_mut() = Default::default();
-    let patch = if same_inputs || status::same_but_hash(&before, &workload) {
+    let mut patch = if same_inputs || status::same_but_hash(&before, &workload) {
         patch::Ops::default()
     } else {
         workload::diff(before, workload)
     };
+    if let Some(op) = workload_label {
+        patch.0.insert(0, op);
+    }
     Ok(Admitted {
         patch,
         warnings: ctx.into_warnings(),

@@ -239,6 +239,52 @@ pub fn write(template: &mut PodTemplateSpec, status: &Status) {
         .insert(STATUS.to_string(), json);
 }
 
+/// Put the injected label ([`trainwire_contract::labels::INJECTED`]) on the
+/// template: the controllers' watches select the pods by it.
+pub fn label(template: &mut PodTemplateSpec) {
+    use trainwire_contract::labels::{INJECTED, INJECTED_VALUE};
+    template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(INJECTED.to_string(), INJECTED_VALUE.to_string());
+}
+
+/// The patch operation that puts the injected label on the workload's own
+/// metadata, or `None` when it is there already.
+pub fn workload_label(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<super::patch::Op> {
+    use json_patch::jsonptr::PointerBuf;
+    use trainwire_contract::labels::{INJECTED, INJECTED_VALUE};
+    let (path, value) = match &meta.labels {
+        Some(labels) if labels.get(INJECTED).map(String::as_str) == Some(INJECTED_VALUE) => {
+            return None;
+        }
+        Some(_) => (
+            PointerBuf::from_tokens(["metadata", "labels", INJECTED]),
+            serde_json::json!(INJECTED_VALUE),
+        ),
+        None => (
+            PointerBuf::from_tokens(["metadata", "labels"]),
+            serde_json::json!({ INJECTED: INJECTED_VALUE }),
+        ),
+    };
+    Some(super::patch::Op {
+        kind: super::patch::OpKind::Add,
+        path,
+        value: serde_json::value::to_raw_value(&value).ok(),
+    })
+}
+
+/// Take the injected label off the template (before the input hash).
+pub fn unlabel(template: &mut PodTemplateSpec) {
+    if let Some(labels) = template.metadata.as_mut().and_then(|m| m.labels.as_mut()) {
+        labels.remove(trainwire_contract::labels::INJECTED);
+    }
+}
+
 /// Whether two workloads differ at most in the status annotation's `hash`
 /// and `version`.
 pub fn same_but_hash(a: &Workload, b: &Workload) -> bool {

@@ -350,6 +350,35 @@ fn the_input_hash_decides_a_no_op() {
     );
 }
 
+/// The injected label: on every injected template, never part of the
+/// input (a template that already carries it, with any value, injects to
+/// the same hash and the same pods).
+#[test]
+fn injected_pods_carry_the_label_and_it_is_not_an_input() {
+    use trainwire_contract::labels::{INJECTED, INJECTED_VALUE};
+    let label = format!(
+        "/spec/template/metadata/labels/{}",
+        INJECTED.replace('/', "~1")
+    );
+    let status = "/spec/template/metadata/annotations/trainwire.dev~1status";
+    let (obj, ns) = sts_fixture();
+    let first = check_round_trip(&obj, Some(&ns), &Profile::default());
+    assert_eq!(first.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+    let mut preset = obj.clone();
+    preset["spec"]["template"]["metadata"]["labels"][INJECTED] = json!("no");
+    let again = mutated(&preset, Some(&ns), &Profile::default());
+    assert_eq!(again.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+    assert_eq!(again.object.pointer(status), first.object.pointer(status));
+    // A Job too.
+    let (job, ns) = fixture("job-indexed-create.json");
+    let m = check_round_trip(&job, Some(&ns), &Profile::default());
+    assert_eq!(m.object.pointer(&label), Some(&json!(INJECTED_VALUE)));
+    // And the workloads themselves (their watches select on it too).
+    let own = format!("/metadata/labels/{}", INJECTED.replace('/', "~1"));
+    assert_eq!(first.object.pointer(&own), Some(&json!(INJECTED_VALUE)));
+    assert_eq!(m.object.pointer(&own), Some(&json!(INJECTED_VALUE)));
+}
+
 #[test]
 fn not_managed_objects_pass() {
     for name in [
@@ -1237,11 +1266,22 @@ fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
     });
     let untouched = mutated(&first.object, Some(&ns), &nccl);
     assert!(untouched.patch.0.is_empty(), "{:?}", untouched.patch);
-    // A label (not an input of the injection) is no real change either.
+    // A label (not an input of the injection) is no real change either: the
+    // template stays; only the workload's own injected label, which the
+    // new label map dropped, is put back.
     let mut labelled = first.object.clone();
     labelled["metadata"]["labels"] = json!({"team": "ml"});
     let untouched = mutated(&labelled, Some(&ns), &nccl);
-    assert!(untouched.patch.0.is_empty(), "{:?}", untouched.patch);
+    let paths: Vec<String> = untouched
+        .patch
+        .0
+        .iter()
+        .map(|op| op.path().to_string())
+        .collect();
+    assert_eq!(paths, ["/metadata/labels/trainwire.dev~1injected"]);
+    let mut kept = labelled.clone();
+    kept["metadata"]["labels"]["trainwire.dev/injected"] = json!("true");
+    assert!(mutated(&kept, Some(&ns), &nccl).patch.0.is_empty());
     // A real change (replicas 2 -> 3) re-injects with the current settings.
     let mut scaled = first.object.clone();
     scaled["spec"]["replicas"] = json!(3);

@@ -56,6 +56,8 @@ struct MetaLite {
     name: Option<String>,
     namespace: Option<String>,
     generate_name: Option<String>,
+    /// Read for the injected label only (present or not).
+    labels: Option<BTreeMap<String, String>>,
     annotations: Option<BTreeMap<String, String>>,
     deletion_timestamp: Option<Time>,
 }
@@ -66,6 +68,7 @@ impl From<MetaLite> for ObjectMeta {
             name: m.name,
             namespace: m.namespace,
             generate_name: m.generate_name,
+            labels: m.labels,
             annotations: m.annotations,
             deletion_timestamp: m.deletion_timestamp,
             ..ObjectMeta::default()
@@ -257,7 +260,7 @@ impl Workload {
 
     /// Read the workload from JSON text (an AdmissionReview's object),
     /// without an intermediate `Value`. Of the metadata only what the engine
-    /// reads is kept (name, namespace, generateName, annotations,
+    /// reads is kept (name, namespace, generateName, labels, annotations,
     /// deletionTimestamp): the rest (managedFields above all) is skipped,
     /// and so is `status`. See [`Typed`] for reading it inside a larger
     /// document.

@@ -173,7 +173,7 @@ fn default_max_failures() -> FailureLimit {
 }
 
 impl CrashLoopPolicy {
-    fn is_default(&self) -> bool {
+    pub fn is_default(&self) -> bool {
         *self == CrashLoopPolicy::default()
     }
 }
