@@ -838,11 +838,20 @@ pub fn run_with_progress(
             progress(&report);
         }
         if let Some(oracle) = broken {
+            let text = input.text();
+            // The report holds a clipped input; `$TRAINWIRE_FUZZ_DUMP` names
+            // a directory where each finding's whole input and oracle go,
+            // to reproduce it without running the campaign again.
+            if let Some(dir) = std::env::var_os(DUMP_ENV) {
+                let path = std::path::Path::new(&dir)
+                    .join(format!("{}-{seed}-{index}.txt", surface.name()));
+                let _ = std::fs::write(path, format!("{oracle}\n---\n{text}"));
+            }
             report.findings.push(Finding {
                 surface,
                 index,
                 oracle,
-                input: clip(&input.text()),
+                input: clip(&text),
             });
             if report.findings.len() >= max_findings {
                 break;
@@ -853,6 +862,9 @@ pub fn run_with_progress(
     report.elapsed = started.elapsed();
     report
 }
+
+/// A directory for every finding's whole input (see [`run_with_progress`]).
+pub const DUMP_ENV: &str = "TRAINWIRE_FUZZ_DUMP";
 
 /// How often [`run_with_progress`] reports.
 pub const PROGRESS_EVERY: u64 = 50_000;
