@@ -514,9 +514,14 @@ fn strip_container(c: &mut Container, status: &Status) {
     let had_mounts = len(&c.volume_mounts);
     if let Some(env) = c.env.as_mut() {
         let mut kept = Vec::with_capacity(env.len());
+        // trainwire writes or replaces only the first entry of a name (a
+        // manifest may repeat one: the last wins in the container); a later
+        // entry with the same value is the manifest's own.
+        let mut seen = std::collections::BTreeSet::new();
         for var in env.drain(..) {
+            let first = seen.insert(var.name.clone());
             match status.env.get(&var.name) {
-                Some(fp) if *fp == fingerprint(&var) => {
+                Some(fp) if first && *fp == fingerprint(&var) => {
                     if let Some(orig) = status.replaced_env.get(&var.name) {
                         kept.push(orig.clone());
                     }

@@ -2456,3 +2456,30 @@ fn a_success_policy_without_rules_is_refused(#[case] injected_before: bool) {
         );
     }
 }
+
+/// Fuzz finding (inject, seed 2211, input 347,767): a trainer env that
+/// names a variable twice, the first of which an enforced policy value
+/// overwrites. trainwire replaces only the first entry of a name, so a
+/// re-injection must strip only that one: the second, equal to the
+/// enforced value, is the manifest's own. Injecting again changes nothing.
+#[test]
+fn a_repeated_env_name_under_an_enforced_value_is_stable() {
+    let p = profile(|p| {
+        p.nccl.insert(
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING".into(),
+            enforced("1".to_string(), Enforce::Overwrite),
+        );
+    });
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["template"]["spec"]["containers"][0]["env"] = json!([
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "INFO"},
+        {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+    ]);
+    let m = check_round_trip(&obj, None, &p);
+    let values: Vec<String> = trainer_env(&m.object)
+        .into_iter()
+        .filter(|(n, _)| n == "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+        .map(|(_, e)| e["value"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(values, ["1", "1"]);
+}
