@@ -287,6 +287,15 @@ impl Network {
         .arg(program);
         cmd
     }
+
+    /// The arguments of `ip` in [`Network::command`], for a closure that
+    /// builds the command again at each (re)start.
+    pub fn command_args(&self, node: &Node, program: &str) -> Vec<String> {
+        self.command(node, program)
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
 }
 
 /// Pids of the processes in namespace `ns` (`ip netns pids`).

@@ -203,11 +203,7 @@ impl Cluster {
             }
             None => None,
         };
-        let net_cmd = self.net.command(&node, &torch::python());
-        let program: Vec<String> = net_cmd
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let program = self.net.command_args(&node, &torch::python());
         let mut env = torch::webhook_env(
             &self.nnodes,
             1,

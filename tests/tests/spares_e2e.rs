@@ -204,12 +204,7 @@ impl World {
         let addr = Network::addr(50);
         let node = self.net.add_node_named("store", "store", addr, false)?;
         self.net.set_host(&self.rendered.store_host, addr)?;
-        let program: Vec<String> = self
-            .net
-            .command(&node, &torch::python())
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let program = self.net.command_args(&node, &torch::python());
         // The rendered command is `python3 -c SCRIPT`: the same script under
         // the interpreter that has torch.
         let args: Vec<String> = self
@@ -305,12 +300,7 @@ impl World {
             "PYTHONPATH".into(),
             self.site.path().to_string_lossy().into_owned(),
         ));
-        let program: Vec<String> = self
-            .net
-            .command(&node, &torch::python())
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let program = self.net.command_args(&node, &torch::python());
         let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         let kubelet = Kubelet::run_backoff(
             &format!("{label}/trainer"),

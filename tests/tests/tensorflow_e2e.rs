@@ -231,12 +231,7 @@ impl Cluster {
             "TRAIN_CHECKPOINT_INTERVAL".into(),
             CHECKPOINT_INTERVAL.to_string(),
         ));
-        let program: Vec<String> = self
-            .net
-            .command(&node, &python())
-            .get_args()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect();
+        let program = self.net.command_args(&node, &python());
         let make = move || {
             let mut cmd = Command::new("ip");
             cmd.args(&program)
