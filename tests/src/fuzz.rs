@@ -863,6 +863,26 @@ pub fn run_with_progress(
     report
 }
 
+/// One kept input (a finding's, as [`DUMP_ENV`] writes it) through its
+/// surface's oracles: `Ok(true)` accepted, `Ok(false)` refused with a
+/// message, `Err` names the oracle it breaks. The sidecar-env surface's
+/// inputs are maps, kept as unit tests beside the sidecar's parser instead.
+pub fn replay(surface: Surface, text: &str, seeds: &Seeds) -> Result<bool, String> {
+    let input = match surface {
+        Surface::Admission => Input::Review(text.as_bytes().to_vec()),
+        Surface::Inject => Input::Manifest(text.to_string()),
+        Surface::Policy => Input::Policy(text.to_string()),
+        Surface::SidecarEnv => {
+            return Err("sidecar-env inputs are not replayed from text".into());
+        }
+    };
+    match State::new(surface, seeds).check(&input, seeds) {
+        Verdict::Accepted => Ok(true),
+        Verdict::Refused => Ok(false),
+        Verdict::Broken(why) => Err(why),
+    }
+}
+
 /// A directory for every finding's whole input (see [`run_with_progress`]).
 pub const DUMP_ENV: &str = "TRAINWIRE_FUZZ_DUMP";
 

@@ -38,6 +38,34 @@ fn every_surface_survives_a_short_fuzzing_run() {
     }
 }
 
+/// Every finding kept in `tests/data/fuzz/` (`SURFACE-SEED-INDEX.txt`: the
+/// oracle it broke, `---`, the whole input) now passes its surface's
+/// oracles: accepted, or refused with a message.
+#[test]
+fn kept_findings_pass_their_oracles() {
+    let root = trainwire_tests::repo_root();
+    let seeds = Seeds::load(&root).expect("seeds");
+    let dir = root.join("tests/data/fuzz");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).expect("tests/data/fuzz") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let surface = Surface::ALL
+            .into_iter()
+            .find(|s| name.starts_with(&format!("{}-", s.name())))
+            .unwrap_or_else(|| panic!("{name}: no surface in the name"));
+        let text = std::fs::read_to_string(&path).expect("read");
+        let (_, input) = text
+            .split_once("\n---\n")
+            .unwrap_or_else(|| panic!("{name}: no `---` after the oracle"));
+        if let Err(why) = fuzz::replay(surface, input, &seeds) {
+            panic!("{name}: {why}");
+        }
+        seen += 1;
+    }
+    assert!(seen > 0, "no kept findings in {}", dir.display());
+}
+
 /// A path grammar with the bug the fuzzer found in `MountPath`: it drops
 /// trailing `/` but keeps the blank before it, so `/k /` displays as `/k `,
 /// which a trimming reader reads as another path.

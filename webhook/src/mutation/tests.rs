@@ -2483,3 +2483,136 @@ fn a_repeated_env_name_under_an_enforced_value_is_stable() {
         .collect();
     assert_eq!(values, ["1", "1"]);
 }
+
+fn enforced_shm() -> Profile {
+    profile(|p| p.shm_size = enforced("64Gi".parse().expect("size"), Enforce::Overwrite))
+}
+
+/// The StatefulSet fixture whose pod has `volumes` and whose trainer mounts
+/// `mounts`.
+fn with_volumes(volumes: Value, mounts: Value) -> Value {
+    let (mut obj, _) = sts_fixture();
+    obj["spec"]["template"]["spec"]["volumes"] = volumes;
+    obj["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = mounts;
+    obj
+}
+
+/// An enforced `/dev/shm` size turns the volume mounted there into a memory
+/// emptyDir in place (a second container sharing it at `/dev/shm` keeps
+/// it); re-injection gives the user's volume back first, so the output is a
+/// fixed point.
+#[test]
+fn an_enforced_shm_replaces_the_volume_mounted_only_there() {
+    let mut obj = with_volumes(
+        json!([
+            {"name": "scratch", "hostPath": {"path": "/mnt/shm"}},
+            {"name": "cache", "emptyDir": {}},
+        ]),
+        json!([{"name": "scratch", "mountPath": "/dev/shm/"}]),
+    );
+    obj["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .push(json!({"name": "loader", "image": "loader:1",
+            "volumeMounts": [{"name": "scratch", "mountPath": "/dev/shm"}]}));
+    let m = check_round_trip(&obj, None, &enforced_shm());
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["volumes"][0],
+        json!({"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}})
+    );
+    assert_eq!(spec["volumes"][1]["name"], "cache");
+    assert!(
+        spec["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .all(|v| v["name"] != "trainwire-shm"),
+        "{}",
+        spec["volumes"]
+    );
+    assert!(
+        m.warnings
+            .iter()
+            .any(|w| w.contains("the volume \"scratch\" mounted at /dev/shm")),
+        "{:?}",
+        m.warnings
+    );
+    let st = status_of(&m.object);
+    assert_eq!(
+        serde_json::to_value(&st.replaced_volumes["scratch"]).expect("json"),
+        json!({"name": "scratch", "hostPath": {"path": "/mnt/shm"}})
+    );
+}
+
+/// A volume mounted at `/dev/shm` that is also data elsewhere (mounted at
+/// another path, or a claim trainwire mounts for `trainwire.dev/volumes`),
+/// or a per-pod claim, cannot become the enforced memory `/dev/shm`: the
+/// workload is refused, naming the other mount (found by fuzzing: under the
+/// example policy, a Job whose `datasets-pvc` volume was also mounted at
+/// `/dev/shm` got its `/data` turned into memory, and re-injection moved its
+/// volumes).
+#[rstest]
+#[case::mounted_elsewhere(
+    with_volumes(
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}]),
+        json!([{"name": "data", "mountPath": "/data"}, {"name": "data", "mountPath": "/dev/shm"}]),
+    ),
+    "container \"trainer\" also mounts it at /data, which would become empty memory"
+)]
+#[case::a_claim_trainwire_mounts(
+    with_volumes(json!([]), json!([{"name": "datasets-pvc", "mountPath": "/dev/shm", "readOnly": true}]))
+        .pipe(|mut o| { o["metadata"]["annotations"]["trainwire.dev/volumes"] = json!("datasets-pvc:/data:ro"); o }),
+    "container \"trainer\" also mounts it at /data, which would become empty memory"
+)]
+#[case::per_pod_claim(
+    with_volumes(json!([]), json!([{"name": "shm-claim", "mountPath": "/dev/shm"}])),
+    "the pod has no volume \"shm-claim\" (a per-pod claim cannot be replaced)"
+)]
+fn an_enforced_shm_does_not_replace_data(#[case] obj: Value, #[case] why: &str) {
+    let message = refusal(&obj, &enforced_shm());
+    assert!(
+        message.starts_with("policy profile \"ml\" rule shmSize: the enforced memory /dev/shm of 64Gi cannot replace the volume"),
+        "{message}"
+    );
+    assert!(message.contains(why), "{message}");
+    assert!(
+        message.ends_with("mount a volume of its own at /dev/shm (or none: trainwire adds it)"),
+        "{message}"
+    );
+}
+
+/// The same manifests with a `/dev/shm` size that is only a default: the
+/// user's volume is kept as it is, and nothing is refused.
+#[rstest]
+#[case(with_volumes(
+    json!([{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}}]),
+    json!([{"name": "data", "mountPath": "/data"}, {"name": "data", "mountPath": "/dev/shm"}]),
+))]
+#[case(with_volumes(json!([]), json!([{"name": "shm-claim", "mountPath": "/dev/shm"}])))]
+fn a_default_shm_keeps_the_volume_mounted_there(#[case] obj: Value) {
+    let p = profile(|p| p.shm_size = enforced("64Gi".parse().expect("size"), Enforce::Default));
+    let m = check_round_trip(&obj, None, &p);
+    let (before, after) = (
+        &obj["spec"]["template"]["spec"],
+        &m.object["spec"]["template"]["spec"],
+    );
+    let list = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    for mount in list(&before["containers"][0]["volumeMounts"]) {
+        assert!(
+            list(&after["containers"][0]["volumeMounts"]).contains(&mount),
+            "{mount} kept: {}",
+            after["containers"][0]["volumeMounts"]
+        );
+    }
+    for volume in list(&before["volumes"]) {
+        assert!(list(&after["volumes"]).contains(&volume), "{volume} kept");
+    }
+    assert!(
+        list(&after["volumes"])
+            .iter()
+            .all(|v| v["name"] != "trainwire-shm"),
+        "{}",
+        after["volumes"]
+    );
+}

@@ -85,6 +85,9 @@ fn volume_name(spec: &PodSpec, base: &str) -> String {
         .take(57)
         .collect();
     name = name.trim_end_matches('-').to_string();
+    // Only a volume takes a name: a mount of a name the pod has no volume
+    // for binds to trainwire's (another container mounting the checkpoint
+    // claim by the name of the injected volume keeps it on re-injection).
     let taken = |n: &str| spec.volumes.iter().flatten().any(|v| v.name == n);
     if !taken(&name) {
         return name;
@@ -93,6 +96,30 @@ fn volume_name(spec: &PodSpec, base: &str) -> String {
         .map(|i| format!("{name}-{i}"))
         .find(|n| !taken(n))
         .unwrap_or(name)
+}
+
+/// Every mount and device of `volume` in the pod's containers and init
+/// containers: (container name, path).
+fn mounts_of<'a>(spec: &'a PodSpec, volume: &str) -> Vec<(&'a str, &'a str)> {
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| {
+            let mounts = c
+                .volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.name == volume)
+                .map(|m| m.mount_path.as_str());
+            let devices = c
+                .volume_devices
+                .iter()
+                .flatten()
+                .filter(|d| d.name == volume)
+                .map(|d| d.device_path.as_str());
+            mounts.chain(devices).map(|p| (c.name.as_str(), p))
+        })
+        .collect()
 }
 
 fn claim_of(spec: &PodSpec, volume: &str) -> Option<String> {
@@ -460,19 +487,54 @@ pub fn shm(
             )?
         }
     };
+    if resolved.value != user {
+        // The policy's size wins: the volume becomes a memory emptyDir, in
+        // place, so every container that shares it at /dev/shm keeps it.
+        // Only a volume that is nothing else can be replaced so: not a
+        // per-pod claim, not data that another mount reads.
+        let cannot = |why: String| Refusal::Policy {
+            profile: profile.name.clone(),
+            rule: "shmSize".to_string(),
+            detail: format!(
+                "the enforced memory {SHM_PATH} of {} cannot replace {what}: {why}; \
+                 mount a volume of its own at {SHM_PATH} (or none: trainwire adds it)",
+                resolved.value
+            ),
+        };
+        let Some(slot) = spec.volumes.iter().flatten().position(|v| v.name == name) else {
+            return Err(cannot(format!(
+                "the pod has no volume {name:?} (a per-pod claim cannot be replaced)"
+            )));
+        };
+        let scratch = spec
+            .volumes
+            .iter()
+            .flatten()
+            .nth(slot)
+            .is_some_and(|v| v.empty_dir.is_some());
+        if !scratch
+            && let Some((container, path)) = mounts_of(spec, &name)
+                .into_iter()
+                .find(|(_, p)| p.trim_end_matches('/') != SHM_PATH)
+        {
+            return Err(cannot(format!(
+                "container {container:?} also mounts it at {path}, which would become empty memory"
+            )));
+        }
+        if let Some(w) = resolved.warning {
+            ctx.warn(w);
+        }
+        let vols = spec.volumes.get_or_insert_with(Vec::new);
+        let new = shm_volume(&name, &resolved.value);
+        ctx.status.volumes.insert(name.clone(), fingerprint(&new));
+        let orig = std::mem::replace(&mut vols[slot], new);
+        ctx.status.replaced_volumes.insert(name.clone(), orig);
+        return Ok(());
+    }
     if let Some(w) = resolved.warning {
         ctx.warn(w);
     }
-    if resolved.value != user {
-        if let Some(vols) = spec.volumes.as_mut()
-            && let Some(slot) = vols.iter_mut().find(|v| v.name == name)
-        {
-            let new = shm_volume(&name, &resolved.value);
-            ctx.status.volumes.insert(name.clone(), fingerprint(&new));
-            let orig = std::mem::replace(slot, new);
-            ctx.status.replaced_volumes.insert(name.clone(), orig);
-        }
-    } else if ann.shm_size.is_some() {
+    if ann.shm_size.is_some() {
         ctx.warn(format!(
             "{what} ({user}) kept; {} asked for {size}",
             annotations::SHM_SIZE
