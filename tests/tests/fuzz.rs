@@ -49,7 +49,10 @@ fn kept_findings_pass_their_oracles() {
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).expect("tests/data/fuzz") {
         let path = entry.expect("entry").path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         let surface = Surface::ALL
             .into_iter()
             .find(|s| name.starts_with(&format!("{}-", s.name())))

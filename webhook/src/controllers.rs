@@ -19,7 +19,6 @@
 //! `--probe-listen` (plain HTTP) serves `/healthz`, `/readyz` and
 //! `/metrics`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -30,31 +29,16 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use clap::Args;
-use tokio::net::TcpListener;
 
 use crate::failures::Features;
 use crate::metrics::{Metrics, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::telemetry::LogFormat;
+use crate::telemetry::TelemetryArgs;
 
 #[derive(Debug, Args)]
 pub struct ControllersArgs {
-    /// Address of the plain-HTTP probe and metrics endpoint (/healthz, /readyz, /metrics).
-    #[arg(
-        long,
-        env = "TRAINWIRE_PROBE_LISTEN",
-        value_name = "ADDR:PORT",
-        default_value = "0.0.0.0:8080"
-    )]
-    pub probe_listen: SocketAddr,
-    /// Log format, `text` or `json`; the level comes from RUST_LOG (default info).
-    #[arg(
-        long,
-        env = "TRAINWIRE_LOG_FORMAT",
-        value_name = "text|json",
-        default_value_t = LogFormat::Text
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// Namespace of the Lease that lets one replica at a time run the
     /// controllers (normally the controllers' own, from the downward API).
     #[arg(
@@ -194,7 +178,7 @@ async fn supervise(
 }
 
 pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.log_format);
+    crate::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
     let features = args.features();
     let loaded = crate::policy::load(&args.policy).map_err(|e| {
@@ -236,9 +220,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
     ));
 
     let stopping = Arc::new(AtomicBool::new(false));
-    let probe_listener = TcpListener::bind(args.probe_listen)
-        .await
-        .with_context(|| format!("cannot listen on --probe-listen {}", args.probe_listen))?;
+    let probe_listener = args.telemetry.bind_probes().await?;
     let probe_addr = probe_listener.local_addr()?;
     tracing::info!(probe_listen = %probe_addr, node_failure = features.node_failure, crash_loop = features.crash_loop, "running the controllers");
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);

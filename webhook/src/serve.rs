@@ -31,7 +31,7 @@ use crate::admission::{Admitter, Answer};
 use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
 use crate::policy::{PolicyArgs, SharedPolicy};
 use crate::scale::{StatefulSetCache, StatefulSetSource};
-use crate::telemetry::LogFormat;
+use crate::telemetry::TelemetryArgs;
 use crate::tls::CertStore;
 
 /// Largest AdmissionReview body accepted (the apiserver's own request limit
@@ -54,14 +54,6 @@ pub struct ServeArgs {
         default_value = "0.0.0.0:8443"
     )]
     pub listen: SocketAddr,
-    /// Address of the plain-HTTP probe and metrics endpoint (/healthz, /readyz, /metrics).
-    #[arg(
-        long,
-        env = "TRAINWIRE_PROBE_LISTEN",
-        value_name = "ADDR:PORT",
-        default_value = "0.0.0.0:8080"
-    )]
-    pub probe_listen: SocketAddr,
     /// PEM certificate chain (leaf first), e.g. a mounted cert-manager Secret's tls.crt.
     /// Reloaded when it changes.
     #[arg(long, env = "TRAINWIRE_TLS_CERT", value_name = "FILE")]
@@ -70,14 +62,8 @@ pub struct ServeArgs {
     /// Reloaded when it changes.
     #[arg(long, env = "TRAINWIRE_TLS_KEY", value_name = "FILE")]
     pub tls_key: PathBuf,
-    /// Log format, `text` or `json`; the level comes from RUST_LOG (default info).
-    #[arg(
-        long,
-        env = "TRAINWIRE_LOG_FORMAT",
-        value_name = "text|json",
-        default_value_t = LogFormat::Text
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub telemetry: TelemetryArgs,
     /// After SIGTERM, how long to keep answering with /readyz failing, so the
     /// Service's endpoints drop this pod before its listener closes (with
     /// `failurePolicy: Fail`, an apiserver call to a closed listener would
@@ -376,7 +362,7 @@ async fn kube_client() -> Result<kube::Client, String> {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.log_format);
+    crate::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
     let loaded = crate::policy::load(&args.policy).map_err(|e| {
         anyhow::anyhow!(
@@ -443,9 +429,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
     };
 
-    let probe_listener = TcpListener::bind(args.probe_listen)
-        .await
-        .with_context(|| format!("cannot listen on --probe-listen {}", args.probe_listen))?;
+    let probe_listener = args.telemetry.bind_probes().await?;
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on --listen {}", args.listen))?;

@@ -1,7 +1,14 @@
 //! Logging: `tracing` to stderr, as text or one JSON object per line, level
 //! from `RUST_LOG` (default `info`, with the HTTP/TLS stack kept quiet). The
 //! subscriber is the one both programs share (`trainwire-runtime`); text has
-//! no colour when stderr is not a terminal.
+//! no colour when stderr is not a terminal. And the flags `serve` and
+//! `controllers` share: the log format and the probe and metrics endpoint.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use clap::Args;
+use tokio::net::TcpListener;
 
 /// Output format of the log: the contract's type, parsed by clap with its
 /// `FromStr` (`text`, `json`).
@@ -13,4 +20,34 @@ pub const DEFAULT_FILTER: &str = "info,hyper=warn,h2=warn,rustls=warn,tower=warn
 /// Install the global subscriber. A second call (tests) is a no-op.
 pub fn init(format: LogFormat) {
     trainwire_runtime::logging::init(format, DEFAULT_FILTER);
+}
+
+/// The flags of a long-running subcommand's telemetry (`serve`, `controllers`).
+#[derive(Clone, Debug, Args)]
+pub struct TelemetryArgs {
+    /// Address of the plain-HTTP probe and metrics endpoint (/healthz, /readyz, /metrics).
+    #[arg(
+        long,
+        env = "TRAINWIRE_PROBE_LISTEN",
+        value_name = "ADDR:PORT",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub probe_listen: SocketAddr,
+    /// Log format, `text` or `json`; the level comes from RUST_LOG (default info).
+    #[arg(
+        long,
+        env = "TRAINWIRE_LOG_FORMAT",
+        value_name = "text|json",
+        default_value_t = LogFormat::Text
+    )]
+    pub log_format: LogFormat,
+}
+
+impl TelemetryArgs {
+    /// Bind the probe and metrics endpoint.
+    pub async fn bind_probes(&self) -> anyhow::Result<TcpListener> {
+        TcpListener::bind(self.probe_listen)
+            .await
+            .with_context(|| format!("cannot listen on --probe-listen {}", self.probe_listen))
+    }
 }
