@@ -142,7 +142,15 @@ pub async fn check(
                 None => format!("no {} annotation", ann::INJECT),
                 Some(v) => format!("{}: {v:?} (only \"true\" opts in)", ann::INJECT),
             };
-            (Verdict::Skip, why, 0, Vec::new())
+            // What `inject` warns about a workload it leaves alone (a
+            // misspelt opt-in key, an opt-in on a kind trainwire does not
+            // manage): the likely reason it is not injected.
+            (
+                Verdict::Skip,
+                why,
+                0,
+                mutation::not_managed_warnings(&object),
+            )
         }
         Ok(Outcome::Mutated(m)) => {
             let n = m.patch.0.len();

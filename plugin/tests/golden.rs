@@ -40,6 +40,10 @@ const CASES: &[(&str, &[&str])] = &[
     ("check-inject-not-opted-in", &["check-inject", "web"]),
     ("check-inject-refused", &["check-inject", "typo"]),
     (
+        "check-inject-misspelt-opt-in",
+        &["check-inject", "misspelt"],
+    ),
+    (
         "check-inject-no-policy-configmap",
         &[
             "check-inject",
