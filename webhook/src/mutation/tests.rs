@@ -2616,3 +2616,27 @@ fn a_default_shm_keeps_the_volume_mounted_there(#[case] obj: Value) {
         after["volumes"]
     );
 }
+
+/// A scratch `emptyDir` at `/dev/shm` and at another path holds no data to
+/// lose: the enforced size replaces it, both mounts keep it.
+#[test]
+fn an_enforced_shm_replaces_a_scratch_volume_shared_elsewhere() {
+    let obj = with_volumes(
+        json!([{"name": "scratch", "emptyDir": {}}]),
+        json!([{"name": "scratch", "mountPath": "/tmp"}, {"name": "scratch", "mountPath": "/dev/shm"}]),
+    );
+    let m = check_round_trip(&obj, None, &enforced_shm());
+    let spec = &m.object["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["volumes"][0],
+        json!({"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}})
+    );
+    let mounts = spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts");
+    assert_eq!(
+        mounts.iter().filter(|m| m["name"] == "scratch").count(),
+        2,
+        "{mounts:?}"
+    );
+}
