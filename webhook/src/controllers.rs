@@ -181,16 +181,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
     crate::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
     let features = args.features();
-    let loaded = crate::policy::load(&args.policy).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot load the platform policy{}: {e}",
-            args.policy
-                .policy
-                .as_ref()
-                .map(|p| format!(" {}", p.display()))
-                .unwrap_or_default()
-        )
-    })?;
+    let loaded = crate::serve::load_policy(&args.policy)?;
     let policy = SharedPolicy::new(loaded);
     warn_disabled(&policy, features);
     let client = kube::Client::try_default()

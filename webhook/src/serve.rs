@@ -361,19 +361,24 @@ async fn kube_client() -> Result<kube::Client, String> {
     kube::Client::try_default().await.map_err(|e| e.to_string())
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.telemetry.log_format);
-    let metrics = Arc::new(Metrics::new());
-    let loaded = crate::policy::load(&args.policy).map_err(|e| {
+/// The policy of `--policy` (or the embedded defaults) for a long-running
+/// subcommand (`serve`, `controllers`), its error naming the file.
+pub fn load_policy(args: &PolicyArgs) -> anyhow::Result<crate::policy::Policy> {
+    crate::policy::load(args).map_err(|e| {
         anyhow::anyhow!(
             "cannot load the platform policy{}: {e}",
             args.policy
-                .policy
                 .as_ref()
                 .map(|p| format!(" {}", p.display()))
                 .unwrap_or_default()
         )
-    })?;
+    })
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    crate::telemetry::init(args.telemetry.log_format);
+    let metrics = Arc::new(Metrics::new());
+    let loaded = load_policy(&args.policy)?;
     let policy = SharedPolicy::new(loaded);
 
     let certs = Arc::new(CertStore::new(
