@@ -114,6 +114,48 @@ impl Cluster {
         });
         Ok(addr)
     }
+
+    /// Serve it and start `bin controllers FLAGS` against it, its probe on
+    /// a free loopback port and a kubeconfig of its own (pod name
+    /// `hostname`, for the Lease).
+    pub async fn start_controllers(
+        self: &Arc<Self>,
+        bin: &std::path::Path,
+        flags: &[&str],
+        hostname: &str,
+    ) -> anyhow::Result<Controllers> {
+        use anyhow::Context as _;
+        let addr = self.serve().await?;
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = crate::apiserver::write_kubeconfig(dir.path(), addr, "trainwire-system")?;
+        let probe = trainwire_test_support::net::free_port();
+        let child = std::process::Command::new(bin)
+            .arg("controllers")
+            .args(flags)
+            .arg(format!("--probe-listen=127.0.0.1:{probe}"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "warn")
+            .env("HOSTNAME", hostname)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Controllers { child, _dir: dir })
+    }
+}
+
+/// A `trainwire-webhook controllers` process of [`Cluster::start_controllers`],
+/// killed when dropped.
+pub struct Controllers {
+    pub child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Controllers {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn labels_of(v: &Value) -> BTreeMap<String, String> {

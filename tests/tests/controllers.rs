@@ -4,53 +4,26 @@
 //! its own (it has no rights for it), and every watch of pods, StatefulSets
 //! and Jobs must select the injected ones by label.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
-use trainwire_tests::cluster_api::{self, Cluster, Seen};
+use anyhow::{Result, bail};
+use trainwire_tests::cluster_api::{self, Cluster, Controllers, Seen};
 
 /// Bound on the wait for the controllers' watches.
 const BOUND: Duration = Duration::from_secs(60);
 
-struct Running {
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start(cluster: &Arc<Cluster>, flags: &[&str]) -> Result<Running> {
-    let addr = cluster.serve().await?;
-    let dir = tempfile::tempdir()?;
-    let kubeconfig =
-        trainwire_tests::apiserver::write_kubeconfig(dir.path(), addr, "trainwire-system")?;
+async fn start(cluster: &Arc<Cluster>, flags: &[&str]) -> Result<Controllers> {
     let bin = trainwire_tests::webhook_binary().map_err(anyhow::Error::msg)?;
-    let probe = trainwire_test_support::net::free_port();
-    let child = Command::new(&bin)
-        .arg("controllers")
-        .args(flags)
-        .arg(format!("--probe-listen=127.0.0.1:{probe}"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .env("HOSTNAME", "controllers-test")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    Ok(Running { child, _dir: dir })
+    cluster
+        .start_controllers(&bin, flags, "controllers-test")
+        .await
 }
 
 /// Wait until the watches `expected` (collection, count) are open.
 async fn wait_for_watches(
     cluster: &Cluster,
-    running: &mut Running,
+    running: &mut Controllers,
     expected: &[(&str, usize)],
 ) -> Result<()> {
     let start = Instant::now();

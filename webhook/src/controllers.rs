@@ -31,7 +31,7 @@ use axum::routing::get;
 use clap::Args;
 
 use crate::failures::Features;
-use crate::metrics::{Metrics, ReloadResult};
+use crate::metrics::Metrics;
 use crate::policy::{PolicyArgs, SharedPolicy};
 use crate::telemetry::TelemetryArgs;
 
@@ -188,20 +188,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
         .await
         .context("the controllers need the Kubernetes API (in-cluster config or KUBECONFIG)")?;
 
-    let policy_watch = tokio::spawn({
-        let metrics = metrics.clone();
-        crate::policy::watch(
-            args.policy.clone(),
-            policy.clone(),
-            Box::new(move |result| {
-                let outcome = match result {
-                    Ok(()) => ReloadResult::success,
-                    Err(_) => ReloadResult::failure,
-                };
-                Metrics::reload(&metrics.policy_reloads, outcome);
-            }),
-        )
-    });
+    let policy_watch = crate::serve::watch_policy(&args.policy, &policy, &metrics);
     let controllers = tokio::spawn(supervise(
         client,
         args.lease_namespace.clone(),

@@ -375,6 +375,27 @@ pub fn load_policy(args: &PolicyArgs) -> anyhow::Result<crate::policy::Policy> {
     })
 }
 
+/// Keep the policy of `--policy` in force as its file changes, counting
+/// each reload in `trainwire_webhook_policy_reloads_total` (`serve`, `controllers`).
+pub fn watch_policy(
+    args: &PolicyArgs,
+    policy: &SharedPolicy,
+    metrics: &Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    let metrics = metrics.clone();
+    tokio::spawn(crate::policy::watch(
+        args.clone(),
+        policy.clone(),
+        Box::new(move |result| {
+            let outcome = match result {
+                Ok(()) => ReloadResult::success,
+                Err(_) => ReloadResult::failure,
+            };
+            Metrics::reload(&metrics.policy_reloads, outcome);
+        }),
+    ))
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
@@ -389,20 +410,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     certs.reload();
     let cert_watch = tokio::spawn(crate::tls::watch(certs.clone()));
 
-    let policy_watch = tokio::spawn({
-        let metrics = metrics.clone();
-        crate::policy::watch(
-            args.policy.clone(),
-            policy.clone(),
-            Box::new(move |result| {
-                let outcome = match result {
-                    Ok(()) => ReloadResult::success,
-                    Err(_) => ReloadResult::failure,
-                };
-                Metrics::reload(&metrics.policy_reloads, outcome);
-            }),
-        )
-    });
+    let policy_watch = watch_policy(&args.policy, &policy, &metrics);
     let mut background = vec![cert_watch, policy_watch];
     // The scale guard's watch cache of StatefulSets (list/watch only: the
     // admission server writes nothing; the controllers run apart, as

@@ -25,7 +25,6 @@
 //! (default `target/release/trainwire-webhook`).
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,27 +82,15 @@ async fn run(pods: usize, ignore_selectors: bool, base: bool) -> anyhow::Result<
         started.elapsed().as_secs_f64()
     );
     let cluster = Arc::new(cluster);
-    let addr = cluster.serve().await?;
-    let dir = tempfile::tempdir()?;
-    let kubeconfig =
-        trainwire_tests::apiserver::write_kubeconfig(dir.path(), addr, "trainwire-system")?;
-    let probe = trainwire_test_support::net::free_port();
-    let bin = webhook_bin();
-    let mut child = Command::new(&bin)
-        .arg("controllers")
-        .args(if base {
-            &[][..]
-        } else {
-            &["--node-failure", "--crash-loop"][..]
-        })
-        .arg(format!("--probe-listen=127.0.0.1:{probe}"))
-        .env("KUBECONFIG", &kubeconfig)
-        .env("RUST_LOG", "warn")
-        .env("HOSTNAME", "controllers-bench")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+    let flags: &[&str] = if base {
+        &[]
+    } else {
+        &["--node-failure", "--crash-loop"]
+    };
+    let mut running = cluster
+        .start_controllers(&webhook_bin(), flags, "controllers-bench")
+        .await?;
+    let child = &mut running.child;
     let pid = child.id();
     let start = Instant::now();
     let outcome = loop {
@@ -127,8 +114,7 @@ async fn run(pods: usize, ignore_selectors: bool, base: bool) -> anyhow::Result<
     };
     let hwm = proc_status(pid, "VmHWM:");
     let rss = proc_status(pid, "VmRSS:");
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(running);
     let settled = outcome?;
     let requests = cluster.seen().len();
     println!(
