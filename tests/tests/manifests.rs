@@ -18,7 +18,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::core::v1::{
+    Container, PodSecurityContext, PodSpec, SecurityContext, Service,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use serde::de::DeserializeOwned;
@@ -571,6 +573,34 @@ fn container<'a>(d: &'a Deployment, name: &str) -> Result<&'a Container> {
         .with_context(|| format!("no container {name}"))
 }
 
+/// A numeric non-root user, a read-only root, no privilege escalation and
+/// every capability dropped; the security contexts, for more checks.
+fn assert_unprivileged<'a>(
+    pod: &'a PodSpec,
+    c: &'a Container,
+) -> Result<(&'a PodSecurityContext, &'a SecurityContext)> {
+    let psc = pod
+        .security_context
+        .as_ref()
+        .context("pod securityContext")?;
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert!(
+        psc.run_as_user.is_some_and(|u| u != 0),
+        "numeric non-root user"
+    );
+    let csc = c
+        .security_context
+        .as_ref()
+        .context("container securityContext")?;
+    assert_eq!(csc.read_only_root_filesystem, Some(true));
+    assert_eq!(csc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+    Ok((psc, csc))
+}
+
 #[test]
 fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Result<()> {
     let Some(kubectl) =
@@ -617,31 +647,13 @@ fn the_deployment_is_hardened_and_wired_to_the_service_and_certificate() -> Resu
         );
 
         // Pod and container security.
-        let psc = pod
-            .security_context
-            .as_ref()
-            .context("pod securityContext")?;
-        assert_eq!(psc.run_as_non_root, Some(true));
-        assert!(
-            psc.run_as_user.is_some_and(|u| u != 0),
-            "numeric non-root user"
-        );
+        let c = container(&d, "webhook")?;
+        let (psc, csc) = assert_unprivileged(pod, c)?;
         assert_eq!(
             psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
             Some("RuntimeDefault")
         );
-        let c = container(&d, "webhook")?;
-        let csc = c
-            .security_context
-            .as_ref()
-            .context("container securityContext")?;
-        assert_eq!(csc.read_only_root_filesystem, Some(true));
-        assert_eq!(csc.allow_privilege_escalation, Some(false));
         assert_eq!(csc.privileged, None);
-        assert_eq!(
-            csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
-            Some(vec!["ALL".to_string()])
-        );
         assert!(
             csc.capabilities
                 .as_ref()
@@ -1559,23 +1571,8 @@ fn the_controllers_deployment_is_hardened_and_runs_only_the_controllers() -> Res
         let spec = d.spec.as_ref().context("spec")?;
         let pod = spec.template.spec.as_ref().context("pod spec")?;
         assert_eq!(pod.service_account_name.as_deref(), Some(CONTROLLERS));
-        let psc = pod
-            .security_context
-            .as_ref()
-            .context("pod securityContext")?;
-        assert_eq!(psc.run_as_non_root, Some(true));
-        assert!(psc.run_as_user.is_some_and(|u| u != 0));
         let c = container(&d, "controllers")?;
-        let csc = c
-            .security_context
-            .as_ref()
-            .context("container securityContext")?;
-        assert_eq!(csc.read_only_root_filesystem, Some(true));
-        assert_eq!(csc.allow_privilege_escalation, Some(false));
-        assert_eq!(
-            csc.capabilities.as_ref().and_then(|c| c.drop.clone()),
-            Some(vec!["ALL".to_string()])
-        );
+        assert_unprivileged(pod, c)?;
         let limits = c
             .resources
             .as_ref()
