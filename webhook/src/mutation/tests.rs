@@ -2146,6 +2146,17 @@ fn objects_meant_for_trainwire_but_not_managed_are_named() {
     }
 }
 
+/// Injecting `obj` gives a warning that starts with `expected` (and every
+/// warning fits, checked by [`mutated`]).
+fn assert_warns(obj: &Value, ns: &str, expected: &str) {
+    let m = mutated(obj, Some(ns), &Profile::default());
+    assert!(
+        m.warnings.iter().any(|w| w.starts_with(expected)),
+        "{expected:?} not in {:?}",
+        m.warnings
+    );
+}
+
 /// Each warning the other tests here do not produce, produced once, so that
 /// every warning the engine gives is checked against [`MAX_WARNING_LEN`]
 /// (by [`mutated`]).
@@ -2204,12 +2215,7 @@ fn every_other_warning_fits_in_a_terminal_line(
     let (mut obj, ns) = sts_fixture();
     obj["spec"]["podManagementPolicy"] = json!("Parallel");
     edit(&mut obj);
-    let m = mutated(&obj, Some(&ns), &Profile::default());
-    assert!(
-        m.warnings.iter().any(|w| w.starts_with(expected)),
-        "{expected:?} not in {:?}",
-        m.warnings
-    );
+    assert_warns(&obj, &ns, expected);
 }
 
 /// The Job warnings the other tests do not produce.
@@ -2232,12 +2238,7 @@ fn every_other_job_warning_fits_in_a_terminal_line(
     obj["spec"]["parallelism"] = json!(2);
     obj["spec"]["completions"] = json!(2);
     edit(&mut obj);
-    let m = mutated(&obj, Some(&ns), &Profile::default());
-    assert!(
-        m.warnings.iter().any(|w| w.starts_with(expected)),
-        "{expected:?} not in {:?}",
-        m.warnings
-    );
+    assert_warns(&obj, &ns, expected);
 }
 
 /// A world of 2 with one hot spare and a dedicated store (3 pods).
