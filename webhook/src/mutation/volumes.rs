@@ -501,17 +501,18 @@ pub fn shm(
                 resolved.value
             ),
         };
-        let Some(slot) = spec.volumes.iter().flatten().position(|v| v.name == name) else {
+        let Some((slot, scratch)) = spec
+            .volumes
+            .iter()
+            .flatten()
+            .enumerate()
+            .find(|(_, v)| v.name == name)
+            .map(|(i, v)| (i, v.empty_dir.is_some()))
+        else {
             return Err(cannot(format!(
                 "the pod has no volume {name:?} (a per-pod claim cannot be replaced)"
             )));
         };
-        let scratch = spec
-            .volumes
-            .iter()
-            .flatten()
-            .nth(slot)
-            .is_some_and(|v| v.empty_dir.is_some());
         if !scratch
             && let Some((container, path)) = mounts_of(spec, &name)
                 .into_iter()
