@@ -12,6 +12,7 @@
 //! No I/O: the sidecar's [`config::Config::from_source`] reads from a
 //! [`config::Source`] the caller provides.
 
+pub mod annotations;
 pub mod config;
 pub mod duration;
 pub mod env;

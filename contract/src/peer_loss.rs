@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The pod annotation that holds the sidecar's last [`PeerLossRecord`].
-pub const ANNOTATION: &str = "trainwire.dev/peer-loss";
+pub const ANNOTATION: &str = crate::annotations::PEER_LOSS;
 
 /// The `action` of the record a hot spare's sidecar writes when its pod,
 /// which waited as a spare, starts training in place of `lost_rank`: the

@@ -23,10 +23,10 @@
 use serde::{Deserialize, Serialize};
 
 /// The workload annotation that holds the [`WorldStatus`].
-pub const ANNOTATION: &str = "trainwire.dev/world";
+pub const ANNOTATION: &str = crate::annotations::WORLD;
 
 /// The pod annotation that holds the sidecar's [`CheckpointRecord`].
-pub const CHECKPOINT_ANNOTATION: &str = "trainwire.dev/checkpoint";
+pub const CHECKPOINT_ANNOTATION: &str = crate::annotations::CHECKPOINT;
 
 /// The version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u32 = 1;

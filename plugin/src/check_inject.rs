@@ -1,6 +1,6 @@
 //! `check-inject`: would the webhook inject this workload as it is stored
 //! now, with which policy profile, and what would it warn about. The
-//! webhook's own engine ([`trainwire_webhook::mutation::mutate`]) runs here
+//! webhook's own engine ([`trainwire_engine::mutation::mutate`]) runs here
 //! on the stored object, as `trainwire-webhook inject` runs it offline.
 //!
 //! The policy: `--policy FILE`, else the webhook's ConfigMap
@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::Api;
 use serde::Serialize;
-use trainwire_webhook::mutation::{self, Outcome, annotations as ann};
-use trainwire_webhook::policy::{self, Policy};
+use trainwire_engine::mutation::{self, Outcome, annotations as ann};
+use trainwire_engine::policy::{Policy, PolicyError};
 
 use crate::cluster;
 use crate::{Error, Result};
@@ -67,10 +67,17 @@ async fn policy_for(
     policy_namespace: &str,
 ) -> Result<(Policy, String)> {
     if let Some(path) = file {
-        let p = policy::load_file(path).map_err(|e| Error::Policy {
-            file: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let file = path.display().to_string();
+        let p = std::fs::read_to_string(path)
+            .map_err(|error| PolicyError::Read {
+                path: file.clone(),
+                error,
+            })
+            .and_then(|text| Policy::from_yaml(&text, &file))
+            .map_err(|e| Error::Policy {
+                file: file.clone(),
+                message: e.to_string(),
+            })?;
         return Ok((p, format!("file {}", path.display())));
     }
     let source = format!("ConfigMap {policy_namespace}/{POLICY_CONFIGMAP}");

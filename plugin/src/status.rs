@@ -13,8 +13,8 @@ use kube::Client;
 use serde::Serialize;
 use trainwire_contract::peer_loss::PeerLossRecord;
 use trainwire_contract::world::{self, CheckpointRecord, WorldStatus};
-use trainwire_webhook::mutation::annotations as ann;
-use trainwire_webhook::world::{Memory, PodView, WorldOf, observe};
+use trainwire_engine::mutation::annotations as ann;
+use trainwire_engine::world::{Memory, PodView, WorldOf, observe};
 
 use crate::Result;
 use crate::cluster::{self, Workload};

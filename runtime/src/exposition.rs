@@ -6,7 +6,8 @@
 //! gets that: the same samples, with each counter's HELP and TYPE under the
 //! sample name (`x_total`), and no `# UNIT` or `# EOF` lines.
 
-use prometheus_client::metrics::{family::Family, gauge::Gauge};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 use prometheus_client::registry::Registry;
 
 /// Registers `trainwire_build_info` (no prefix; both programs serve it): an
@@ -35,6 +36,43 @@ pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// only when it names `text/plain` and not OpenMetrics.
 pub fn wants_classic_text(accept: Option<&str>) -> bool {
     accept.is_some_and(|a| a.contains("text/plain") && !a.contains("application/openmetrics-text"))
+}
+
+/// The content type and body to answer a `/metrics` request with this
+/// `Accept` header, from the OpenMetrics text of a registry.
+pub fn negotiate(accept: Option<&str>, openmetrics: String) -> (&'static str, String) {
+    if wants_classic_text(accept) {
+        (PROMETHEUS_TEXT, classic_text(&openmetrics))
+    } else {
+        (OPENMETRICS, openmetrics)
+    }
+}
+
+/// Result of a certificate or policy reload (the label of the webhook's
+/// and the controllers' `*_reloads_total`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum ReloadResult {
+    success,
+    failure,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabels {
+    pub result: ReloadResult,
+}
+
+/// Count one reload with its result.
+pub fn count_reload(family: &Family<ReloadLabels, Counter>, result: ReloadResult) {
+    family.get_or_create(&ReloadLabels { result }).inc();
+}
+
+/// Create both results' series at 0, so `/metrics` shows the family from
+/// the start.
+pub fn initialise_reloads(family: &Family<ReloadLabels, Counter>) {
+    for result in [ReloadResult::success, ReloadResult::failure] {
+        let _ = family.get_or_create(&ReloadLabels { result });
+    }
 }
 
 /// The classic Prometheus text format of an OpenMetrics exposition.

@@ -1,5 +1,5 @@
 //! A generated cluster served over HTTP as a kube-apiserver would serve it,
-//! for the real `trainwire-webhook controllers`: list (paginated, label
+//! for the real `trainwire-controllers`: list (paginated, label
 //! selectors honoured unless told otherwise), watch (kept open, nothing
 //! changes), get, create and merge-patch of namespaced objects (the
 //! controllers' Lease, the Services they create, the annotations they
@@ -130,7 +130,6 @@ impl Cluster {
         let kubeconfig = crate::apiserver::write_kubeconfig(dir.path(), addr, "trainwire-system")?;
         let probe = trainwire_test_support::net::free_port();
         let child = std::process::Command::new(bin)
-            .arg("controllers")
             .args(flags)
             .arg(format!("--probe-listen=127.0.0.1:{probe}"))
             .env("KUBECONFIG", &kubeconfig)
@@ -140,14 +139,20 @@ impl Cluster {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Controllers { child, _dir: dir })
+        Ok(Controllers {
+            child,
+            probe,
+            _dir: dir,
+        })
     }
 }
 
-/// A `trainwire-webhook controllers` process of [`Cluster::start_controllers`],
+/// A `trainwire-controllers` process of [`Cluster::start_controllers`],
 /// killed when dropped.
 pub struct Controllers {
     pub child: std::process::Child,
+    /// The port of its probe and metrics endpoint on 127.0.0.1.
+    pub probe: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -434,9 +439,9 @@ fn captured(name: &str) -> anyhow::Result<Value> {
 }
 
 fn injected(object: &Value, ns: &str) -> anyhow::Result<Value> {
-    let profile = trainwire_webhook::policy::Profile::default();
-    match trainwire_webhook::mutation::mutate(object, Some(ns), &profile) {
-        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => Ok(m.object),
+    let profile = trainwire_engine::policy::Profile::default();
+    match trainwire_engine::mutation::mutate(object, Some(ns), &profile) {
+        Ok(trainwire_engine::mutation::Outcome::Mutated(m)) => Ok(m.object),
         other => bail!("the capture was not injected: {other:?}"),
     }
 }

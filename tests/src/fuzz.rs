@@ -36,12 +36,12 @@ use trainwire_contract::{
     NodeFailureAction, PeerLossAction, PollMode, Port, PositiveCount, PositiveDuration, Quantity,
     RdzvBackend, ShmSize, env,
 };
+use trainwire_engine::mutation::patch::apply_checked;
 use trainwire_webhook::admission::{Admitter, Answer};
 use trainwire_webhook::inject::{Options, render};
 use trainwire_webhook::metrics::Metrics;
-use trainwire_webhook::mutation::patch::apply_checked;
-use trainwire_webhook::policy::{Policy, SharedPolicy};
 use trainwire_webhook::scale::StatefulSetCache;
+use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
 /// A surface under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1428,16 +1428,16 @@ fn check_policy(text: &str, seeds: &Seeds) -> Verdict {
                 let object = &r["request"]["object"];
                 let ns = r["request"]["namespace"].as_str().unwrap_or("default");
                 let profile = policy.profile_for(ns);
-                if let Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) =
-                    trainwire_webhook::mutation::mutate(object, Some(ns), &profile)
+                if let Ok(trainwire_engine::mutation::Outcome::Mutated(m)) =
+                    trainwire_engine::mutation::mutate(object, Some(ns), &profile)
                 {
                     if let Err(e) = apply_checked(object, &m.patch) {
                         return Verdict::Broken(format!(
                             "under this policy the patch does not apply: {e}"
                         ));
                     }
-                    match trainwire_webhook::mutation::mutate(&m.object, Some(ns), &profile) {
-                        Ok(trainwire_webhook::mutation::Outcome::Mutated(again))
+                    match trainwire_engine::mutation::mutate(&m.object, Some(ns), &profile) {
+                        Ok(trainwire_engine::mutation::Outcome::Mutated(again))
                             if again.patch.0.is_empty() => {}
                         other => {
                             return Verdict::Broken(format!(

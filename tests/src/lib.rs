@@ -86,7 +86,33 @@ pub fn webhook_binary() -> Result<PathBuf, String> {
     }
     workspace_binary(
         "trainwire-webhook",
-        &["webhook", "contract", "runtime", "Cargo.lock"],
+        &[
+            "webhook",
+            "engine",
+            "policyfile",
+            "contract",
+            "runtime",
+            "Cargo.lock",
+        ],
+    )
+}
+
+/// The `trainwire-controllers` binary of this build, built when missing or
+/// older than its sources. `$TRAINWIRE_CONTROLLERS_BIN` overrides it.
+pub fn controllers_binary() -> Result<PathBuf, String> {
+    if let Some(bin) = std::env::var_os("TRAINWIRE_CONTROLLERS_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    workspace_binary(
+        "trainwire-controllers",
+        &[
+            "controllers",
+            "engine",
+            "policyfile",
+            "contract",
+            "runtime",
+            "Cargo.lock",
+        ],
     )
 }
 

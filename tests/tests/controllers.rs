@@ -1,4 +1,4 @@
-//! The real `trainwire-webhook controllers` against a generated cluster
+//! The real `trainwire-controllers` against a generated cluster
 //! served over HTTP (`trainwire_tests::cluster_api`): which watches it opens
 //! with each feature on or off. A feature left off must start no watch of
 //! its own (it has no rights for it), and every watch of pods, StatefulSets
@@ -14,7 +14,7 @@ use trainwire_tests::cluster_api::{self, Cluster, Controllers, Seen};
 const BOUND: Duration = Duration::from_secs(60);
 
 async fn start(cluster: &Arc<Cluster>, flags: &[&str]) -> Result<Controllers> {
-    let bin = trainwire_tests::webhook_binary().map_err(anyhow::Error::msg)?;
+    let bin = trainwire_tests::controllers_binary().map_err(anyhow::Error::msg)?;
     cluster
         .start_controllers(&bin, flags, "controllers-test")
         .await

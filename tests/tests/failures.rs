@@ -15,10 +15,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use trainwire_controllers::failures::{self, Context};
+use trainwire_controllers::metrics::Metrics;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND};
-use trainwire_webhook::failures::{self, Context};
-use trainwire_webhook::metrics::Metrics;
-use trainwire_webhook::policy::{Policy, SharedPolicy};
+use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
 const NS: &str = "ml";
 

@@ -616,7 +616,7 @@ fn the_manifests_and_the_default_sidecar_name_the_images_of_this_version() -> Re
         );
     }
     assert_eq!(
-        trainwire_webhook::policy::DEFAULT_SIDECAR_IMAGE,
+        trainwire_engine::policy::DEFAULT_SIDECAR_IMAGE,
         format!("ghcr.io/trainwire/trainwire-sidecar:{VERSION}")
     );
     Ok(())

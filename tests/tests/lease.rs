@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
-use trainwire_webhook::lease::{LeaseConfig, run_while_leader};
+use trainwire_controllers::lease::{LeaseConfig, run_while_leader};
 
 const NS: &str = "trainwire-system";
 

@@ -512,7 +512,7 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
     // StatefulSet: the same verdict in the cluster as offline.
     let path = trainwire_tests::admission_fixtures_dir().join("statefulset-create.json");
     let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
-    let profile = trainwire_webhook::policy::Profile::default();
+    let profile = trainwire_engine::policy::Profile::default();
     for (value, verdict) in [
         (json!("true"), "injected"),
         (json!("false"), "untouched"),
@@ -525,9 +525,9 @@ fn the_opt_in_condition_admits_exactly_annotated_objects() -> Result<()> {
         object["metadata"]["annotations"]["trainwire.dev/inject"] = value.clone();
         assert!(condition_admits(expression, &object)?, "{value} is sent");
         let got =
-            match trainwire_webhook::mutation::mutate(&object, Some("trainwire-test"), &profile) {
-                Ok(trainwire_webhook::mutation::Outcome::Mutated(_)) => "injected".to_string(),
-                Ok(trainwire_webhook::mutation::Outcome::NotManaged) => "untouched".to_string(),
+            match trainwire_engine::mutation::mutate(&object, Some("trainwire-test"), &profile) {
+                Ok(trainwire_engine::mutation::Outcome::Mutated(_)) => "injected".to_string(),
+                Ok(trainwire_engine::mutation::Outcome::NotManaged) => "untouched".to_string(),
                 Err(refusal) => {
                     let message = refusal.to_string();
                     // A wrong string names the accepted forms; a YAML
@@ -1104,21 +1104,19 @@ fn render_combination(
 
 /// The controllers Deployment's features, from its args parsed by the real
 /// command line.
-fn controllers_features(rendered: &Rendered) -> Result<trainwire_webhook::failures::Features> {
+fn controllers_features(rendered: &Rendered) -> Result<trainwire_controllers::failures::Features> {
     let d: Deployment = rendered.typed("Deployment", CONTROLLERS)?;
-    let args = container(&d, "controllers")?
-        .args
-        .clone()
-        .unwrap_or_default();
-    let argv = std::iter::once("trainwire-webhook".to_string()).chain(args);
-    let cli = <trainwire_webhook::cli::Cli as clap::Parser>::try_parse_from(argv)
+    let container = container(&d, "controllers")?;
+    let command = container.command.clone().unwrap_or_default();
+    ensure!(
+        command == ["/usr/local/bin/trainwire-controllers"],
+        "{}: the controllers Deployment does not run trainwire-controllers: {command:?}",
+        rendered.overlay
+    );
+    let args = container.args.clone().unwrap_or_default();
+    let argv = std::iter::once("trainwire-controllers".to_string()).chain(args);
+    let c = <trainwire_controllers::cli::ControllersArgs as clap::Parser>::try_parse_from(argv)
         .map_err(|e| anyhow::anyhow!("the controllers' args do not parse: {e}"))?;
-    let Some(trainwire_webhook::cli::Command::Controllers(c)) = cli.command else {
-        bail!(
-            "{}: the controllers Deployment does not run `controllers`",
-            rendered.overlay
-        )
-    };
     Ok(c.features())
 }
 
@@ -1196,22 +1194,14 @@ fn rbac_per_service_account_is_the_documented_table_and_what_the_code_calls() ->
                 "{}: a feature's flag without its component (or the reverse)",
                 rendered.overlay
             );
-            let mut controllers = code(
-                trainwire_webhook::reconciler::API_PERMISSIONS,
-                CONTROLLERS,
-                "cluster",
-            );
-            controllers.extend(code(
-                trainwire_webhook::world::API_PERMISSIONS,
-                CONTROLLERS,
-                "cluster",
-            ));
-            controllers.extend(code(&features.permissions(), CONTROLLERS, "cluster"));
-            controllers.extend(code(
-                trainwire_webhook::lease::API_PERMISSIONS,
-                CONTROLLERS,
-                NAMESPACE,
-            ));
+            let mut controllers = code(&features.permissions(), CONTROLLERS, "cluster");
+            for (_, scope, calls) in trainwire_controllers::API_PERMISSIONS {
+                let scope = match scope {
+                    trainwire_controllers::Scope::Cluster => "cluster",
+                    trainwire_controllers::Scope::OwnNamespace => NAMESPACE,
+                };
+                controllers.extend(code(calls, CONTROLLERS, scope));
+            }
             let mut expected = code(
                 trainwire_webhook::scale::API_PERMISSIONS,
                 SERVICE,

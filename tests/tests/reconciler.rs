@@ -18,9 +18,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
+use trainwire_controllers::reconciler::{self, Context, Error};
+use trainwire_engine::service;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND, Call};
-use trainwire_webhook::policy::{Policy, SharedPolicy};
-use trainwire_webhook::reconciler::{self, Context, Error};
+use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
 /// The reconcile's result, once it has finished.
 async fn outcome<T>(
@@ -62,9 +63,9 @@ fn injected(fixture: &str, uid: &str) -> Result<Value> {
 fn injected_with(fixture: &str, uid: &str, edit: impl FnOnce(&mut Value)) -> Result<Value> {
     let mut object = fixture_object(fixture)?;
     edit(&mut object);
-    let profile = trainwire_webhook::policy::Profile::default();
-    match trainwire_webhook::mutation::mutate(&object, Some(NS), &profile) {
-        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => {
+    let profile = trainwire_engine::policy::Profile::default();
+    match trainwire_engine::mutation::mutate(&object, Some(NS), &profile) {
+        Ok(trainwire_engine::mutation::Outcome::Mutated(m)) => {
             let mut o = m.object;
             o["metadata"]["uid"] = json!(uid);
             Ok(o)
@@ -117,7 +118,7 @@ fn stored(sent: &Value) -> Value {
 }
 
 fn desired_job_service() -> Result<Value> {
-    let w = reconciler::Workload::from_job(&job()?)?.context("the Job is injected")?;
+    let w = service::Workload::from_job(&job()?)?.context("the Job is injected")?;
     Ok(serde_json::to_value(w.desired_service())?)
 }
 
@@ -510,7 +511,7 @@ fn the_rendezvous_port_is_the_one_the_trainer_uses() -> Result<()> {
     let rdzv = |edit: &dyn Fn(&mut Value)| -> Result<i32> {
         let job: Job =
             serde_json::from_value(injected_with("job-indexed-create.json", JOB_UID, edit)?)?;
-        let w = reconciler::Workload::from_job(&job)?.context("injected")?;
+        let w = service::Workload::from_job(&job)?.context("injected")?;
         w.ports
             .iter()
             .find(|p| p.name.as_deref() == Some("rdzv"))
@@ -539,17 +540,11 @@ fn the_rendezvous_port_is_the_one_the_trainer_uses() -> Result<()> {
 #[test]
 fn a_stored_service_it_created_plans_as_up_to_date() -> Result<()> {
     let sts = statefulset()?;
-    let w = reconciler::Workload::from_statefulset(&sts)?.context("injected")?;
+    let w = service::Workload::from_statefulset(&sts)?.context("injected")?;
     let service: Service =
         serde_json::from_value(stored(&serde_json::to_value(w.desired_service())?))?;
-    assert_eq!(
-        reconciler::plan(&w, Some(&service)),
-        reconciler::Plan::UpToDate
-    );
-    assert!(matches!(
-        reconciler::plan(&w, None),
-        reconciler::Plan::Create(_)
-    ));
+    assert_eq!(service::plan(&w, Some(&service)), service::Plan::UpToDate);
+    assert!(matches!(service::plan(&w, None), service::Plan::Create(_)));
     Ok(())
 }
 
@@ -569,7 +564,7 @@ fn every_rendered_example_job_gets_its_service() -> Result<()> {
         for mut doc in docs.into_iter().filter(|d| d["kind"] == "Job") {
             doc["metadata"]["uid"] = json!("uid");
             let job: Job = serde_json::from_value(doc)?;
-            let w = reconciler::Workload::from_job(&job)?
+            let w = service::Workload::from_job(&job)?
                 .with_context(|| format!("{}: injected Job without a Service", path.display()))?;
             let subdomain = job
                 .spec

@@ -26,12 +26,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tempfile::TempDir;
+use trainwire_engine::mutation::rendezvous;
 use trainwire_sidecar::env as tw;
 use trainwire_tests::kubelet::Kubelet;
 use trainwire_tests::netns::{self, Network, Node};
 use trainwire_tests::process::{Line, Log, Proc, Tag, descendants, signal_all, unique_name};
 use trainwire_tests::torch::{self, TrainEvent};
-use trainwire_webhook::mutation::rendezvous;
 
 /// Bound of every wait for the trainers (imports and rendezvous are slow on a busy 2-core machine).
 const WAIT: Duration = Duration::from_secs(180);
@@ -48,12 +48,12 @@ const NAMESPACE: &str = "e2e";
 
 /// Pod `i`'s DNS name exactly as the webhook injects it (`{i}`: the pattern).
 fn pod_host(i: &str) -> String {
-    trainwire_webhook::mutation::workload::pod_host(
+    trainwire_engine::mutation::workload::pod_host(
         "node",
         i,
         SERVICE,
         NAMESPACE,
-        trainwire_webhook::policy::DEFAULT_CLUSTER_DOMAIN,
+        trainwire_engine::policy::DEFAULT_CLUSTER_DOMAIN,
     )
 }
 
@@ -212,7 +212,7 @@ impl Cluster {
             rank,
         );
         // PET_RDZV_CONF exactly as the webhook injects it for this world.
-        let nnodes: trainwire_webhook::mutation::annotations::Nnodes = self
+        let nnodes: trainwire_engine::mutation::annotations::Nnodes = self
             .nnodes
             .parse()
             .map_err(|e| format!("nnodes {}: {e:?}", self.nnodes))?;

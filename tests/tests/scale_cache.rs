@@ -25,10 +25,10 @@ fn stored_statefulset() -> Result<Value> {
     let path = trainwire_tests::admission_fixtures_dir().join("statefulset-create.json");
     let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     let object = &review["request"]["object"];
-    let Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) = trainwire_webhook::mutation::mutate(
+    let Ok(trainwire_engine::mutation::Outcome::Mutated(m)) = trainwire_engine::mutation::mutate(
         object,
         Some(NS),
-        &trainwire_webhook::policy::Profile::default(),
+        &trainwire_engine::policy::Profile::default(),
     ) else {
         bail!("the fixture is injected");
     };

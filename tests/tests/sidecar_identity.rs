@@ -28,11 +28,11 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use rstest::rstest;
 use serde_json::{Value, json};
+use trainwire_engine::mutation::{Outcome, mutate};
+use trainwire_engine::policy::Profile;
 use trainwire_tests::net::{free_port, http_get, status};
 use trainwire_tests::sidecar::{KillOnDrop, loopback_addr, loopback_sidecar_env};
 use trainwire_tests::wait::wait_until_or as wait_until;
-use trainwire_webhook::mutation::{Outcome, mutate};
-use trainwire_webhook::policy::Profile;
 
 /// Why the test cannot run here, if it cannot.
 fn unavailable() -> Option<String> {

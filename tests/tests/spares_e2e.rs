@@ -472,12 +472,12 @@ impl World {
 }
 
 fn pod_host(index: u32) -> String {
-    trainwire_webhook::mutation::workload::pod_host(
+    trainwire_engine::mutation::workload::pod_host(
         SET,
         &index.to_string(),
         SERVICE,
         NAMESPACE,
-        trainwire_webhook::policy::DEFAULT_CLUSTER_DOMAIN,
+        trainwire_engine::policy::DEFAULT_CLUSTER_DOMAIN,
     )
 }
 

@@ -85,12 +85,12 @@ fn render(script: &str) -> Result<Rendered, String> {
 }
 
 fn pod_host(i: &str) -> String {
-    trainwire_webhook::mutation::workload::pod_host(
+    trainwire_engine::mutation::workload::pod_host(
         "node",
         i,
         SERVICE,
         NAMESPACE,
-        trainwire_webhook::policy::DEFAULT_CLUSTER_DOMAIN,
+        trainwire_engine::policy::DEFAULT_CLUSTER_DOMAIN,
     )
 }
 

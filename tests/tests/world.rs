@@ -18,9 +18,9 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use trainwire_contract::world::{Phase, WorldStatus};
+use trainwire_controllers::world::{self, Context};
 use trainwire_tests::fixtures::request_object;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND};
-use trainwire_webhook::world::{self, Context};
 
 const STS_UID: &str = "b3d1982f-226f-440e-8a7c-acca623461a5";
 

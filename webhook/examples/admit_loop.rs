@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use trainwire_webhook::admission::{Admitter, Answer};
 use trainwire_webhook::metrics::Metrics;
-use trainwire_webhook::policy::{Policy, SharedPolicy};
 use trainwire_webhook::scale::StatefulSetCache;
+use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

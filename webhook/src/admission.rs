@@ -25,9 +25,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::metrics::{self, AdmissionLabels, Kind, KindLabels, Metrics, Outcome};
-use crate::mutation::{self, Refusal, workload, workload::Workload};
-use crate::policy::SharedPolicy;
 use crate::scale::{self, StatefulSetSource};
+use trainwire_engine::mutation::{self, Refusal, workload, workload::Workload};
+use trainwire_policyfile::SharedPolicy;
 
 /// A review body above this size is answered only while no other such one
 /// is (see [`Admitter::admit`]); real workloads' reviews are 5 to 50 KB.
@@ -366,7 +366,9 @@ impl Admitter {
                     scale::Verdict::AllowUnknown(reason, warning) => {
                         self.metrics
                             .scale_guard_unknown
-                            .get_or_create(&crate::metrics::ScaleGuardLabels { reason })
+                            .get_or_create(&crate::metrics::ScaleGuardLabels {
+                                reason: crate::metrics::UnknownReason(reason),
+                            })
                             .inc();
                         allow_with_warning(request, warning)
                     }
@@ -480,7 +482,9 @@ impl Admitter {
                 // (the engine says it at any first injection, which on an
                 // UPDATE is one that opts an existing StatefulSet in).
                 if !matches!(request.operation, Operation::Create) {
-                    warnings.retain(|w| w != crate::mutation::workload::ORDERED_READY_WARNING);
+                    warnings.retain(|w| {
+                        w != trainwire_engine::mutation::workload::ORDERED_READY_WARNING
+                    });
                 }
                 if !warnings.is_empty() {
                     response.warnings = Some(warnings);

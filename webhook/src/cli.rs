@@ -15,20 +15,7 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// How a command prints what it has to say: `text` lines, or one JSON
-/// document (docs/cli.md).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    #[default]
-    Text,
-    Json,
-}
-
-/// A command that has printed all it had to say and ends with this exit
-/// status: `main` prints nothing more.
-#[derive(Debug, thiserror::Error)]
-#[error("exit status {0}")]
-pub struct Exit(pub u8);
+use crate::output::{Exit, Format};
 
 const INJECT_HELP: &str = "\
 Diagnostics (stderr):
@@ -51,9 +38,12 @@ pub enum Command {
     Inject(crate::inject::InjectArgs),
     /// Serve the mutating admission webhook over TLS (no controllers).
     Serve(crate::serve::ServeArgs),
-    /// Run the controllers (Services, world status, failures) apart from
-    /// the admission server.
-    Controllers(crate::controllers::ControllersArgs),
+    /// Moved: the controllers are the program `trainwire-controllers`.
+    #[command(hide = true)]
+    Controllers {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Generate a CA and a serving certificate for a self-managed setup.
     Certs(crate::certs::CertsArgs),
     /// Platform policy tools.
@@ -88,7 +78,9 @@ impl Cli {
         match command {
             Command::Inject(args) => crate::inject::run(args),
             Command::Serve(args) => crate::serve::run(args).await,
-            Command::Controllers(args) => crate::controllers::run(args).await,
+            Command::Controllers { .. } => Err(anyhow::anyhow!(
+                "the controllers are a program of their own: run trainwire-controllers with the same flags (the image ships it beside trainwire-webhook; manifests/base/controllers.yaml)"
+            )),
             Command::Certs(args) => crate::certs::run(args),
             Command::Policy(PolicyCommand::Check { file, output }) => policy_check(&file, output),
         }
@@ -98,11 +90,11 @@ impl Cli {
 /// `policy check`: the summary on stdout, or the errors, one line each
 /// (`file:line:column: field.path: message`, as editors and CI annotations
 /// read them) on stderr and exit status 1. With `-o json`, one
-/// [`crate::policy::CheckReport`] on stdout either way.
+/// [`trainwire_policyfile::CheckReport`] on stdout either way.
 fn policy_check(file: &std::path::Path, output: Format) -> anyhow::Result<()> {
     match output {
         Format::Json => {
-            let report = crate::policy::CheckReport::of(file);
+            let report = trainwire_policyfile::CheckReport::of(file);
             println!("{}", serde_json::to_string_pretty(&report)?);
             if report.valid {
                 Ok(())
@@ -110,7 +102,7 @@ fn policy_check(file: &std::path::Path, output: Format) -> anyhow::Result<()> {
                 Err(Exit(1).into())
             }
         }
-        Format::Text => match crate::policy::check(file) {
+        Format::Text => match trainwire_policyfile::check(file) {
             Ok(summary) => {
                 println!("{summary}");
                 Ok(())

@@ -22,9 +22,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use thiserror::Error;
 
-use crate::cli::{Exit, Format};
-use crate::mutation::{self, Outcome, Refusal};
-use crate::policy::{self, Policy, PolicyArgs, PolicyError, Profile};
+use crate::output::{Exit, Format};
+use trainwire_engine::mutation::{self, Outcome, Refusal};
+use trainwire_engine::policy::{Policy, PolicyError, Profile};
+use trainwire_policyfile::PolicyArgs;
 
 #[derive(Debug, Args)]
 pub struct InjectArgs {
@@ -228,7 +229,7 @@ impl Options {
         namespace: Option<String>,
     ) -> Result<Options, InjectError> {
         Ok(Options {
-            policy: policy::load(policy)?,
+            policy: trainwire_policyfile::load(policy)?,
             namespace,
         })
     }
@@ -382,7 +383,7 @@ fn missing_job_services(
         else {
             continue;
         };
-        let Ok(Some(service)) = crate::reconciler::offline_job_service(&job) else {
+        let Ok(Some(service)) = trainwire_engine::service::offline_job_service(&job) else {
             continue;
         };
         let name = service.metadata.name.clone().unwrap_or_default();
@@ -446,7 +447,7 @@ fn missing_stores(
             str_at("/kind"),
             str_at("/metadata/name"),
         );
-        if !crate::mutation::workload::is_managed_kind(api_version, kind) {
+        if !trainwire_engine::mutation::workload::is_managed_kind(api_version, kind) {
             continue;
         }
         let Some(template) = obj.pointer("/spec/template").and_then(|t| {
@@ -454,7 +455,7 @@ fn missing_stores(
         }) else {
             continue;
         };
-        let Some(status) = crate::mutation::status::read(&template) else {
+        let Some(status) = trainwire_engine::mutation::status::read(&template) else {
             continue;
         };
         let namespace = namespace_of(obj);
@@ -462,7 +463,7 @@ fn missing_stores(
             .pointer("/metadata/namespace")
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty());
-        let owner = crate::rdzv_store::Owner {
+        let owner = trainwire_engine::store::Owner {
             api_version,
             kind,
             name,
@@ -470,7 +471,8 @@ fn missing_stores(
             uid: None,
         };
         let profile = opts.profile_for(&namespace);
-        let Some(store) = crate::rdzv_store::desired(&owner, &template, &status, &profile) else {
+        let Some(store) = trainwire_engine::store::desired(&owner, &template, &status, &profile)
+        else {
             continue;
         };
         let store_name = status.rdzv_store.clone();
@@ -694,7 +696,7 @@ pub fn render_file(input: &str, file: &str, opts: &Options) -> Result<Rendered, 
     let mut parsed: Vec<(u64, String, Value)> = Vec::new();
     for (start, text) in split_documents(input) {
         let value: Value = serde_saphyr::from_str(&text).map_err(|e| {
-            let at = crate::yaml_error::describe(&e, &text);
+            let at = trainwire_engine::yaml_error::describe(&e, &text);
             InjectError::Yaml {
                 file: file.to_string(),
                 line: at.line.map(|l| l + start - 1).or(Some(start)),

@@ -18,9 +18,9 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         // A user's error is a message (with its causes), never a stack
         // backtrace, whatever RUST_BACKTRACE says.
-        Err(e) => match e.downcast_ref::<trainwire_webhook::cli::Exit>() {
+        Err(e) => match e.downcast_ref::<trainwire_webhook::output::Exit>() {
             // Already said.
-            Some(trainwire_webhook::cli::Exit(code)) => ExitCode::from(*code),
+            Some(trainwire_webhook::output::Exit(code)) => ExitCode::from(*code),
             None => {
                 eprintln!("error: {e:#}");
                 ExitCode::FAILURE

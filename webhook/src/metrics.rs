@@ -87,45 +87,26 @@ pub struct RejectionLabels {
     pub reason: Rejection,
 }
 
-/// Result of a certificate or policy reload.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum ReloadResult {
-    success,
-    failure,
-}
+pub use trainwire_runtime::exposition::{ReloadLabels, ReloadResult};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReloadLabels {
-    pub result: ReloadResult,
-}
+/// Why the scale guard could not know ([`trainwire_engine::scale::Unknown`]),
+/// as the metric's label.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct UnknownReason(pub trainwire_engine::scale::Unknown);
 
-/// What the failure controller did.
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum FailureAction {
-    /// A pod on a dead node deleted with grace period 0.
-    force_delete,
-    /// A dead node tainted `node.kubernetes.io/out-of-service`.
-    out_of_service,
-    /// A reclaim held back by `maxPodsPerMinute`.
-    rate_limited,
-    /// A world stopped at a fail-fast exit code.
-    stop_fail_fast,
-    /// A world stopped after too many failures.
-    stop_max_failures,
-    /// A stopped world resumed.
-    resume,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FailureLabels {
-    pub action: FailureAction,
+impl EncodeLabelValue for UnknownReason {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write as _;
+        encoder.write_str(self.0.as_str())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScaleGuardLabels {
-    pub reason: crate::scale::Unknown,
+    pub reason: UnknownReason,
 }
 
 type HistogramFamily = Family<KindLabels, Histogram, fn() -> Histogram>;
@@ -145,7 +126,6 @@ pub struct Metrics {
     pub cert_reloads: Family<ReloadLabels, Counter>,
     pub cert_expiry: Gauge,
     pub policy_reloads: Family<ReloadLabels, Counter>,
-    pub failure_actions: Family<FailureLabels, Counter>,
     /// Scale requests the guard allowed because it could not check them.
     pub scale_guard_unknown: Family<ScaleGuardLabels, Counter>,
 }
@@ -204,12 +184,6 @@ impl Metrics {
             "Platform policy file reloads, by result",
             policy_reloads.clone(),
         );
-        let failure_actions = Family::<FailureLabels, Counter>::default();
-        registry.register(
-            "failure_actions",
-            "What the failure controller did: dead-node reclaims, crash-loop stops, resumes",
-            failure_actions.clone(),
-        );
         let scale_guard_unknown = Family::<ScaleGuardLabels, Counter>::default();
         registry.register(
             "scale_guard_unknown",
@@ -217,7 +191,6 @@ impl Metrics {
             scale_guard_unknown.clone(),
         );
         let metrics = Metrics {
-            failure_actions,
             registry: root,
             scale_guard_unknown,
             admissions,
@@ -274,23 +247,9 @@ impl Metrics {
                 .rejected_requests
                 .get_or_create(&RejectionLabels { reason });
         }
-        for result in [ReloadResult::success, ReloadResult::failure] {
-            let _ = self.cert_reloads.get_or_create(&ReloadLabels { result });
-            let _ = self.policy_reloads.get_or_create(&ReloadLabels { result });
-        }
-        for action in [
-            FailureAction::force_delete,
-            FailureAction::out_of_service,
-            FailureAction::rate_limited,
-            FailureAction::stop_fail_fast,
-            FailureAction::stop_max_failures,
-            FailureAction::resume,
-        ] {
-            let _ = self
-                .failure_actions
-                .get_or_create(&FailureLabels { action });
-        }
-        use crate::scale::Unknown;
+        trainwire_runtime::exposition::initialise_reloads(&self.cert_reloads);
+        trainwire_runtime::exposition::initialise_reloads(&self.policy_reloads);
+        use trainwire_engine::scale::Unknown;
         for reason in [
             Unknown::no_client,
             Unknown::not_synced,
@@ -298,9 +257,9 @@ impl Metrics {
             Unknown::not_cached,
             Unknown::unreadable_status,
         ] {
-            let _ = self
-                .scale_guard_unknown
-                .get_or_create(&ScaleGuardLabels { reason });
+            let _ = self.scale_guard_unknown.get_or_create(&ScaleGuardLabels {
+                reason: UnknownReason(reason),
+            });
         }
     }
 
@@ -313,7 +272,7 @@ impl Metrics {
     }
 
     pub fn reload(family: &Family<ReloadLabels, Counter>, result: ReloadResult) {
-        family.get_or_create(&ReloadLabels { result }).inc();
+        trainwire_runtime::exposition::count_reload(family, result);
     }
 }
 
@@ -350,7 +309,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        assert!(families.len() >= 9, "{text}");
+        assert!(families.len() >= 8, "{text}");
         for family in families {
             assert!(
                 text.lines()
@@ -362,7 +321,7 @@ mod tests {
             r#"trainwire_webhook_admissions_total{kind="StatefulSet",operation="CREATE",outcome="denied"} 0"#,
             r#"trainwire_webhook_admissions_total{kind="Other",operation="UNKNOWN",outcome="invalid"} 0"#,
             r#"trainwire_webhook_certificate_reloads_total{result="failure"} 0"#,
-            r#"trainwire_webhook_failure_actions_total{action="stop_max_failures"} 0"#,
+            r#"trainwire_webhook_scale_guard_unknown_total{reason="not_synced"} 0"#,
             r#"trainwire_webhook_admission_duration_seconds_count{kind="Job"} 0"#,
         ] {
             assert!(

@@ -1,7 +1,7 @@
 //! `trainwire-webhook serve`: the admission server over TLS. It holds no
 //! write right: its only API calls are the scale guard's StatefulSet watch
 //! ([`crate::scale::API_PERMISSIONS`]). The controllers run apart
-//! (`trainwire-webhook controllers`, [`crate::controllers`]).
+//! (`trainwire-controllers`).
 //!
 //! - `--listen` (HTTPS, HTTP/1.1 and HTTP/2): `POST /mutate`, plus
 //!   `/healthz` and `/readyz`.
@@ -28,11 +28,11 @@ use tokio::net::TcpListener;
 use tower::Service as _;
 
 use crate::admission::{Admitter, Answer};
-use crate::metrics::{Metrics, Rejection, RejectionLabels, ReloadResult};
-use crate::policy::{PolicyArgs, SharedPolicy};
+use crate::metrics::{Metrics, Rejection, RejectionLabels};
 use crate::scale::{StatefulSetCache, StatefulSetSource};
-use crate::telemetry::TelemetryArgs;
 use crate::tls::CertStore;
+use trainwire_policyfile::{PolicyArgs, SharedPolicy};
+use trainwire_runtime::telemetry::TelemetryArgs;
 
 /// Largest AdmissionReview body accepted (the apiserver's own request limit
 /// is 3 MiB of object, so a real review stays under it).
@@ -160,20 +160,9 @@ async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response 
 /// `/metrics`: OpenMetrics, or the classic Prometheus text format to a
 /// client that asks only for `text/plain` (both programs' probe endpoints).
 pub fn metrics_response(metrics: &Metrics, headers: &HeaderMap) -> Response {
-    use trainwire_runtime::exposition;
     let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-    if exposition::wants_classic_text(accept) {
-        return (
-            [(header::CONTENT_TYPE, exposition::PROMETHEUS_TEXT)],
-            exposition::classic_text(&metrics.encode()),
-        )
-            .into_response();
-    }
-    (
-        [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
-        metrics.encode(),
-    )
-        .into_response()
+    let (content_type, body) = trainwire_runtime::exposition::negotiate(accept, metrics.encode());
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 fn reject(state: &AppState, status: StatusCode, reason: Rejection, message: String) -> Response {
@@ -361,45 +350,10 @@ async fn kube_client() -> Result<kube::Client, String> {
     kube::Client::try_default().await.map_err(|e| e.to_string())
 }
 
-/// The policy of `--policy` (or the embedded defaults) for a long-running
-/// subcommand (`serve`, `controllers`), its error naming the file.
-pub fn load_policy(args: &PolicyArgs) -> anyhow::Result<crate::policy::Policy> {
-    crate::policy::load(args).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot load the platform policy{}: {e}",
-            args.policy
-                .as_ref()
-                .map(|p| format!(" {}", p.display()))
-                .unwrap_or_default()
-        )
-    })
-}
-
-/// Keep the policy of `--policy` in force as its file changes, counting
-/// each reload in `trainwire_webhook_policy_reloads_total` (`serve`, `controllers`).
-pub fn watch_policy(
-    args: &PolicyArgs,
-    policy: &SharedPolicy,
-    metrics: &Arc<Metrics>,
-) -> tokio::task::JoinHandle<()> {
-    let metrics = metrics.clone();
-    tokio::spawn(crate::policy::watch(
-        args.clone(),
-        policy.clone(),
-        Box::new(move |result| {
-            let outcome = match result {
-                Ok(()) => ReloadResult::success,
-                Err(_) => ReloadResult::failure,
-            };
-            Metrics::reload(&metrics.policy_reloads, outcome);
-        }),
-    ))
-}
-
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.telemetry.log_format);
+    trainwire_runtime::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
-    let loaded = load_policy(&args.policy)?;
+    let loaded = trainwire_policyfile::load_at_start(&args.policy)?;
     let policy = SharedPolicy::new(loaded);
 
     let certs = Arc::new(CertStore::new(
@@ -410,11 +364,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     certs.reload();
     let cert_watch = tokio::spawn(crate::tls::watch(certs.clone()));
 
-    let policy_watch = watch_policy(&args.policy, &policy, &metrics);
+    let policy_watch =
+        trainwire_policyfile::keep_in_force(&args.policy, &policy, metrics.policy_reloads.clone());
     let mut background = vec![cert_watch, policy_watch];
     // The scale guard's watch cache of StatefulSets (list/watch only: the
     // admission server writes nothing; the controllers run apart, as
-    // `trainwire-webhook controllers`).
+    // `trainwire-controllers`).
     let statefulsets: Arc<dyn StatefulSetSource> = match kube_client().await {
         Ok(client) => {
             let (cache, writer) = StatefulSetCache::new();

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
+use trainwire_policyfile::PolicyArgs;
 use trainwire_test_support::repo_root as repo;
 use trainwire_webhook::inject::{Options, render};
-use trainwire_webhook::policy::PolicyArgs;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_trainwire-webhook")
@@ -452,7 +452,7 @@ fn an_injected_job_gets_its_headless_service_offline() {
     let mut stored = docs[0].clone();
     stored["metadata"]["uid"] = serde_json::json!("0f6b2a4e");
     let stored: k8s_openapi::api::batch::v1::Job = serde_json::from_value(stored).expect("Job");
-    let reconciled = trainwire_webhook::reconciler::Workload::from_job(&stored)
+    let reconciled = trainwire_engine::service::Workload::from_job(&stored)
         .expect("readable")
         .expect("injected")
         .desired_service();

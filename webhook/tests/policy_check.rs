@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 
 use rstest::rstest;
-use trainwire_webhook::policy;
+use trainwire_engine::policy;
 
 const DATA: &str = "tests/data/policy";
 
@@ -51,7 +51,8 @@ const DATA: &str = "tests/data/policy";
 #[case::sidecar_env_overflow("sidecar-env-overflow", &[r#"7:39: profiles[0].sidecar.env.TRAINWIRE_HEARTBEAT_INTERVAL: TRAINWIRE_HEARTBEAT_INTERVAL="1e20" is invalid: "e" is not a unit (accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)); the sidecar would not start with it"#, r#"8:34: profiles[0].sidecar.env.TRAINWIRE_ACTION_WINDOW: TRAINWIRE_ACTION_WINDOW="18446744073709551615s" is invalid: it is longer than 8760h (accepted: a Go duration above zero: numbers with units ns, us, ms, s, m, h, such as 500ms, 1.5s, 90s, 30m, 1h30m (at most 8760h)); the sidecar would not start with it"#, r#"9:9: profiles[0].sidecar.env.TRAINWIRE_HEALTH_PORT: "TRAINWIRE_HEALTH_PORT" is not a sidecar setting the policy may set (the webhook sets it, or it has its own policy field); accepted: TRAINWIRE_CHECKPOINT_POLL, TRAINWIRE_DETECTION, TRAINWIRE_HEARTBEAT_INTERVAL, TRAINWIRE_HEARTBEAT_MISSES, TRAINWIRE_HEARTBEAT_TIMEOUT, TRAINWIRE_NOT_READY_GRACE, TRAINWIRE_ACTION_COOLDOWN, TRAINWIRE_MAX_ACTIONS, TRAINWIRE_ACTION_WINDOW, TRAINWIRE_CHECKPOINT_SETTLE, TRAINWIRE_CHECKPOINT_POLL_INTERVAL, TRAINWIRE_AGENT_MATCH, TRAINWIRE_LOG_FORMAT, TRAINWIRE_CONFIRM_AFTER, TRAINWIRE_REPLACEMENT_WAIT"#])]
 fn broken_policies(#[case] name: &str, #[case] expected: &[&str]) {
     let file = format!("{DATA}/{name}.yaml");
-    let err = policy::check(Path::new(&file)).expect_err("the policy must be refused");
+    let err =
+        trainwire_policyfile::check(Path::new(&file)).expect_err("the policy must be refused");
     let prefixed: Vec<String> = expected.iter().map(|m| format!("{file}:{m}")).collect();
     assert_eq!(err.to_string(), prefixed.join("\n"));
     // Each diagnostic carries a line and column.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use trainwire_webhook::policy::{self, PolicyArgs, SharedPolicy};
+use trainwire_policyfile::{self as policy, PolicyArgs, SharedPolicy};
 
 /// Upper bound for one awaited reload; only reached when the test fails.
 const WAIT: Duration = Duration::from_secs(20);

@@ -487,12 +487,12 @@ async fn bad_input_gets_the_documented_answer() {
 fn stored_statefulset(edit: impl FnOnce(&mut Value)) -> Value {
     let mut sts = common::fixture("statefulset-update-scale.json")["request"]["object"].clone();
     edit(&mut sts);
-    match trainwire_webhook::mutation::mutate(
+    match trainwire_engine::mutation::mutate(
         &sts,
         Some("trainwire-test"),
-        &trainwire_webhook::policy::Profile::default(),
+        &trainwire_engine::policy::Profile::default(),
     ) {
-        Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) => m.object,
+        Ok(trainwire_engine::mutation::Outcome::Mutated(m)) => m.object,
         _ => sts,
     }
 }
@@ -894,11 +894,11 @@ async fn scale_guard_on_the_statefulset_created_paused() {
         if let Some(n) = nnodes {
             sts["metadata"]["annotations"]["trainwire.dev/nnodes"] = json!(n);
         }
-        let Ok(trainwire_webhook::mutation::Outcome::Mutated(m)) =
-            trainwire_webhook::mutation::mutate(
+        let Ok(trainwire_engine::mutation::Outcome::Mutated(m)) =
+            trainwire_engine::mutation::mutate(
                 &sts,
                 Some("trainwire-test"),
-                &trainwire_webhook::policy::Profile::default(),
+                &trainwire_engine::policy::Profile::default(),
             )
         else {
             panic!("injected");

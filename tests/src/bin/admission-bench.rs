@@ -228,7 +228,7 @@ fn handlers(args: &[String]) -> anyhow::Result<()> {
     });
     let body = std::fs::read(&path).with_context(|| format!("reading {path}"))?;
     let admitter = Admitter {
-        policy: trainwire_webhook::policy::SharedPolicy::new(Default::default()),
+        policy: trainwire_policyfile::SharedPolicy::new(Default::default()),
         statefulsets: Arc::new(trainwire_webhook::scale::StatefulSetCache::unavailable(
             "no API".to_string(),
         )),

@@ -21,8 +21,8 @@
 //!
 //! `--ignore-selectors` makes the fake apiserver ignore label selectors
 //! (every pod is sent, as the controllers' unselected pod watches were): the
-//! figure without the label. `TRAINWIRE_WEBHOOK_BIN` overrides the binary
-//! (default `target/release/trainwire-webhook`).
+//! figure without the label. `TRAINWIRE_CONTROLLERS_BIN` overrides the binary
+//! (default `target/release/trainwire-controllers`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,11 +65,12 @@ fn proc_status(pid: u32, key: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn webhook_bin() -> PathBuf {
-    std::env::var_os("TRAINWIRE_WEBHOOK_BIN")
+fn controllers_bin() -> PathBuf {
+    std::env::var_os("TRAINWIRE_CONTROLLERS_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            trainwire_test_support::fixtures::repo_root().join("target/release/trainwire-webhook")
+            trainwire_test_support::fixtures::repo_root()
+                .join("target/release/trainwire-controllers")
         })
 }
 
@@ -88,7 +89,7 @@ async fn run(pods: usize, ignore_selectors: bool, base: bool) -> anyhow::Result<
         &["--node-failure", "--crash-loop"]
     };
     let mut running = cluster
-        .start_controllers(&webhook_bin(), flags, "controllers-bench")
+        .start_controllers(&controllers_bin(), flags, "controllers-bench")
         .await?;
     let child = &mut running.child;
     let pid = child.id();

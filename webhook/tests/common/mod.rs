@@ -57,9 +57,9 @@ pub fn app_state(
     use std::sync::Arc;
     use trainwire_webhook::admission::Admitter;
     use trainwire_webhook::metrics::Metrics;
-    use trainwire_webhook::policy::{Policy, SharedPolicy};
     use trainwire_webhook::serve::{AppState, Readiness};
     use trainwire_webhook::tls::CertStore;
+    use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
     let metrics = Arc::new(Metrics::new());
     AppState {

@@ -1,5 +1,6 @@
 use super::*;
 use rstest::rstest;
+use serde_json::json;
 
 fn at(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)

@@ -14,8 +14,8 @@ use proptest::prelude::*;
 use serde_json::{Map, Value};
 use trainwire_contract::config::Config;
 use trainwire_contract::env;
-use trainwire_webhook::mutation::annotations;
-use trainwire_webhook::policy::Policy;
+use trainwire_engine::mutation::annotations;
+use trainwire_engine::policy::Policy;
 
 /// The annotations of a workload with one `trainwire.dev/*` value.
 fn annotation(key: &str, value: &str) -> Result<annotations::Annotations, String> {

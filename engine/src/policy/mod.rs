@@ -7,7 +7,6 @@
 //! namespace; see [`Policy::profile_for`].
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
 use serde::{Deserialize, Serialize};
@@ -17,11 +16,9 @@ mod kube;
 pub mod parse;
 pub mod syntax;
 mod validate;
-mod watch;
 
 pub use parse::{API_VERSION, Diagnostic, FieldPath, KIND};
 pub use validate::SIDECAR_TUNABLE_ENV;
-pub use watch::watch;
 
 /// The taint a node gets when the node controller loses contact with it.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
@@ -628,176 +625,30 @@ impl PolicyError {
     }
 }
 
-/// Read and validate the policy file at `path`.
-pub fn load_file(path: &Path) -> Result<Policy, PolicyError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|error| PolicyError::Read {
-        path: file.clone(),
-        error,
-    })?;
-    Policy::from_yaml(&text, &file)
-}
-
-/// The policy `serve` and `inject` run with: the file given by `--policy`,
-/// else the embedded defaults; then `--sidecar-image` applied to every
-/// profile whose sidecar image the policy does not enforce.
-pub fn load(args: &PolicyArgs) -> Result<Policy, PolicyError> {
-    let policy = match &args.policy {
-        Some(path) => load_file(path)?,
-        None => Policy::default(),
-    };
-    with_args(policy, args)
-}
-
-/// Apply the command-line settings to a loaded policy.
-fn with_args(mut policy: Policy, args: &PolicyArgs) -> Result<Policy, PolicyError> {
-    if let Some(image) = &args.sidecar_image {
-        if image.is_empty() || image.chars().any(char::is_whitespace) {
-            return Err(PolicyError::SidecarImage {
-                image: image.clone(),
-            });
-        }
-        policy.apply_sidecar_image(image);
-    }
-    if let Some(domain) = &args.cluster_domain {
-        syntax::dns_subdomain(domain).map_err(|reason| PolicyError::ClusterDomain { reason })?;
-        policy.apply_cluster_domain(domain);
-    }
-    Ok(policy)
-}
-
-/// `trainwire-webhook policy check FILE`: the summary line on success
-/// (`ok: 2 profiles (gpu-a100, cpu)`), the errors otherwise.
-pub fn check(path: &Path) -> Result<String, PolicyError> {
-    let policy = load_file(path)?;
-    let n = policy.profiles.len();
-    Ok(format!(
-        "ok: {n} profile{} ({})",
-        if n == 1 { "" } else { "s" },
-        policy.profile_names().join(", ")
-    ))
-}
-
-/// `policy check -o json`: the file, whether it is valid, its profiles
-/// (when valid) or its errors.
-#[derive(Debug, serde::Serialize)]
-pub struct CheckReport {
-    pub file: String,
-    pub valid: bool,
-    pub profiles: Vec<String>,
-    pub diagnostics: Vec<CheckDiagnostic>,
-}
-
-/// One error of a policy file; `line`, `column` and `path` are absent
-/// when the file could not be read.
-#[derive(Debug, serde::Serialize)]
-pub struct CheckDiagnostic {
-    pub file: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub line: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub column: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    pub message: String,
-}
-
-impl CheckReport {
-    /// Check the policy file at `path`.
-    pub fn of(path: &Path) -> CheckReport {
-        let file = path.display().to_string();
-        match load_file(path) {
-            Ok(policy) => CheckReport {
-                valid: true,
-                profiles: policy
-                    .profile_names()
-                    .into_iter()
-                    .map(str::to_string)
-                    .collect(),
-                diagnostics: Vec::new(),
-                file,
-            },
-            Err(e) => {
-                let diagnostics = match &e {
-                    PolicyError::Invalid(d) => d
-                        .iter()
-                        .map(|d| CheckDiagnostic {
-                            file: d.file.clone(),
-                            line: d.line,
-                            column: d.column,
-                            path: Some(d.path.to_string()),
-                            message: d.message.clone(),
-                        })
-                        .collect(),
-                    PolicyError::Read { error, .. } => vec![CheckDiagnostic {
-                        file: file.clone(),
-                        line: None,
-                        column: None,
-                        path: None,
-                        message: format!("cannot read the policy file: {error}"),
-                    }],
-                    other => vec![CheckDiagnostic {
-                        file: file.clone(),
-                        line: None,
-                        column: None,
-                        path: None,
-                        message: other.to_string(),
-                    }],
-                };
-                CheckReport {
-                    file,
-                    valid: false,
-                    profiles: Vec::new(),
-                    diagnostics,
-                }
+impl Policy {
+    /// Apply the command line's settings (`--sidecar-image`,
+    /// `--cluster-domain`) to a loaded policy: every profile whose sidecar
+    /// image (cluster domain) the policy does not enforce gets it.
+    pub fn with_overrides(
+        mut self,
+        sidecar_image: Option<&str>,
+        cluster_domain: Option<&str>,
+    ) -> Result<Policy, PolicyError> {
+        if let Some(image) = sidecar_image {
+            if image.is_empty() || image.chars().any(char::is_whitespace) {
+                return Err(PolicyError::SidecarImage {
+                    image: image.to_string(),
+                });
             }
+            self.apply_sidecar_image(image);
         }
+        if let Some(domain) = cluster_domain {
+            syntax::dns_subdomain(domain)
+                .map_err(|reason| PolicyError::ClusterDomain { reason })?;
+            self.apply_cluster_domain(domain);
+        }
+        Ok(self)
     }
-}
-
-/// The policy in force, shared between the server's request handlers and the
-/// file watcher that swaps in a new one.
-#[derive(Clone, Debug)]
-pub struct SharedPolicy(std::sync::Arc<arc_swap::ArcSwap<Policy>>);
-
-impl SharedPolicy {
-    pub fn new(policy: Policy) -> Self {
-        policy.prepare();
-        SharedPolicy(std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(policy)))
-    }
-    /// The policy in force now.
-    pub fn current(&self) -> std::sync::Arc<Policy> {
-        self.0.load_full()
-    }
-    /// Put a new, already validated policy in force.
-    pub fn replace(&self, policy: Policy) {
-        policy.prepare();
-        self.0.store(std::sync::Arc::new(policy));
-    }
-}
-
-/// Flags shared by `inject` and `serve`: where the policy comes from.
-#[derive(Clone, Debug, Default, clap::Args)]
-pub struct PolicyArgs {
-    /// Platform policy file (YAML). Without it the embedded defaults apply.
-    #[arg(long = "policy", env = "TRAINWIRE_POLICY", value_name = "FILE")]
-    pub policy: Option<std::path::PathBuf>,
-    /// Sidecar image, unless the policy enforces one.
-    #[arg(
-        long = "sidecar-image",
-        env = "TRAINWIRE_SIDECAR_IMAGE",
-        value_name = "IMAGE"
-    )]
-    pub sidecar_image: Option<String>,
-    /// The cluster's DNS domain (the kubelet's `--cluster-domain`), unless
-    /// the policy names one: the suffix of the pod names injected for the
-    /// rendezvous and the sidecar's peers. Default `cluster.local`.
-    #[arg(
-        long = "cluster-domain",
-        env = "TRAINWIRE_CLUSTER_DOMAIN",
-        value_name = "DOMAIN"
-    )]
-    pub cluster_domain: Option<String>,
 }
 
 /// A user value that an enforced policy setting refuses. The engine turns it
@@ -925,8 +776,9 @@ mod tests {
 
     #[test]
     fn the_example_policy_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policy.yaml");
-        let p = load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/policy.yaml");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+        let p = Policy::from_yaml(&text, "examples/policy.yaml").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.profile_names(), ["gpu-a100", "resilient", "cpu"]);
         // The failure features' example profile.
         let resilient = p.profile_for("ml-prod");
@@ -965,19 +817,19 @@ mod tests {
 
     #[test]
     fn load_without_a_file_uses_the_embedded_defaults() {
-        let p = load(&PolicyArgs::default()).unwrap_or_else(|e| panic!("{e}"));
+        let p = Policy::default()
+            .with_overrides(None, None)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(p.profiles.is_empty());
         assert_eq!(*p.profile_for("any"), Profile::default());
     }
 
     #[test]
     fn sidecar_image_flag_applies_where_the_image_is_not_enforced() {
-        let args = PolicyArgs {
-            policy: None,
-            sidecar_image: Some("registry.example/sidecar:dev".to_string()),
-            cluster_domain: None,
-        };
-        let p = load(&args).unwrap_or_else(|e| panic!("{e}"));
+        let args = (Some("registry.example/sidecar:dev"), None);
+        let p = Policy::default()
+            .with_overrides(args.0, args.1)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             p.profile_for("any").sidecar.image.value,
             "registry.example/sidecar:dev"
@@ -1003,12 +855,10 @@ mod tests {
 
     #[test]
     fn cluster_domain_flag_applies_where_the_profile_names_none() {
-        let args = PolicyArgs {
-            policy: None,
-            sidecar_image: None,
-            cluster_domain: Some("corp.example".to_string()),
-        };
-        let p = load(&args).unwrap_or_else(|e| panic!("{e}"));
+        let args = (None, Some("corp.example"));
+        let p = Policy::default()
+            .with_overrides(args.0, args.1)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.profile_for("any").cluster_domain(), "corp.example");
 
         let mut p = policy(
@@ -1020,12 +870,10 @@ mod tests {
         assert_eq!(p.profile_for("b").cluster_domain(), "lab.internal");
         assert_eq!(p.profile_for("c").cluster_domain(), "corp.example");
 
-        let bad = PolicyArgs {
-            policy: None,
-            sidecar_image: None,
-            cluster_domain: Some("Cluster.Local.".to_string()),
-        };
-        let err = load(&bad).expect_err("accepted");
+        let bad = (None, Some("Cluster.Local."));
+        let err = Policy::default()
+            .with_overrides(bad.0, bad.1)
+            .expect_err("accepted");
         assert!(
             err.to_string()
                 .starts_with("--cluster-domain: \"Cluster.Local.\" is not a DNS-1123 subdomain"),
@@ -1035,12 +883,10 @@ mod tests {
 
     #[test]
     fn a_bad_sidecar_image_flag_is_refused() {
-        let args = PolicyArgs {
-            policy: None,
-            sidecar_image: Some("my image".to_string()),
-            cluster_domain: None,
-        };
-        let err = load(&args).expect_err("accepted");
+        let args = (Some("my image"), None);
+        let err = Policy::default()
+            .with_overrides(args.0, args.1)
+            .expect_err("accepted");
         assert_eq!(
             err.to_string(),
             "--sidecar-image \"my image\" is not an image reference (registry/repository:tag or @sha256:digest)"

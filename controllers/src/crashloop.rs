@@ -18,7 +18,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::policy::{CrashLoopPolicy, ExitCodes, FailureLimit};
+use trainwire_engine::policy::{CrashLoopPolicy, ExitCodes, FailureLimit};
 
 /// What crash-loop stop calls on top of the failure controller's own watch
 /// of injected pods ([`crate::failures::API_PERMISSIONS`]), granted by

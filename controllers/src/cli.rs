@@ -1,8 +1,6 @@
-//! `trainwire-webhook controllers`: the controllers, apart from the
-//! admission server, in a Deployment of their own with a ServiceAccount of
-//! their own (`manifests/base/controllers.yaml`). The process the apiserver
-//! calls on every admission holds no write right, and the controllers'
-//! caches never share a memory limit with the admission path.
+//! `trainwire-controllers`: the command line and start-up of the
+//! controllers, in a Deployment of their own with a ServiceAccount of their
+//! own (`manifests/base/controllers.yaml`).
 //!
 //! On the replica that holds the Lease ([`crate::lease`]) it runs:
 //!
@@ -25,17 +23,25 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use clap::Args;
+use clap::Parser;
 
 use crate::failures::Features;
 use crate::metrics::Metrics;
-use crate::policy::{PolicyArgs, SharedPolicy};
-use crate::telemetry::TelemetryArgs;
+use trainwire_policyfile::{PolicyArgs, SharedPolicy};
+use trainwire_runtime::telemetry::TelemetryArgs;
 
-#[derive(Debug, Args)]
+/// Runs the controllers (headless Services and dedicated stores, the world
+/// status, peer-loss Events, dead-node reclaim and crash-loop stop) on the
+/// replica that holds the Lease.
+#[derive(Debug, Parser)]
+#[command(
+    name = "trainwire-controllers",
+    version,
+    about = "trainwire's controllers: Services and stores, world status, failures"
+)]
 pub struct ControllersArgs {
     #[command(flatten)]
     pub telemetry: TelemetryArgs,
@@ -118,7 +124,10 @@ async fn readyz(State(state): State<ProbeState>) -> Response {
 }
 
 async fn metrics(State(state): State<ProbeState>, headers: HeaderMap) -> Response {
-    crate::serve::metrics_response(&state.metrics, &headers)
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) =
+        trainwire_runtime::exposition::negotiate(accept, state.metrics.encode());
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
 /// A policy that asks for a feature this process runs without: said once
@@ -162,15 +171,18 @@ async fn supervise(
         async move {
             let services_client = client.clone();
             let services_policy = policy.clone();
+            let services_metrics = metrics.clone();
             let services = async move {
-                if let Err(e) = crate::reconciler::run(services_client, services_policy).await {
+                if let Err(e) =
+                    crate::reconciler::run(services_client, services_policy, services_metrics).await
+                {
                     tracing::error!(error = %e, "the Job Service reconciler stopped");
                 }
             };
             futures::join!(
                 services,
-                crate::failures::run(client.clone(), policy, metrics, features),
-                crate::world::run(client)
+                crate::failures::run(client.clone(), policy, metrics.clone(), features),
+                crate::world::run(client, metrics.clone())
             );
         }
     })
@@ -178,17 +190,18 @@ async fn supervise(
 }
 
 pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
-    crate::telemetry::init(args.telemetry.log_format);
+    trainwire_runtime::telemetry::init(args.telemetry.log_format);
     let metrics = Arc::new(Metrics::new());
     let features = args.features();
-    let loaded = crate::serve::load_policy(&args.policy)?;
+    let loaded = trainwire_policyfile::load_at_start(&args.policy)?;
     let policy = SharedPolicy::new(loaded);
     warn_disabled(&policy, features);
     let client = kube::Client::try_default()
         .await
         .context("the controllers need the Kubernetes API (in-cluster config or KUBECONFIG)")?;
 
-    let policy_watch = crate::serve::watch_policy(&args.policy, &policy, &metrics);
+    let policy_watch =
+        trainwire_policyfile::keep_in_force(&args.policy, &policy, metrics.policy_reloads.clone());
     let controllers = tokio::spawn(supervise(
         client,
         args.lease_namespace.clone(),
@@ -220,7 +233,7 @@ pub async fn run(args: ControllersArgs) -> anyhow::Result<()> {
         }
     });
 
-    let signal = crate::shutdown::signal().await;
+    let signal = trainwire_runtime::shutdown::signal().await;
     tracing::info!(signal, "shutting down: stopping the controllers");
     stopping.store(true, Ordering::SeqCst);
     // Aborting drops the Lease manager and the watches; another replica

@@ -1,4 +1,4 @@
-//! One replica at a time: the controllers (`trainwire-webhook controllers`: the
+//! One replica at a time: the controllers (`trainwire-controllers`: the
 //! reconciler, the world and failure controllers) run only on the replica that holds
 //! the `coordination.k8s.io` Lease [`LEASE_NAME`] in their own
 //! namespace, so two replicas never act twice (two force-deletes of one pod,

@@ -1,6 +1,6 @@
 //! The failure controller: dead-node reclaim and crash-loop stop, applied.
 //!
-//! It runs in `trainwire-webhook controllers` on the replica that holds the
+//! It runs in `trainwire-controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]). A kube-rs [`Controller`] over Pods
 //! (re-triggered by Node changes through a Node reflector) judges every pod
 //! of an injected workload (its template carries `trainwire.dev/status`, so
@@ -46,9 +46,10 @@ use tracing::{info, warn};
 
 use crate::crashloop::{self, History, Limits, StopReason, Verdict};
 use crate::metrics::{FailureAction, FailureLabels, Metrics};
-use crate::mutation::annotations as ann;
 use crate::nodefailure::{self, NodeHealth, RateLimit, Reclaim};
-use crate::policy::{ExitCodes, FailureLimit, SharedPolicy};
+use trainwire_engine::mutation::annotations as ann;
+use trainwire_engine::policy::{ExitCodes, FailureLimit};
+use trainwire_policyfile::SharedPolicy;
 
 /// The Kubernetes API calls the failure controller makes whatever its
 /// [`Features`]: it watches the injected pods (label-selected) and tells
@@ -230,7 +231,7 @@ impl Context {
         clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     ) -> Self {
         Context {
-            recorder: crate::reconciler::recorder(client.clone()),
+            recorder: crate::reconcile::recorder(client.clone()),
             client,
             policy,
             nodes,
@@ -582,7 +583,7 @@ pub fn disrupted_status(why: &str, now: Timestamp) -> serde_json::Value {
     json!({"status": {
         "phase": "Failed",
         "conditions": [{
-            "type": crate::mutation::workload::DISRUPTION_TARGET,
+            "type": trainwire_engine::mutation::workload::DISRUPTION_TARGET,
             "status": "True",
             "reason": DISRUPTION_REASON,
             "message": format!("trainwire reclaims the pod: {why}"),
@@ -663,7 +664,7 @@ async fn taint_node(ctx: &Context, node: &str) -> Result<()> {
 
 fn limits_of(
     annotations: &BTreeMap<String, String>,
-    policy: &crate::policy::CrashLoopPolicy,
+    policy: &trainwire_engine::policy::CrashLoopPolicy,
 ) -> Limits {
     let fail_fast: Option<ExitCodes> = annotations
         .get(ann::FAIL_FAST_EXIT_CODES)
@@ -679,7 +680,7 @@ async fn crash_loop(
     pod: &Pod,
     owner: &Owner,
     own_loss: bool,
-    policy: &crate::policy::CrashLoopPolicy,
+    policy: &trainwire_engine::policy::CrashLoopPolicy,
 ) -> Result<()> {
     let Some(annotations) = ctx.workload_annotations(owner) else {
         return Ok(());
@@ -876,22 +877,14 @@ pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
     resume(job, ctx, "Job").await
 }
 
-fn error_policy<K: Resource>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(
-        namespace = object.meta().namespace.as_deref().unwrap_or_default(),
-        name = object.meta().name.as_deref().unwrap_or_default(),
-        error = %error,
-        "failure controller: reconcile failed; retrying"
-    );
-    Action::requeue(ERROR_RECHECK)
-}
-
-fn slim<K: Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(a) = meta.annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
+fn error_policy<K: Resource>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
+    crate::reconcile::retry_after_error(
+        crate::metrics::Controller::failures,
+        &*object,
+        error,
+        &ctx.metrics,
+        ERROR_RECHECK,
+    )
 }
 
 /// Run the failure controller until aborted, with `features` only: every
@@ -924,7 +917,7 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
         let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .modify(|n: &mut Node| {
-                slim(n);
+                crate::reconcile::slim(n);
                 if let Some(s) = n.status.as_mut() {
                     s.images = None;
                 }
@@ -956,12 +949,12 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
     if features.crash_loop {
         let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), selected.clone())
             .default_backoff()
-            .modify(slim)
+            .modify(crate::reconcile::slim)
             .reflect(sts_writer)
             .applied_objects();
         let job_stream = watcher(Api::<Job>::all(client.clone()), selected)
             .default_backoff()
-            .modify(slim)
+            .modify(crate::reconcile::slim)
             .reflect(job_writer)
             .applied_objects();
         tasks.push(

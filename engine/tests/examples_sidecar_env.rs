@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use trainwire_contract::config::Config;
-use trainwire_webhook::mutation::{self, Outcome};
-use trainwire_webhook::policy::{self, Profile};
+use trainwire_engine::mutation::{self, Outcome};
+use trainwire_engine::policy::{self, Profile};
 
 fn examples() -> Vec<(String, Vec<Value>)> {
     let dir = trainwire_test_support::repo_root().join("examples");
@@ -36,7 +36,9 @@ fn examples() -> Vec<(String, Vec<Value>)> {
 
 fn profiles() -> Vec<Profile> {
     let path = trainwire_test_support::repo_root().join("examples/policy.yaml");
-    let p = policy::load_file(&path).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let p = policy::Policy::from_yaml(&text, &path.display().to_string())
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut all = vec![Profile::default()];
     all.extend(p.profiles);
     all

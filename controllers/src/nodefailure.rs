@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::policy::{NodeFailureAction, NodeFailurePolicy};
+use trainwire_engine::policy::{NodeFailureAction, NodeFailurePolicy};
 
 /// What dead-node reclaim calls on top of the failure controller's own
 /// watch of injected pods ([`crate::failures::API_PERMISSIONS`]), granted by

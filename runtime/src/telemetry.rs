@@ -6,20 +6,19 @@
 
 use std::net::SocketAddr;
 
-use anyhow::Context as _;
 use clap::Args;
 use tokio::net::TcpListener;
 
 /// Output format of the log: the contract's type, parsed by clap with its
 /// `FromStr` (`text`, `json`).
-pub use trainwire_runtime::LogFormat;
+pub use crate::LogFormat;
 
 /// The filter used when `RUST_LOG` is not set.
 pub const DEFAULT_FILTER: &str = "info,hyper=warn,h2=warn,rustls=warn,tower=warn,kube=warn";
 
 /// Install the global subscriber. A second call (tests) is a no-op.
 pub fn init(format: LogFormat) {
-    trainwire_runtime::logging::init(format, DEFAULT_FILTER);
+    crate::logging::init(format, DEFAULT_FILTER);
 }
 
 /// The flags of a long-running subcommand's telemetry (`serve`, `controllers`).
@@ -45,9 +44,21 @@ pub struct TelemetryArgs {
 
 impl TelemetryArgs {
     /// Bind the probe and metrics endpoint.
-    pub async fn bind_probes(&self) -> anyhow::Result<TcpListener> {
+    pub async fn bind_probes(&self) -> Result<TcpListener, BindError> {
         TcpListener::bind(self.probe_listen)
             .await
-            .with_context(|| format!("cannot listen on --probe-listen {}", self.probe_listen))
+            .map_err(|source| BindError {
+                addr: self.probe_listen,
+                source,
+            })
     }
+}
+
+/// The probe endpoint could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on --probe-listen {addr}")]
+pub struct BindError {
+    addr: SocketAddr,
+    #[source]
+    source: std::io::Error,
 }

@@ -1,7 +1,12 @@
-//! The world's state on the workload: the `trainwire.dev/world` annotation
+//! The state of a training world as observed: pure functions from the pods
+//! of one workload (as [`PodView`]s) and what was seen before ([`Memory`]) to
+//! the `trainwire.dev/world` status ([`observe`]), and whether to write it
+//! ([`decide_write`]). The world controller (`trainwire-controllers`) feeds
+//! them from its watches; `kubectl trainwire status` from one list.
+//!
 //! ([`trainwire_contract::world`]), kept by the world controller.
 //!
-//! It runs in `trainwire-webhook controllers` on the replica that holds the
+//! It runs in `trainwire-controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
 //! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
 //! by a shared Pod watch (a pod maps to its controller ownerReference). For
@@ -42,67 +47,26 @@
 //! counted only if its signs are still visible afterwards (a replaced pod is
 //! not).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
-use thiserror::Error;
-use tracing::{info, warn};
 use trainwire_contract::peer_loss::{self, PeerLossRecord};
 use trainwire_contract::world::{
     self, CheckpointRecord, CheckpointSeen, Loss, MAX_ACTIONS, Nodes, Phase, SCHEMA_VERSION,
-    Stopped, WorldError, WorldStatus,
+    Stopped, WorldStatus,
 };
 
 use crate::mutation::annotations as ann;
 
-/// Every Kubernetes API call the world controller makes.
-pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
-    ("", "pods", "list"),
-    ("", "pods", "watch"),
-    ("apps", "statefulsets", "list"),
-    ("apps", "statefulsets", "watch"),
-    ("apps", "statefulsets", "patch"),
-    ("batch", "jobs", "list"),
-    ("batch", "jobs", "watch"),
-    ("batch", "jobs", "patch"),
-];
-
-/// At most one write of a workload's annotation per this interval.
-pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(10);
-/// Back-off after a failed reconcile.
-const ERROR_RECHECK: Duration = Duration::from_secs(10);
-/// The field manager of the controller's writes.
-pub const FIELD_MANAGER: &str = "trainwire-world";
 /// The label StatefulSet pods carry their index in.
 const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 /// The label (and annotation) Indexed Job pods carry their index in.
 const JOB_INDEX: &str = "batch.kubernetes.io/job-completion-index";
-
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("writing {annotation} on {kind} {namespace}/{name}: {source}", annotation = world::ANNOTATION)]
-    Write {
-        kind: &'static str,
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// One pod of the world, as the status needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,7 +144,9 @@ pub struct WorldOf {
     pub finished: Option<Phase>,
 }
 
-fn stopped_of(kind: &str, name: &str, annotations: &BTreeMap<String, String>) -> Option<Stopped> {
+fn stopped_of(kind: &str, meta: &ObjectMeta) -> Option<Stopped> {
+    let name = meta.name.as_deref().unwrap_or_default();
+    let annotations = meta.annotations.as_ref()?;
     let reason = annotations.get(ann::STOPPED_REASON)?;
     Some(Stopped {
         reason: reason.clone(),
@@ -219,7 +185,7 @@ impl WorldOf {
         WorldOf {
             expected: u32::try_from(replicas).unwrap_or(0),
             spares: sts.spec.as_ref().map_or(0, |s| spares_of(&s.template)),
-            stopped: stopped_of("StatefulSet", &sts.name_any(), sts.annotations()),
+            stopped: stopped_of("StatefulSet", &sts.metadata),
             finished: None,
         }
     }
@@ -248,7 +214,7 @@ impl WorldOf {
                 u32::try_from(parallelism).unwrap_or(0)
             },
             spares: spec.map_or(0, |s| spares_of(&s.template)),
-            stopped: stopped_of("Job", &job.name_any(), job.annotations()),
+            stopped: stopped_of("Job", &job.metadata),
             finished,
         }
     }
@@ -269,9 +235,9 @@ pub struct Memory {
     /// The world was seen not whole since the open loss.
     broken_since_loss: bool,
     /// The last status computed (written, or waiting for the interval).
-    status: Option<WorldStatus>,
+    pub status: Option<WorldStatus>,
     /// When this replica last wrote the annotation.
-    last_write: Option<Timestamp>,
+    pub last_write: Option<Timestamp>,
 }
 
 /// A loss seen in one observation.
@@ -356,7 +322,7 @@ impl Memory {
     }
 }
 
-fn parse_time(text: &str) -> Option<Timestamp> {
+pub fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
 }
 
@@ -550,268 +516,6 @@ pub fn decide_write(
         ),
         _ => Write::Now,
     }
-}
-
-/// Shared by every reconcile.
-pub struct Context {
-    pub client: Client,
-    pods: Store<Pod>,
-    /// The workloads, to forget those deleted ([`Context::with_workloads`]).
-    workloads: Option<(Store<StatefulSet>, Store<Job>)>,
-    clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
-    state: Mutex<HashMap<String, Memory>>,
-    min_interval: Duration,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        pods: Store<Pod>,
-        clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
-    ) -> Self {
-        Context {
-            client,
-            pods,
-            workloads: None,
-            clock,
-            state: Mutex::new(HashMap::new()),
-            min_interval: MIN_WRITE_INTERVAL,
-        }
-    }
-
-    /// Forget the memory of workloads no longer in these stores.
-    pub fn with_workloads(mut self, statefulsets: Store<StatefulSet>, jobs: Store<Job>) -> Self {
-        self.workloads = Some((statefulsets, jobs));
-        self
-    }
-
-    /// Drop the memory of deleted workloads (bounded by the live ones).
-    fn forget_deleted(&self) {
-        let Some((statefulsets, jobs)) = &self.workloads else {
-            return;
-        };
-        let mut state = self.state();
-        if state.len() <= statefulsets.state().len() + jobs.state().len() {
-            return;
-        }
-        let live: std::collections::HashSet<String> = statefulsets
-            .state()
-            .iter()
-            .filter_map(|s| s.metadata.uid.clone())
-            .chain(jobs.state().iter().filter_map(|j| j.metadata.uid.clone()))
-            .collect();
-        state.retain(|uid, _| live.contains(uid));
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memory>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The views of the pods a workload controls.
-    fn pods_of(&self, uid: &str, now: Timestamp) -> Vec<PodView> {
-        self.pods
-            .state()
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|o| o.controller == Some(true) && o.uid == uid)
-            })
-            .filter_map(|p| PodView::of(p, now))
-            .collect()
-    }
-}
-
-fn injected(template: Option<&PodTemplateSpec>) -> bool {
-    template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.annotations.as_ref())
-        .is_some_and(|a| a.contains_key(ann::STATUS))
-}
-
-/// Reconcile one workload: compute its status, write it when it changed.
-async fn reconcile<K>(
-    object: Arc<K>,
-    ctx: Arc<Context>,
-    kind: &'static str,
-    template: Option<&PodTemplateSpec>,
-    workload: WorldOf,
-) -> Result<Action>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let uid = object.meta().uid.clone().unwrap_or_default();
-    if !injected(template) || object.meta().deletion_timestamp.is_some() {
-        ctx.state().remove(&uid);
-        return Ok(Action::await_change());
-    }
-    let namespace = object.namespace().unwrap_or_default();
-    let name = object.name_any();
-    let current = match object.annotations().get(world::ANNOTATION) {
-        None => None,
-        Some(v) => match WorldStatus::from_annotation(v) {
-            Ok(s) => Some(s),
-            Err(e @ WorldError::NewerVersion { .. }) => {
-                warn!(kind, %namespace, %name, error = %e, "leaving the world status to a newer trainwire");
-                return Ok(Action::await_change());
-            }
-            Err(e) => {
-                warn!(kind, %namespace, %name, error = %e, "replacing an unreadable world status");
-                None
-            }
-        },
-    };
-    ctx.forget_deleted();
-    let now = (ctx.clock)();
-    let pods = ctx.pods_of(&uid, now);
-    let (desired, write) = {
-        let mut state = ctx.state();
-        let memory = state.entry(uid.clone()).or_default();
-        let base = memory.status.clone().or_else(|| current.clone());
-        let mut desired = observe(base.as_ref(), memory, &workload, &pods, now);
-        let last_write = memory.last_write.or_else(|| {
-            current
-                .as_ref()
-                .and_then(|c| parse_time(&c.updated_at))
-                .filter(|t| *t <= now)
-        });
-        let write = decide_write(
-            current.as_ref(),
-            &desired,
-            last_write,
-            now,
-            ctx.min_interval,
-        );
-        if write == Write::Now {
-            desired.updated_at = now.to_string();
-        }
-        memory.status = Some(desired.clone());
-        (desired, write)
-    };
-    match write {
-        Write::Unchanged => return Ok(Action::await_change()),
-        Write::After(wait) => return Ok(Action::requeue(wait)),
-        Write::Now => {}
-    }
-    let patch = json!({"metadata": {"annotations": {world::ANNOTATION: desired.to_annotation()}}});
-    let params = PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
-    Api::<K>::namespaced(ctx.client.clone(), &namespace)
-        .patch(&name, &params, &Patch::Merge(&patch))
-        .await
-        .map_err(|source| Error::Write {
-            kind,
-            namespace: namespace.clone(),
-            name: name.clone(),
-            source,
-        })?;
-    if let Some(m) = ctx.state().get_mut(&uid) {
-        m.last_write = Some(now);
-    }
-    info!(kind, %namespace, %name, phase = %desired.phase, generation = desired.generation,
-        ready = desired.nodes.ready, expected = desired.nodes.expected, "world status written");
-    Ok(Action::await_change())
-}
-
-/// Reconcile a StatefulSet's world status.
-pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
-    let workload = WorldOf::of_statefulset(&sts);
-    let template = sts.spec.as_ref().map(|s| s.template.clone());
-    reconcile(sts, ctx, "StatefulSet", template.as_ref(), workload).await
-}
-
-/// Reconcile a Job's world status.
-pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
-    let workload = WorldOf::of_job(&job);
-    let template = job.spec.as_ref().map(|s| s.template.clone());
-    reconcile(job, ctx, "Job", template.as_ref(), workload).await
-}
-
-fn error_policy<K: Resource>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(
-        namespace = object.meta().namespace.as_deref().unwrap_or_default(),
-        name = object.meta().name.as_deref().unwrap_or_default(),
-        error = %error,
-        "world controller: reconcile failed; retrying"
-    );
-    Action::requeue(ERROR_RECHECK)
-}
-
-/// The workload a pod belongs to, if it is of `kind`.
-fn owner_of<K>(pod: &Pod, kind: &str) -> Option<ObjectRef<K>>
-where
-    K: Resource<DynamicType = ()>,
-{
-    let o = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true) && o.kind == kind)?;
-    Some(ObjectRef::new(&o.name).within(pod.metadata.namespace.as_deref()?))
-}
-
-/// Run the world controller until aborted.
-pub async fn run(client: Client) {
-    let (pod_store, pod_writer) = reflector::store_shared::<Pod>(256);
-    let Some(pod_events) = pod_writer.subscribe() else {
-        warn!("world controller: no pod subscription; not started");
-        return;
-    };
-    // Only the injected pods and workloads: the apiserver filters by label.
-    let injected =
-        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
-    let pods = watcher(Api::<Pod>::all(client.clone()), injected.clone())
-        .default_backoff()
-        .modify(|p: &mut Pod| {
-            crate::scale::slim(p);
-            if let Some(s) = p.spec.as_mut() {
-                // Only nodeName is read; the containers are the big part.
-                s.containers.clear();
-                s.init_containers = None;
-                s.volumes = None;
-            }
-        })
-        .reflect_shared(pod_writer)
-        .for_each(|_| futures::future::ready(()));
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected.clone())
-        .default_backoff()
-        .modify(crate::scale::slim)
-        .reflect(sts_writer)
-        .applied_objects();
-    let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), injected)
-        .default_backoff()
-        .modify(crate::scale::slim)
-        .reflect(job_writer)
-        .applied_objects();
-    let ctx = Arc::new(
-        Context::new(client, pod_store, Box::new(Timestamp::now))
-            .with_workloads(sts_store.clone(), job_store.clone()),
-    );
-    let statefulsets = Controller::for_stream(sts_stream, sts_store)
-        .watches_shared_stream(pod_events.clone(), |pod: Arc<Pod>| {
-            owner_of::<StatefulSet>(&pod, "StatefulSet")
-        })
-        .run(reconcile_statefulset, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let jobs = Controller::for_stream(job_stream, job_store)
-        .watches_shared_stream(pod_events, |pod: Arc<Pod>| owner_of::<Job>(&pod, "Job"))
-        .run(reconcile_job, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()));
-    info!(
-        "world controller started: {} on injected workloads",
-        world::ANNOTATION
-    );
-    futures::join!(pods, statefulsets, jobs);
 }
 
 #[cfg(test)]

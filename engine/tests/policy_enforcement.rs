@@ -5,8 +5,8 @@
 
 use rstest::rstest;
 use serde_json::{Value, json};
-use trainwire_webhook::mutation::{self, Outcome};
-use trainwire_webhook::policy::Policy;
+use trainwire_engine::mutation::{self, Outcome};
+use trainwire_engine::policy::Policy;
 
 /// The StatefulSet `llama-ft` (namespace `trainwire-test`, 2 replicas, one
 /// GPU, annotated `checkpoint-pvc: ckpt`) as the apiserver sent it.

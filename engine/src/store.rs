@@ -35,7 +35,7 @@ use crate::mutation::status::Status;
 use crate::policy::Profile;
 
 /// The label that selects a store's pod: the workload's name.
-pub const STORE_LABEL: &str = "trainwire.dev/rdzv-store";
+pub const STORE_LABEL: &str = trainwire_contract::labels::RDZV_STORE;
 /// The store container's name.
 pub const CONTAINER: &str = "store";
 /// The env variable the script reads its port from.
@@ -111,8 +111,8 @@ pub fn desired(
     let selector = BTreeMap::from([(STORE_LABEL.to_string(), owner.name.to_string())]);
     let mut labels = selector.clone();
     labels.insert(
-        crate::reconciler::MANAGED_BY_LABEL.to_string(),
-        crate::reconciler::MANAGED_BY.to_string(),
+        trainwire_contract::labels::MANAGED_BY_LABEL.to_string(),
+        trainwire_contract::labels::MANAGED_BY.to_string(),
     );
     labels.insert(
         "app.kubernetes.io/component".to_string(),
@@ -123,7 +123,7 @@ pub fn desired(
         namespace: owner.namespace.map(str::to_string),
         labels: Some(labels.clone()),
         annotations: Some(BTreeMap::from([(
-            crate::reconciler::SERVICE_FOR_ANNOTATION.to_string(),
+            trainwire_contract::annotations::SERVICE_FOR.to_string(),
             format!("{}/{}", owner.kind, owner.name),
         )])),
         owner_references: owner.uid.map(|uid| {

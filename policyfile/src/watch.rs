@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use trainwire_runtime::watch::{DirWatch, Timing};
 
-use super::{Policy, PolicyArgs, SharedPolicy, with_args};
+use trainwire_engine::policy::Policy;
+
+use crate::{PolicyArgs, SharedPolicy};
 
 /// Events closer together than this are one change (the kubelet's swap is
 /// several renames and a removal).
@@ -73,7 +75,12 @@ pub async fn watch(
             Seen::Unreadable(message) => Err(message.clone()),
             Seen::Bytes(bytes) => match std::str::from_utf8(bytes) {
                 Ok(text) => Policy::from_yaml(text, &path.display().to_string())
-                    .and_then(|p| with_args(p, &args))
+                    .and_then(|p| {
+                        p.with_overrides(
+                            args.sidecar_image.as_deref(),
+                            args.cluster_domain.as_deref(),
+                        )
+                    })
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(format!(
                     "{}: the policy file is not UTF-8: {e}",
