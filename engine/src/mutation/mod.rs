@@ -17,6 +17,7 @@
 //! makes re-injection correct) and [`patch`].
 
 pub mod annotations;
+pub mod fingerprint;
 pub mod gpu;
 pub mod nccl;
 pub mod patch;

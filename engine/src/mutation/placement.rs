@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::core::v1::{PodSpec, Toleration};
 
-use super::status::fingerprint;
+use super::fingerprint::fingerprint;
 use super::{Ctx, Refusal};
 use crate::policy::{self, Enforce};
 

@@ -17,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use trainwire_contract::env;
 
 use super::annotations::{self, Annotations};
+use super::fingerprint::fingerprint;
 use super::rendezvous::World;
-use super::status::fingerprint;
 use super::trainer::field_env;
 use super::volumes::Checkpoint;
 use super::workload::Shape;
@@ -26,15 +26,6 @@ use super::{Ctx, Refusal};
 use crate::policy::{self, Framework, PeerLossAction, RdzvBackend};
 
 pub const NAME: &str = "trainwire-sidecar";
-
-pub fn peer_loss_name(a: PeerLossAction) -> &'static str {
-    match a {
-        PeerLossAction::Auto => "auto",
-        PeerLossAction::RestartWorkers => "restart-workers",
-        PeerLossAction::RestartAgent => "restart-agent",
-        PeerLossAction::None => "none",
-    }
-}
 
 /// Whether the sidecar is injected: the annotation against the policy.
 pub fn enabled(ctx: &mut Ctx<'_>, ann: &Annotations) -> Result<bool, Refusal> {
@@ -230,7 +221,7 @@ pub fn inject(
     let action_name = if tensorflow {
         super::tensorflow::sidecar_action(action.value)
     } else {
-        peer_loss_name(action.value)
+        action.value.as_str()
     };
     vars.push(plain(env::ON_PEER_LOSS, action_name));
     if tensorflow && !profile.sidecar.env.contains_key(env::AGENT_MATCH) {

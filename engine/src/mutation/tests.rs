@@ -1361,7 +1361,7 @@ fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_c
         serde_json::from_value(old_sidecar.clone()).expect("container");
     let mut st = status_of(&old);
     st.init_containers
-        .insert("trainwire-sidecar".into(), status::fingerprint(&typed));
+        .insert("trainwire-sidecar".into(), fingerprint::fingerprint(&typed));
     old["spec"]["template"]["metadata"]["annotations"]["trainwire.dev/status"] =
         json!(serde_json::to_string(&st).expect("json"));
 

@@ -10,7 +10,7 @@
 use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec};
 
 use super::annotations::{self, Annotations};
-use super::status::fingerprint;
+use super::fingerprint::fingerprint;
 use super::{Ctx, Refusal};
 use crate::policy::{self, Setting};
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::annotations::{self, Annotations};
-use super::status::fingerprint;
+use super::fingerprint::fingerprint;
 use super::workload::Shape;
 use super::{Ctx, Refusal};
 use crate::policy::{self, Enforce, PositiveDuration, Setting, ShmSize};
