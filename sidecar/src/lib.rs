@@ -22,6 +22,7 @@ pub mod events;
 pub mod heartbeat;
 pub mod kubewatch;
 pub mod peers;
+pub mod permission;
 pub mod respond;
 pub mod server;
 pub mod signal;
@@ -209,7 +210,7 @@ pub async fn run(
         tasks.spawn(checkpoint::run(shared.clone(), ck, events.clone()));
     }
     drop(tx);
-    tasks.spawn(respond::watch_permission(shared.clone(), events.clone()));
+    tasks.spawn(permission::watch_permission(shared.clone(), events.clone()));
     let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 

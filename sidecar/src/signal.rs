@@ -392,6 +392,35 @@ pub enum Permission {
     },
 }
 
+/// What the signal-permission check found: one state each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionState {
+    Permitted,
+    Denied,
+    NoTrainer,
+    /// The check itself did not finish (its `/proc` scan hung or failed):
+    /// nothing is known, which is not "no trainer".
+    Unknown,
+}
+
+impl PermissionState {
+    pub const ALL: [PermissionState; 4] = [
+        PermissionState::Permitted,
+        PermissionState::Denied,
+        PermissionState::NoTrainer,
+        PermissionState::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionState::Permitted => "permitted",
+            PermissionState::Denied => "denied",
+            PermissionState::NoTrainer => "no-trainer",
+            PermissionState::Unknown => "unknown",
+        }
+    }
+}
+
 /// Whether this process may signal the trainers' processes: `kill(pid, 0)`
 /// checks the permission (same UID, or `CAP_KILL`) without sending anything.
 /// Run before any loss, so a sidecar that could not act says so at once.
