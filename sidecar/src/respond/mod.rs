@@ -11,38 +11,35 @@
 //! by Kubernetes, by a different pod answering at the peer's name, or by an
 //! outage longer than `TRAINWIRE_CONFIRM_AFTER`, and closes when the peer
 //! answers again as itself (a blip) or when nothing more is to be done.
+//!
+//! This module keeps the episodes by rank and feeds them what is observed;
+//! [`episode`] is an episode's state and the pure checks on a replacement,
+//! `policy` what [`crate::decide`] is asked and when a step counts as done,
+//! `effects` the execution of a step and its record.
+
+mod effects;
+pub mod episode;
+mod policy;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::decide::{self, Action, Confirmation, Situation};
+use crate::decide::{self, Action, Confirmation};
 use crate::dns::Resolver;
 use crate::events::EventSink;
-use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source, State};
-use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, Sent};
-use crate::status::{
-    ActionLabels, ActionStatus, ConfirmLabels, EpisodeStatus, LossLabels, Shared,
-    SignalFailureLabels, SourceLabels, rfc3339,
-};
+use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source};
+use crate::signal::{self, Outcome, Plan};
+use crate::status::{ConfirmLabels, LossLabels, Shared, SourceLabels};
 
-/// Time limit of one `/proc` scan plus the signals.
-pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use effects::EXECUTE_TIMEOUT;
+use effects::{Effects, Executed};
+use episode::name_leads_to_lost;
+pub use episode::{Episode, replacement_is_there};
+pub use policy::{MAX_ATTEMPTS, retry_after};
 
 /// Time limit of one lookup of a peer's name.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Attempts of one killing step whose signals did not arrive, before the
-/// episode gives up (and says so).
-pub const MAX_ATTEMPTS: u32 = 5;
-
-/// The wait before attempt `n + 1` of a step that failed `n` times.
-pub fn retry_after(failed: u32) -> Duration {
-    Duration::from_millis(500)
-        .saturating_mul(1 << failed.min(6))
-        .min(Duration::from_secs(15))
-}
 
 /// Time limit of one connection attempt to a replacement's rendezvous store.
 pub const STORE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -56,221 +53,28 @@ async fn accepts(addr: std::net::SocketAddr) -> bool {
     )
 }
 
-/// Whether the new pod for a lost rank is there for a restarted torchrun:
-/// up (Ready in the Kubernetes watch, or answering heartbeats), and, when
-/// the rank has a name (`has_name`), that name (`resolved`) leading to the
-/// new pod's address and no longer to the lost pod's (`lost`). Restarting
-/// the agent while the name still leads to the dead pod (DNS lags behind a
-/// replacement and may cache the old answer; an Indexed Job's old pod stays
-/// published while it is Terminating, beside its replacement) would leave
-/// the new torchrun waiting on that address for its whole `read_timeout`,
-/// then exiting again.
-pub fn replacement_is_there(
-    new: &Identity,
-    has_name: bool,
-    resolved: Option<&[std::net::IpAddr]>,
-    lost: Option<std::net::IpAddr>,
-) -> bool {
-    if !new.ready {
-        return false;
-    }
-    if !has_name {
-        return true;
-    }
-    let Some(addrs) = resolved else {
-        return new.address.is_none();
-    };
-    if name_leads_to_lost(new, addrs, lost).is_some() {
-        return false;
-    }
-    match new.address {
-        Some(ip) => addrs.contains(&ip),
-        // No address reported: Ready is all there is.
-        None => true,
-    }
-}
-
-/// The lost pod's address, when the name still leads to it and the new pod
-/// is elsewhere (a replacement may get the old address back).
-fn name_leads_to_lost(
-    new: &Identity,
-    addrs: &[std::net::IpAddr],
-    lost: Option<std::net::IpAddr>,
-) -> Option<std::net::IpAddr> {
-    lost.filter(|old| Some(*old) != new.address && addrs.contains(old))
-}
-
-/// One loss, from suspicion to the end of the response.
-#[derive(Debug, Clone)]
-pub struct Episode {
-    pub generation: u64,
-    pub rank: u32,
-    pub source: Source,
-    pub reason: LossReason,
-    pub detail: String,
-    pub identity: Option<Identity>,
-    pub suspected_at: Instant,
-    pub suspected_wall: SystemTime,
-    /// Last good evidence before the loss (outage start for heartbeats).
-    pub last_good: Option<Instant>,
-    /// When the loss became observable (the first missed beat, or the
-    /// watch event that showed it): where detection latency and, for a
-    /// loss the Kubernetes watch saw, the outage are counted from.
-    pub observable_at: Instant,
-    pub confirmation: Option<Confirmation>,
-    pub confirmed_at: Option<Instant>,
-    pub confirmed_wall: Option<SystemTime>,
-    pub replacement_ready: bool,
-    /// The new pod seen for the rank (Ready in the Kubernetes watch, or
-    /// answering heartbeats), until the rank's name leads to it and no
-    /// longer to the lost pod.
-    pub replacement: Option<Identity>,
-    /// The lost pod's address while the name still leads to it beside the
-    /// replacement's.
-    pub name_leads_to_lost: Option<std::net::IpAddr>,
-    /// That was logged and sent as an Event (once per episode).
-    pub stale_name_reported: bool,
-    /// The replacement host's rendezvous store, while it does not accept
-    /// connections yet.
-    pub store_closed: Option<std::net::SocketAddr>,
-    /// The rank's name, while it does not resolve (and why).
-    pub name_error: Option<String>,
-    /// The workers from before the loss are stopped: signalled (every
-    /// signal arrived) or no longer running.
-    pub workers_stopped: bool,
-    /// The agent from before the loss is gone: killed (the signal arrived)
-    /// or no longer running.
-    pub agent_killed: bool,
-    /// Signals of this episode that arrived (what `/status` reports as
-    /// done).
-    pub delivered: Vec<Sent>,
-    /// Killing steps of this episode that did not reach their goal.
-    pub failed_attempts: u32,
-    /// When a failed step is tried again.
-    pub retry_at: Option<Instant>,
-    /// Why the last step failed.
-    pub last_failure: Option<String>,
-    pub no_replacement_reported: bool,
-    /// A killing action of this episode passed the storm guard.
-    pub admitted: bool,
-    /// Why the episode needs nothing more, once it does not.
-    pub closed: Option<String>,
-    pub waiting_for: Option<String>,
-    pub decision: String,
-    /// The loss instant on the clock process start times use.
-    pub loss_ticks: Option<u64>,
-}
-
-impl Episode {
-    /// When the outage began: the last good beat for heartbeats, the
-    /// observable moment for what the Kubernetes watch saw.
-    fn outage_start(&self) -> Instant {
-        match self.source {
-            Source::Heartbeat => self.last_good.unwrap_or(self.observable_at),
-            Source::Kubernetes => self.observable_at,
-        }
-    }
-
-    fn status(&self) -> EpisodeStatus {
-        let state = match (&self.closed, self.confirmation) {
-            (Some(_), _) => "closed",
-            (None, None) => "suspect",
-            (None, Some(_)) => "confirmed",
-        };
-        EpisodeStatus {
-            generation: self.generation,
-            rank: self.rank,
-            lost_by: self.source.as_str(),
-            reason: self.reason.as_str(),
-            detail: self.detail.clone(),
-            state,
-            suspected_at: rfc3339(self.suspected_wall),
-            confirmed_by: self.confirmation,
-            confirmed_at: self.confirmed_wall.map(rfc3339),
-            replacement_ready: self.replacement_ready,
-            // What arrived, not what was planned.
-            workers_stopped: self.delivered.iter().any(|s| s.role != "agent"),
-            agent_killed: self.delivered.iter().any(|s| s.role == "agent"),
-            failed_attempts: self.failed_attempts,
-            last_failure: self.last_failure.clone(),
-            waiting_for: if self.closed.is_some() {
-                None
-            } else {
-                self.waiting_for.clone()
-            },
-            decision: self.closed.clone().unwrap_or_else(|| self.decision.clone()),
-        }
-    }
-}
-
-/// What the executor did for one step.
-struct Executed {
-    outcome: Outcome,
-    signals: Vec<Sent>,
-    detail: String,
-    /// Why nothing was sent at all, for a failure without signals
-    /// (`timeout`, `no-thread`): the `error` label of the failure metric.
-    unsent: Option<&'static str>,
-}
-
-/// Whether a killing step reached its goal: every signal it needs arrived
-/// (the workers' for `restart-workers`, the agent's for `restart-agent`),
-/// or nothing from before the loss runs any more.
-fn goal_reached(plan: Plan, executed: &Executed) -> bool {
-    let arrived = |role: fn(&str) -> bool| {
-        let mut needed = executed.signals.iter().filter(|s| role(s.role)).peekable();
-        needed.peek().is_some() && needed.all(|s| s.error.is_none())
-    };
-    match executed.outcome {
-        Outcome::NoTrainer => true,
-        Outcome::Failed => false,
-        Outcome::Signalled | Outcome::Partial => match plan {
-            Plan::ReportOnly => true,
-            Plan::TermWorkers => arrived(|r| r != "agent"),
-            Plan::KillAgent => arrived(|r| r == "agent"),
-        },
-        Outcome::Reported | Outcome::Cooldown | Outcome::Capped => false,
-    }
-}
-
 /// Acts on losses: one episode per lost rank.
 pub struct Responder {
     shared: Arc<Shared>,
-    limiter: Limiter,
-    matcher: AgentMatcher,
-    proc_root: PathBuf,
     events: EventSink,
-    self_pid: i32,
     episodes: BTreeMap<u32, Episode>,
     /// Whether heartbeats run: then only a heartbeat answer proves that the
     /// replacement answers at the peer's name.
     heartbeats: bool,
     names: Resolver,
-    /// What carries the steps out: `/proc` and signals, or, in tests, a
-    /// script of outcomes.
-    executor: Executor,
-}
-
-enum Executor {
-    Proc,
-    #[cfg(test)]
-    Scripted(std::collections::VecDeque<Executed>),
+    /// What carries the steps out and records them.
+    effects: Effects,
 }
 
 impl Responder {
     pub fn new(shared: Arc<Shared>, events: EventSink, heartbeats: bool, names: Resolver) -> Self {
-        let config = &shared.config;
         Responder {
-            limiter: Limiter::new(config.limits),
-            matcher: AgentMatcher::new(config.agent_match.clone()),
-            proc_root: PathBuf::from("/proc"),
+            effects: Effects::new(shared.clone(), events.clone()),
             events,
-            self_pid: std::process::id() as i32,
             shared,
             episodes: BTreeMap::new(),
             heartbeats,
             names,
-            executor: Executor::Proc,
         }
     }
 
@@ -297,7 +101,7 @@ impl Responder {
             })
             .observe(latency.as_secs_f64());
         let now = Instant::now();
-        let loss_ticks = signal::uptime_ticks(&self.proc_root).map(|t| {
+        let loss_ticks = signal::uptime_ticks(&self.effects.proc_root).map(|t| {
             let ago = now.saturating_duration_since(loss.seen_at);
             t.saturating_sub((ago.as_secs_f64() * signal::TICKS_PER_SECOND as f64) as u64)
         });
@@ -625,39 +429,10 @@ impl Responder {
             if ep.closed.is_some() {
                 break;
             }
-            let config = &self.shared.config;
-            let survivors = 1 + peers
-                .iter()
-                .filter(|p| matches!(p.state, State::Healthy | State::Suspect | State::Replaced))
-                .filter(|p| p.rank != rank)
-                .count() as u32;
             let now = Instant::now();
-            let situation = Situation {
-                mode: config.on_peer_loss,
-                lost_rank: rank,
-                rdzv_host_rank: config.rdzv_host_rank,
-                nnodes: config.nnodes,
-                spares: config.spares,
-                survivors,
-                confirmation: ep.confirmation,
-                replacement_ready: ep.replacement_ready,
-                workers_stopped: ep.workers_stopped,
-                agent_killed: ep.agent_killed,
-                since_confirmed: ep
-                    .confirmed_at
-                    .map(|c| now.saturating_duration_since(c))
-                    .unwrap_or_default(),
-                replacement_wait: config.replacement_wait,
-                no_replacement_reported: ep.no_replacement_reported,
-                name_leads_to_lost: ep.name_leads_to_lost,
-                store_closed: ep.store_closed,
-                name_error: ep.name_error.clone(),
-            };
+            let situation = policy::situation(ep, &self.shared.config, peers, now);
             let d = decide::decide(&situation);
             let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
-            let retry = ep
-                .retry_at
-                .map(|at| (at, ep.failed_attempts, ep.last_failure.clone()));
             if let Some(ep) = self.episodes.get_mut(&rank) {
                 ep.decision = d.why.clone();
                 ep.waiting_for = d.waiting_for.clone();
@@ -674,9 +449,8 @@ impl Responder {
                     if let Some(ep) = self.episodes.get_mut(&rank) {
                         ep.closed = Some(d.why.clone());
                         if !ep.workers_stopped && !ep.agent_killed {
-                            let ep = ep.clone();
-                            self.record(
-                                &ep,
+                            self.effects.record(
+                                ep,
                                 Plan::ReportOnly,
                                 Executed {
                                     outcome: Outcome::Reported,
@@ -705,27 +479,18 @@ impl Responder {
                     } else {
                         Plan::TermWorkers
                     };
+                    let Some(ep) = self.episodes.get_mut(&rank) else {
+                        return;
+                    };
                     // A step that failed is tried again after its back-off.
-                    if let Some((at, failed, last_failure)) = &retry
-                        && *at > now
-                    {
-                        let waiting = format!(
-                            "attempt {} of {} of {} in {:.1}s (the last failed: {})",
-                            failed + 1,
-                            MAX_ATTEMPTS,
-                            plan.as_str(),
-                            at.saturating_duration_since(now).as_secs_f64(),
-                            last_failure.as_deref().unwrap_or_default()
-                        );
-                        if let Some(ep) = self.episodes.get_mut(&rank) {
-                            ep.waiting_for = Some(waiting);
-                        }
+                    if let Some(waiting) = policy::retry_wait(ep, plan, now) {
+                        ep.waiting_for = Some(waiting);
                         if changed {
                             self.publish(rank);
                         }
                         break;
                     }
-                    let done = self.act(rank, plan, &d.why).await;
+                    let done = self.effects.act(ep, plan, &d.why).await;
                     self.publish(rank);
                     if !done {
                         break;
@@ -735,450 +500,23 @@ impl Responder {
         }
     }
 
-    /// Runs one killing step through the storm guard and the executor.
-    /// Returns whether the step reached its goal (the episode may go on to
-    /// its next step); a step that did not is tried again after
-    /// [`retry_after`], at most [`MAX_ATTEMPTS`] times.
-    async fn act(&mut self, rank: u32, plan: Plan, why: &str) -> bool {
-        let Some(ep) = self.episodes.get(&rank).cloned() else {
-            return false;
-        };
-        let now = Instant::now();
-        let config = &self.shared.config;
-        // The second step of one episode (the agent after the workers) is
-        // the same response, not a new one: the guard admits it.
-        if !ep.admitted
-            && let Err(skip) = self.limiter.check(ep.generation, now)
-        {
-            {
-                let detail = match skip {
-                    Outcome::Cooldown => format!(
-                        "within the cooldown ({}s left)",
-                        self.limiter.cooldown_left(now).as_secs()
-                    ),
-                    Outcome::Capped => format!(
-                        "{} actions already within {}",
-                        config.limits.max_actions,
-                        crate::config::format_duration(config.limits.window)
-                    ),
-                    _ => "already acted on this loss".to_string(),
-                };
-                if let Some(e) = self.episodes.get_mut(&rank) {
-                    e.closed = Some(format!("{why}; not done: {detail}"));
-                }
-                self.record(
-                    &ep,
-                    plan,
-                    Executed {
-                        outcome: skip,
-                        signals: Vec::new(),
-                        detail,
-                        unsent: None,
-                    },
-                );
-                return false;
-            }
-        }
-        let ticks = ep.loss_ticks.unwrap_or(u64::MAX);
-        let executed = match &mut self.executor {
-            Executor::Proc => {
-                execute_off_loop(
-                    self.proc_root.clone(),
-                    self.matcher.clone(),
-                    self.self_pid,
-                    plan,
-                    ticks,
-                )
-                .await
-            }
-            #[cfg(test)]
-            Executor::Scripted(script) => script.pop_front().unwrap_or(Executed {
-                outcome: Outcome::NoTrainer,
-                signals: Vec::new(),
-                detail: "the script is over".into(),
-                unsent: None,
-            }),
-        };
-        if matches!(
-            executed.outcome,
-            Outcome::Signalled | Outcome::Partial | Outcome::Failed
-        ) && !ep.admitted
-        {
-            self.limiter.record(ep.generation, now);
-        }
-        let reached = goal_reached(plan, &executed);
-        let detail = format!("{why}: {}", executed.detail);
-        let Some(e) = self.episodes.get_mut(&rank) else {
-            return false;
-        };
-        e.admitted = true;
-        e.delivered.extend(
-            executed
-                .signals
-                .iter()
-                .filter(|s| s.error.is_none())
-                .cloned(),
-        );
-        if reached {
-            e.retry_at = None;
-            match plan {
-                Plan::TermWorkers => e.workers_stopped = true,
-                Plan::KillAgent => {
-                    e.workers_stopped = true;
-                    e.agent_killed = true;
-                }
-                Plan::ReportOnly => {}
-            }
-        } else {
-            e.failed_attempts += 1;
-            e.last_failure = Some(executed.detail.clone());
-            if e.failed_attempts >= MAX_ATTEMPTS {
-                e.retry_at = None;
-                e.closed = Some(format!(
-                    "{why}; FAILED {} times, given up: {}. The trainer from before the loss may still run: restart it by hand (kubectl delete pod, or kubectl exec to kill torchrun)",
-                    e.failed_attempts, executed.detail
-                ));
-            } else {
-                e.retry_at = Some(Instant::now() + retry_after(e.failed_attempts));
-            }
-        }
-        let ep = e.clone();
-        self.record(&ep, plan, Executed { detail, ..executed });
-        reached
-    }
-
+    /// `rank`'s episode as the last loss in `/status`.
     fn publish(&self, rank: u32) {
         if let Some(ep) = self.episodes.get(&rank) {
-            self.shared.status().last_loss = Some(ep.status());
+            self.effects.publish(ep);
         }
-    }
-
-    /// Log, metrics, status and Event of one step.
-    fn record(&mut self, ep: &Episode, plan: Plan, executed: Executed) {
-        let metrics = &self.shared.metrics;
-        let Executed {
-            outcome,
-            signals,
-            detail,
-            unsent: executed_unsent,
-        } = executed;
-        let failures: Vec<Sent> = signals
-            .iter()
-            .filter(|s| s.error.is_some())
-            .cloned()
-            .collect();
-        for f in &failures {
-            metrics
-                .signal_failures
-                .get_or_create(&SignalFailureLabels {
-                    role: f.role.into(),
-                    error: signal::errno_label(f.error.as_deref().unwrap_or_default()).into(),
-                })
-                .inc();
-        }
-        // Nothing could be sent at all: a failure all the same.
-        if let Some(why) = executed_unsent {
-            metrics
-                .signal_failures
-                .get_or_create(&SignalFailureLabels {
-                    role: match plan {
-                        Plan::KillAgent => "agent",
-                        _ => "worker",
-                    }
-                    .into(),
-                    error: why.into(),
-                })
-                .inc();
-        }
-        let failed = matches!(outcome, Outcome::Failed | Outcome::Partial) || !failures.is_empty();
-        let detail = if failures.is_empty() || outcome == Outcome::Failed {
-            detail
-        } else {
-            format!(
-                "{detail}; FAILED: {}",
-                failures
-                    .iter()
-                    .map(|f| format!(
-                        "{} {} {}: {}",
-                        f.signal,
-                        f.role,
-                        f.pid,
-                        f.error.as_deref().unwrap_or_default()
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        };
-        metrics
-            .actions
-            .get_or_create(&ActionLabels {
-                action: plan.as_str().into(),
-                result: outcome.as_str().into(),
-            })
-            .inc();
-        // A signal that did not arrive is never silent: a warning line, a
-        // Warning Event, the metric above and the status below.
-        let level_warn = failed || outcome == Outcome::Capped;
-        let confirmation = ep.confirmation.map(|c| c.as_str());
-        if level_warn {
-            tracing::warn!(
-                generation = ep.generation,
-                rank = ep.rank,
-                source = ep.source.as_str(),
-                reason = ep.reason.as_str(),
-                confirmation,
-                action = plan.as_str(),
-                result = outcome.as_str(),
-                "peer lost: {}; {detail}",
-                ep.detail
-            );
-        } else {
-            tracing::info!(
-                generation = ep.generation,
-                rank = ep.rank,
-                source = ep.source.as_str(),
-                reason = ep.reason.as_str(),
-                confirmation,
-                action = plan.as_str(),
-                result = outcome.as_str(),
-                "peer lost: {}; {detail}",
-                ep.detail
-            );
-        }
-        let latency = ep.suspected_at.saturating_duration_since(ep.observable_at);
-        let record = ActionStatus {
-            generation: ep.generation,
-            lost_rank: ep.rank,
-            lost_by: ep.source.as_str(),
-            reason: ep.reason.as_str(),
-            confirmed_by: ep.confirmation,
-            action: plan.as_str(),
-            result: outcome.as_str(),
-            at: rfc3339(SystemTime::now()),
-            detection_latency_seconds: Some(latency.as_secs_f64()),
-            signals,
-            detail: detail.clone(),
-        };
-        {
-            let mut s = self.shared.status();
-            s.last_action = Some(record);
-            if matches!(outcome, Outcome::Signalled | Outcome::Partial) {
-                s.actions_total += 1;
-            }
-        }
-        self.events
-            .record_peer_loss(&trainwire_contract::peer_loss::PeerLossRecord {
-                generation: ep.generation,
-                lost_rank: ep.rank,
-                confirmed_by: confirmation.unwrap_or_default().to_string(),
-                action: plan.as_str().to_string(),
-                result: outcome.as_str().to_string(),
-                at: rfc3339(SystemTime::now()),
-            });
-        let warning = !matches!(outcome, Outcome::Reported);
-        self.events.publish(
-            warning,
-            if failed { "SignalFailed" } else { "PeerLost" },
-            plan.as_str(),
-            format!(
-                "rank {} lost ({}, seen by {}, confirmed by {}): {}; action {}: {} ({detail})",
-                ep.rank,
-                ep.reason.as_str(),
-                ep.source.as_str(),
-                confirmation.unwrap_or("nothing yet"),
-                ep.detail,
-                plan.as_str(),
-                outcome.as_str()
-            ),
-        );
-    }
-}
-
-/// The `/proc` scan and the signals, on a thread of their own, with a time
-/// limit.
-async fn execute_off_loop(
-    proc_root: PathBuf,
-    matcher: AgentMatcher,
-    self_pid: i32,
-    plan: Plan,
-    ticks: u64,
-) -> Executed {
-    let work = signal::on_own_thread("trainwire-act", move || {
-        let procs = signal::scan(&proc_root);
-        let trainers =
-            signal::trainers_before(signal::find_trainers(&procs, &matcher, self_pid), ticks);
-        if trainers.is_empty() {
-            return Executed {
-                outcome: Outcome::NoTrainer,
-                signals: Vec::new(),
-                detail: "no trainer agent that started before the loss is running".into(),
-                unsent: None,
-            };
-        }
-        let signals = signal::execute(plan, &trainers, ticks);
-        let ok = signals.iter().filter(|s| s.error.is_none()).count();
-        let list = |signals: &[Sent]| {
-            signals
-                .iter()
-                .filter(|s| s.error.is_none())
-                .map(|s| format!("{} {} {}", s.signal, s.role, s.pid))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if signals.is_empty() {
-            Executed {
-                outcome: Outcome::NoTrainer,
-                signals,
-                detail: "the agent has no workers that started before the loss".into(),
-                unsent: None,
-            }
-        } else if ok == 0 {
-            let first = signals
-                .iter()
-                .filter_map(|s| s.error.clone())
-                .next()
-                .unwrap_or_default();
-            Executed {
-                outcome: Outcome::Failed,
-                signals,
-                detail: format!("every signal failed: {first}"),
-                unsent: None,
-            }
-        } else if ok < signals.len() {
-            Executed {
-                outcome: Outcome::Partial,
-                detail: format!(
-                    "{ok} of {} signals delivered ({})",
-                    signals.len(),
-                    list(&signals)
-                ),
-                signals,
-                unsent: None,
-            }
-        } else {
-            Executed {
-                outcome: Outcome::Signalled,
-                detail: format!(
-                    "{ok} of {} signals delivered ({})",
-                    signals.len(),
-                    list(&signals)
-                ),
-                signals,
-                unsent: None,
-            }
-        }
-    });
-    let failed = |detail: String, unsent: &'static str| Executed {
-        outcome: Outcome::Failed,
-        signals: Vec::new(),
-        detail,
-        unsent: Some(unsent),
-    };
-    let work = match work {
-        Ok(work) => work,
-        Err(e) => {
-            return failed(
-                format!("cannot start a thread to scan /proc: {e}"),
-                "no-thread",
-            );
-        }
-    };
-    match tokio::time::timeout(EXECUTE_TIMEOUT, work).await {
-        Ok(Ok(e)) => e,
-        Ok(Err(_)) => failed("the /proc scan ended without a result".into(), "no-result"),
-        Err(_) => failed(
-            format!(
-                "scanning /proc and signalling took over {}s; nothing was sent",
-                EXECUTE_TIMEOUT.as_secs()
-            ),
-            "timeout",
-        ),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::episode::tests::pod;
     use super::*;
     use crate::config::Config;
+    use crate::peers::State;
+    use crate::signal::Sent;
+    use effects::Executor;
     use std::net::IpAddr;
-
-    fn pod(ready: bool, address: Option<&str>) -> Identity {
-        Identity {
-            pod: "train-0".into(),
-            uid: "new".into(),
-            address: address.map(|a| a.parse().expect("ip")),
-            ready,
-            ..Identity::default()
-        }
-    }
-
-    #[test]
-    fn a_replacement_is_there_when_ready_and_its_name_leads_to_it() {
-        let ip = |s: &str| -> IpAddr { s.parse().expect("ip") };
-        let new = pod(true, Some("10.1.2.3"));
-        let dead = Some(ip("10.9.9.9"));
-        // DNS already follows the new pod.
-        assert!(replacement_is_there(
-            &new,
-            true,
-            Some(&[ip("10.1.2.3")]),
-            dead
-        ));
-        assert!(replacement_is_there(
-            &new,
-            true,
-            Some(&[ip("10.1.2.3")]),
-            None
-        ));
-        // DNS still answers with the dead pod, or with nothing yet.
-        assert!(!replacement_is_there(
-            &new,
-            true,
-            Some(&[ip("10.9.9.9")]),
-            dead
-        ));
-        assert!(!replacement_is_there(&new, true, Some(&[]), dead));
-        assert!(!replacement_is_there(&new, true, None, dead));
-        // Both, in either order (an Indexed Job's old pod is published while
-        // it is Terminating): a restarted torchrun could pick the dead one.
-        for both in [
-            [ip("10.1.2.3"), ip("10.9.9.9")],
-            [ip("10.9.9.9"), ip("10.1.2.3")],
-        ] {
-            assert!(!replacement_is_there(&new, true, Some(&both), dead));
-            assert_eq!(name_leads_to_lost(&new, &both, dead), dead);
-        }
-        // The replacement got the lost pod's address back: nothing stale.
-        assert!(replacement_is_there(
-            &new,
-            true,
-            Some(&[ip("10.1.2.3")]),
-            Some(ip("10.1.2.3"))
-        ));
-        assert_eq!(
-            name_leads_to_lost(&new, &[ip("10.1.2.3")], Some(ip("10.1.2.3"))),
-            None
-        );
-        // Not Ready: never, whatever DNS says.
-        let starting = pod(false, Some("10.1.2.3"));
-        assert!(!replacement_is_there(
-            &starting,
-            true,
-            Some(&[ip("10.1.2.3")]),
-            None
-        ));
-        // Nothing to check the name against: Ready is all there is.
-        assert!(replacement_is_there(&new, false, None, dead));
-        assert!(replacement_is_there(&pod(true, None), true, None, dead));
-        assert!(!replacement_is_there(&pod(false, None), false, None, None));
-        // No address reported, the name still leads to the lost pod.
-        assert!(!replacement_is_there(
-            &pod(true, None),
-            true,
-            Some(&[ip("10.9.9.9")]),
-            dead
-        ));
-    }
 
     /// Rank 1 of 2, `auto`, rank 0 the rendezvous host at `peer_hosts`,
     /// detected by `detection` (with `more`); no agent to signal.
@@ -1396,7 +734,7 @@ mod tests {
             false,
             Resolver::table(Default::default()),
         );
-        responder.executor = Executor::Scripted(
+        responder.effects.executor = Executor::Scripted(
             [
                 // The workers: the scan took too long, nothing was sent.
                 Executed {
