@@ -139,14 +139,9 @@ impl Effects {
         );
         if reached {
             e.retry_at = None;
-            match plan {
-                Plan::TermWorkers => e.workers_stopped = true,
-                Plan::KillAgent => {
-                    e.workers_stopped = true;
-                    e.agent_killed = true;
-                }
-                Plan::ReportOnly => {}
-            }
+            let (workers, agent) = plan.stops();
+            e.workers_stopped |= workers;
+            e.agent_killed |= agent;
         } else {
             e.failed_attempts += 1;
             e.last_failure = Some(executed.detail.clone());
@@ -197,9 +192,10 @@ impl Effects {
             metrics
                 .signal_failures
                 .get_or_create(&SignalFailureLabels {
-                    role: match plan {
-                        Plan::KillAgent => "agent",
-                        _ => "worker",
+                    role: if plan.needs("agent") {
+                        "agent"
+                    } else {
+                        "worker"
                     }
                     .into(),
                     error: why.into(),

@@ -29,7 +29,7 @@ use crate::decide::{self, Action, Confirmation};
 use crate::dns::Resolver;
 use crate::events::EventSink;
 use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source};
-use crate::signal::{self, Outcome, Plan};
+use crate::signal::{self, Outcome};
 use crate::status::{ConfirmLabels, LossLabels, Shared, SourceLabels};
 
 pub use effects::EXECUTE_TIMEOUT;
@@ -451,7 +451,7 @@ impl Responder {
                         if !ep.workers_stopped && !ep.agent_killed {
                             self.effects.record(
                                 ep,
-                                Plan::ReportOnly,
+                                d.action.plan(),
                                 Executed {
                                     outcome: Outcome::Reported,
                                     signals: Vec::new(),
@@ -474,11 +474,7 @@ impl Responder {
                     self.publish(rank);
                 }
                 Action::StopWorkers | Action::KillAgent => {
-                    let plan = if d.action == Action::KillAgent {
-                        Plan::KillAgent
-                    } else {
-                        Plan::TermWorkers
-                    };
+                    let plan = d.action.plan();
                     let Some(ep) = self.episodes.get_mut(&rank) else {
                         return;
                     };

@@ -26,18 +26,14 @@ pub fn retry_after(failed: u32) -> Duration {
 /// (the workers' for `restart-workers`, the agent's for `restart-agent`),
 /// or nothing from before the loss runs any more.
 pub(super) fn goal_reached(plan: Plan, outcome: Outcome, signals: &[Sent]) -> bool {
-    let arrived = |role: fn(&str) -> bool| {
-        let mut needed = signals.iter().filter(|s| role(s.role)).peekable();
-        needed.peek().is_some() && needed.all(|s| s.error.is_none())
-    };
+    let mut needed = signals.iter().filter(|s| plan.needs(s.role)).peekable();
     match outcome {
         Outcome::NoTrainer => true,
         Outcome::Failed => false,
-        Outcome::Signalled | Outcome::Partial => match plan {
-            Plan::ReportOnly => true,
-            Plan::TermWorkers => arrived(|r| r != "agent"),
-            Plan::KillAgent => arrived(|r| r == "agent"),
-        },
+        Outcome::Signalled | Outcome::Partial => {
+            plan == Plan::ReportOnly
+                || (needed.peek().is_some() && needed.all(|s| s.error.is_none()))
+        }
         Outcome::Reported | Outcome::Cooldown | Outcome::Capped => false,
     }
 }
