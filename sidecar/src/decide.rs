@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::config::{NodeCount, OnPeerLoss};
 use crate::peers::LossReason;
+use crate::signal::Plan;
 
 /// What confirmed a loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -112,10 +113,20 @@ impl Action {
     pub fn as_str(self) -> &'static str {
         match self {
             Action::Wait => "wait",
-            Action::StopWorkers => "restart-workers",
-            Action::KillAgent => "restart-agent",
+            Action::StopWorkers | Action::KillAgent => self.plan().as_str(),
             Action::ReportNoReplacement => "report-no-replacement",
             Action::Done => "done",
+        }
+    }
+
+    /// The signals that carry this step out: the one place where a step
+    /// meets a [`Plan`]. A step that signals nothing (waiting, reporting,
+    /// closing the episode) is recorded as `report-only`.
+    pub fn plan(self) -> Plan {
+        match self {
+            Action::StopWorkers => Plan::TermWorkers,
+            Action::KillAgent => Plan::KillAgent,
+            Action::Wait | Action::ReportNoReplacement | Action::Done => Plan::ReportOnly,
         }
     }
 }
@@ -327,6 +338,33 @@ mod tests {
 
     fn kills(a: Action) -> bool {
         matches!(a, Action::StopWorkers | Action::KillAgent)
+    }
+
+    /// The signals of a confirmed loss's decisive step (the replacement is
+    /// there), by mode: in `auto` only the rendezvous host's loss kills the
+    /// agent, since torchrun recovers from any other lost peer by itself
+    /// once a replacement joins, while an agent whose c10d store died never
+    /// does and ignores SIGTERM.
+    #[test]
+    fn plans() {
+        let plan = |mode, lost_rank, rdzv_host_rank| {
+            let mut s = base(mode, NodeCount::Fixed(2), lost_rank);
+            s.rdzv_host_rank = rdzv_host_rank;
+            s.confirmation = Some(Confirmation::Outage);
+            s.replacement_ready = true;
+            decide(&s).action.plan()
+        };
+        assert_eq!(plan(OnPeerLoss::Auto, 0, Some(0)), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::Auto, 1, Some(0)), Plan::ReportOnly);
+        // An external store (etcd-v2): no peer's loss strands the agent.
+        assert_eq!(plan(OnPeerLoss::Auto, 0, None), Plan::ReportOnly);
+        assert_eq!(
+            plan(OnPeerLoss::RestartWorkers, 0, Some(0)),
+            Plan::TermWorkers
+        );
+        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, Some(0)), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, None), Plan::KillAgent);
+        assert_eq!(plan(OnPeerLoss::None, 0, Some(0)), Plan::ReportOnly);
     }
 
     /// Every (mode, topology, lost rank, host placement, survivors,

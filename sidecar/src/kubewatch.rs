@@ -362,6 +362,12 @@ impl Tracker {
     /// Time passed: pods not Ready or Terminating past the grace are lost.
     pub fn tick(&mut self, now: Timestamp) -> Vec<Verdict> {
         let uids: Vec<String> = self.pods.keys().cloned().collect();
+        self.losses_among(uids, now)
+    }
+
+    /// The losses among the pods `uids`: each current pod with a rank that
+    /// is judged lost at `now`.
+    fn losses_among(&self, uids: Vec<String>, now: Timestamp) -> Vec<Verdict> {
         let mut out = Vec::new();
         for uid in uids {
             if !self.is_current(&uid) {
@@ -393,20 +399,7 @@ impl Tracker {
                 .filter(|t| t.view.node.as_deref() == Some(node))
                 .map(|t| t.view.uid.clone())
                 .collect();
-            let mut out = Vec::new();
-            for uid in uids {
-                if !self.is_current(&uid) {
-                    continue;
-                }
-                let Some(t) = self.pods.get(&uid) else {
-                    continue;
-                };
-                let Some(rank) = t.view.rank else { continue };
-                if let Some(e @ Evidence::Lost(..)) = self.judge(t, None, now) {
-                    out.push(Verdict { rank, evidence: e });
-                }
-            }
-            out
+            self.losses_among(uids, now)
         } else {
             self.unreachable_nodes.remove(node);
             Vec::new()

@@ -1,17 +1,38 @@
-//! trainwire-sidecar: watches peer health and checkpoint freshness in a
-//! torchrun pod and restarts the local trainer when a peer is lost.
-//!
-//! The binary is a thin `main.rs` over [`run`]; everything is in modules
-//! named after what they do:
+//! trainwire-sidecar watches peer health and checkpoint freshness in a
+//! torchrun pod and restarts the local trainer when a peer is lost; the
+//! binary is a thin `main.rs` over [`run`]. It may use `trainwire-contract`
+//! (the `TRAINWIRE_*` names and value grammars it shares with the webhook),
+//! `trainwire-runtime` (logging, shutdown, metrics exposition), the kube
+//! client, tokio, axum/hyper for its own small HTTP server, and nix and
+//! `/proc` for signals; it must not use the webhook crate (its mutation
+//! engine, policy, admission server or controllers), which runs elsewhere
+//! under another identity. Its modules, named after what they do:
 //! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
 //! - [`peers`]: the pure peer-health state machine and loss generations;
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
 //! - [`dns`]: the peers' names against this pod's DNS configuration;
 //! - [`kubewatch`]: the Kubernetes pod watch and its pure decision logic;
-//! - [`signal`] / [`respond`]: finding torchrun in `/proc` and acting on a loss;
+//! - [`decide`]: the pure decision of one loss episode's next step;
+//! - [`signal`]: finding torchrun in `/proc`, signal plans and the storm
+//!   guard, the signal permission;
+//! - [`respond`]: acting on a loss (`episode`: an episode's state;
+//!   `policy`: what is decided and when a step is done; `effects`: carrying
+//!   a step out and recording it);
+//! - [`permission`]: the signal-permission and trainer-activity watch;
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
 //! - [`events`]: Kubernetes Events on the sidecar's pod;
 //! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
+//!
+//! The actions, from the annotation to the signals: the user's choice is a
+//! `PeerLossAction` (`trainwire-contract`, `values.rs`), [`decide::decide`]
+//! turns it and an episode into a [`decide::Action`], [`decide::Action::plan`]
+//! (the only mapping) into a [`signal::Plan`], which [`signal::execute`]
+//! carries out. A new step that sends signals touches `decide.rs` (the
+//! variant, its plan, when it is chosen), `signal.rs` (a new plan: its name,
+//! `Plan::ALL` for the metrics, `needs`, `stops`, `execute`) and the match
+//! on the step in `respond/mod.rs`; a new user choice adds a
+//! `PeerLossAction` value in `contract/src/values.rs` and its rule in
+//! `decide.rs`.
 
 pub mod checkpoint;
 pub mod config;
@@ -22,6 +43,7 @@ pub mod events;
 pub mod heartbeat;
 pub mod kubewatch;
 pub mod peers;
+pub mod permission;
 pub mod respond;
 pub mod server;
 pub mod signal;
@@ -209,7 +231,7 @@ pub async fn run(
         tasks.spawn(checkpoint::run(shared.clone(), ck, events.clone()));
     }
     drop(tx);
-    tasks.spawn(respond::watch_permission(shared.clone(), events.clone()));
+    tasks.spawn(permission::watch_permission(shared.clone(), events.clone()));
     let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
     tasks.spawn(coordinate(shared.clone(), rx, responder));
 

@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
 
-use crate::config::{ActionLimits, OnPeerLoss};
+use crate::config::ActionLimits;
 
 /// Linux reports process start times in `USER_HZ` ticks, which is 100 on
 /// every architecture the sidecar is built for (it is a fixed ABI value).
@@ -196,27 +196,34 @@ pub enum Plan {
 impl Plan {
     pub const ALL: [Plan; 3] = [Plan::ReportOnly, Plan::TermWorkers, Plan::KillAgent];
 
+    /// Whether a signal to a process of `role` (as [`execute`] names it) is
+    /// one this plan needs to arrive to reach its goal: the workers' for
+    /// `restart-workers`, the agent's for `restart-agent`, none for
+    /// `report-only`.
+    pub fn needs(self, role: &str) -> bool {
+        match self {
+            Plan::ReportOnly => false,
+            Plan::TermWorkers => role != "agent",
+            Plan::KillAgent => role == "agent",
+        }
+    }
+
+    /// The processes from before the loss that are gone once the plan
+    /// reached its goal: (workers stopped, agent killed).
+    pub fn stops(self) -> (bool, bool) {
+        match self {
+            Plan::ReportOnly => (false, false),
+            Plan::TermWorkers => (true, false),
+            Plan::KillAgent => (true, true),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Plan::ReportOnly => "report-only",
             Plan::TermWorkers => "restart-workers",
             Plan::KillAgent => "restart-agent",
         }
-    }
-}
-
-/// The plan for losing `lost_rank` under `mode`. In `auto`, only the loss of
-/// the rendezvous host needs the local agent killed: torchrun recovers from
-/// any other lost peer by itself once a replacement joins (measured, see
-/// DESIGN.md), while an agent whose c10d store died never does and ignores
-/// SIGTERM.
-pub fn plan(mode: OnPeerLoss, lost_rank: u32, rdzv_host_rank: Option<u32>) -> Plan {
-    match mode {
-        OnPeerLoss::Auto if Some(lost_rank) == rdzv_host_rank => Plan::KillAgent,
-        OnPeerLoss::Auto => Plan::ReportOnly,
-        OnPeerLoss::RestartWorkers => Plan::TermWorkers,
-        OnPeerLoss::RestartAgent => Plan::KillAgent,
-        OnPeerLoss::None => Plan::ReportOnly,
     }
 }
 
@@ -392,6 +399,35 @@ pub enum Permission {
     },
 }
 
+/// What the signal-permission check found: one state each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermissionState {
+    Permitted,
+    Denied,
+    NoTrainer,
+    /// The check itself did not finish (its `/proc` scan hung or failed):
+    /// nothing is known, which is not "no trainer".
+    Unknown,
+}
+
+impl PermissionState {
+    pub const ALL: [PermissionState; 4] = [
+        PermissionState::Permitted,
+        PermissionState::Denied,
+        PermissionState::NoTrainer,
+        PermissionState::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PermissionState::Permitted => "permitted",
+            PermissionState::Denied => "denied",
+            PermissionState::NoTrainer => "no-trainer",
+            PermissionState::Unknown => "unknown",
+        }
+    }
+}
+
 /// Whether this process may signal the trainers' processes: `kill(pid, 0)`
 /// checks the permission (same UID, or `CAP_KILL`) without sending anything.
 /// Run before any loss, so a sidecar that could not act says so at once.
@@ -564,21 +600,6 @@ mod tests {
             vec![14]
         );
         assert!(find_trainers(&procs[..2], &AgentMatcher::new(vec![]), 20).is_empty());
-    }
-
-    #[test]
-    fn plans() {
-        assert_eq!(plan(OnPeerLoss::Auto, 0, Some(0)), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::Auto, 1, Some(0)), Plan::ReportOnly);
-        // An external store (etcd-v2): no peer's loss strands the agent.
-        assert_eq!(plan(OnPeerLoss::Auto, 0, None), Plan::ReportOnly);
-        assert_eq!(
-            plan(OnPeerLoss::RestartWorkers, 0, Some(0)),
-            Plan::TermWorkers
-        );
-        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, Some(0)), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, None), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::None, 0, Some(0)), Plan::ReportOnly);
     }
 
     #[test]

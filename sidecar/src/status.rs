@@ -190,8 +190,7 @@ impl Metrics {
     /// label (errno names): only `EPERM`, the failure that matters, is made.
     fn initialise(&self) {
         use crate::peers::{LossReason, Source};
-        use crate::respond::PermissionState;
-        use crate::signal::{Outcome, Plan};
+        use crate::signal::{Outcome, PermissionState, Plan};
         let label = |s: &str| StateLabels { state: s.into() };
         for source in Source::ALL {
             for reason in LossReason::ALL {
