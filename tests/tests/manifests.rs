@@ -22,7 +22,9 @@ use k8s_openapi::api::core::v1::{
     Container, PodSecurityContext, PodSpec, SecurityContext, Service,
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, Subject,
+};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -46,6 +48,9 @@ const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
+    // Not called: the marker that puts every pod write of its holder under
+    // the ValidatingAdmissionPolicy trainwire-sidecar-own-pod.
+    ("trainwire.dev", "sidecar-records", "write"),
 ];
 
 fn manifests_dir() -> PathBuf {
@@ -1338,10 +1343,212 @@ fn each_install_file_is_its_overlay_as_kustomize_renders_it() -> Result<()> {
     Ok(())
 }
 
+/// RBAC as the apiserver's authorizers answer a resource request: who is
+/// bound to which rules, and where. The test double behind the CEL
+/// `authorizer` of the sidecar's policy; in it, the training pods' rights
+/// are the shipped ClusterRole, bound as
+/// manifests/sidecar/rolebinding-example.yaml binds it.
+#[derive(Clone, Debug, Default)]
+struct Rbac {
+    /// The rules of a Role or ClusterRole and the subjects they are bound
+    /// to, in one namespace (a RoleBinding) or in all (`None`: a
+    /// ClusterRoleBinding).
+    bindings: Vec<(Option<String>, Vec<Subject>, Vec<PolicyRule>)>,
+}
+
+/// One resource request, as the authz library's ResourceCheck builds it.
+#[derive(Clone, Debug, Default)]
+struct Attributes {
+    group: String,
+    resource: String,
+    subresource: String,
+    namespace: String,
+    name: String,
+}
+
+impl Attributes {
+    fn new(group: &str, resource: &str, namespace: &str) -> Self {
+        Attributes {
+            group: group.to_string(),
+            resource: resource.to_string(),
+            namespace: namespace.to_string(),
+            ..Attributes::default()
+        }
+    }
+}
+
+impl Rbac {
+    fn bind(&mut self, namespace: Option<&str>, subject: Subject, rules: &[PolicyRule]) {
+        self.bindings
+            .push((namespace.map(str::to_string), vec![subject], rules.to_vec()));
+    }
+
+    /// Whether `user` (a request's userInfo) may `verb` on `a`: anything for
+    /// `system:masters` (the apiserver's privileged-group authorizer), else
+    /// what a binding that names the user, one of its groups or its
+    /// ServiceAccount allows in that namespace.
+    fn allows(&self, user: &Value, a: &Attributes, verb: &str) -> bool {
+        let username = user["username"].as_str().unwrap_or_default();
+        let groups: Vec<&str> = user["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        if groups.contains(&"system:masters") {
+            return true;
+        }
+        self.bindings.iter().any(|(namespace, subjects, rules)| {
+            let here = namespace.as_deref().is_none_or(|ns| ns == a.namespace);
+            let named = subjects.iter().any(|s| match s.kind.as_str() {
+                "ServiceAccount" => {
+                    username
+                        == format!(
+                            "system:serviceaccount:{}:{}",
+                            s.namespace.as_deref().unwrap_or_default(),
+                            s.name
+                        )
+                }
+                "User" => username == s.name,
+                "Group" => groups.contains(&s.name.as_str()),
+                _ => false,
+            });
+            here && named && rules.iter().any(|r| rule_allows(r, a, verb))
+        })
+    }
+}
+
+/// rbac/v1's `RuleAllows`: the verb, the API group, the resource (with its
+/// subresource; `*` and `*/subresource` match too) and, when the rule names
+/// some, the object's name.
+fn rule_allows(rule: &PolicyRule, a: &Attributes, verb: &str) -> bool {
+    let resource = if a.subresource.is_empty() {
+        a.resource.clone()
+    } else {
+        format!("{}/{}", a.resource, a.subresource)
+    };
+    rule.verbs.iter().any(|v| v == "*" || v == verb)
+        && rule
+            .api_groups
+            .iter()
+            .flatten()
+            .any(|g| g == "*" || *g == a.group)
+        && rule.resources.iter().flatten().any(|r| {
+            r == "*"
+                || *r == resource
+                || (!a.subresource.is_empty() && *r == format!("*/{}", a.subresource))
+        })
+        && rule
+            .resource_names
+            .as_ref()
+            .is_none_or(|names| names.is_empty() || names.contains(&a.name))
+}
+
+/// Binds the CEL `authorizer` of the apiserver's authz library
+/// (k8s.io/apiserver/pkg/cel/library/authz.go) for the requester `user`,
+/// answered by `rbac`:
+/// `authorizer.group(g).resource(r)[.subresource(s)][.namespace(ns)][.name(n)].check(verb).allowed()`.
+/// Each step is a map that carries its type (Authorizer, GroupCheck,
+/// ResourceCheck, Decision): a call on the wrong type fails, as a missing
+/// overload does on the apiserver.
+fn bind_authorizer(ctx: &mut cel_interpreter::Context, rbac: &Rbac, user: &Value) -> Result<()> {
+    use cel_interpreter::ExecutionError;
+    use cel_interpreter::Value as Cel;
+    use cel_interpreter::extractors::This;
+
+    type Step = Result<Cel, ExecutionError>;
+    // The step's fields: its type and strings (a Decision's `allowed` too).
+    fn typed(this: &Cel, from: &str, function: &str) -> Result<Value, ExecutionError> {
+        let Cel::Map(map) = this else {
+            return Err(ExecutionError::function_error(
+                function,
+                format!("no overload of {function} on {this:?}"),
+            ));
+        };
+        let mut v = json!({});
+        for (key, value) in map.map.iter() {
+            if let cel_interpreter::objects::Key::String(key) = key {
+                v[key.as_str()] = match value {
+                    Cel::String(s) => json!(s.as_str()),
+                    Cel::Bool(b) => json!(b),
+                    _ => Value::Null,
+                };
+            }
+        }
+        if v["type"] != from {
+            return Err(ExecutionError::function_error(
+                function,
+                format!("no overload of {function} on {}", v["type"]),
+            ));
+        }
+        Ok(v)
+    }
+    fn string(arg: Cel, function: &str) -> Result<String, ExecutionError> {
+        match arg {
+            Cel::String(s) => Ok(s.to_string()),
+            other => Err(ExecutionError::function_error(
+                function,
+                format!("{other:?} is not a string"),
+            )),
+        }
+    }
+    fn cel(v: Value) -> Step {
+        cel_interpreter::to_value(v)
+            .map_err(|e| ExecutionError::function_error("authorizer", e.to_string()))
+    }
+
+    ctx.add_variable("authorizer", json!({"type": "Authorizer"}))
+        .map_err(|e| anyhow::anyhow!("binding authorizer: {e:?}"))?;
+    ctx.add_function("group", |This(this): This<Cel>, group: Cel| -> Step {
+        typed(&this, "Authorizer", "group")?;
+        cel(json!({"type": "GroupCheck", "group": string(group, "group")?}))
+    });
+    ctx.add_function("resource", |This(this): This<Cel>, resource: Cel| -> Step {
+        let mut v = typed(&this, "GroupCheck", "resource")?;
+        let resource = string(resource, "resource")?;
+        if resource.trim().is_empty() {
+            return Err(ExecutionError::function_error(
+                "resource",
+                "resource must not be empty",
+            ));
+        }
+        v["type"] = json!("ResourceCheck");
+        v["resource"] = json!(resource);
+        cel(v)
+    });
+    for field in ["subresource", "namespace", "name"] {
+        ctx.add_function(field, move |This(this): This<Cel>, value: Cel| -> Step {
+            let mut v = typed(&this, "ResourceCheck", field)?;
+            v[field] = json!(string(value, field)?);
+            cel(v)
+        });
+    }
+    let (rbac, user) = (rbac.clone(), user.clone());
+    ctx.add_function("check", move |This(this): This<Cel>, verb: Cel| -> Step {
+        let v = typed(&this, "ResourceCheck", "check")?;
+        let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+        let a = Attributes {
+            group: text("group"),
+            resource: text("resource"),
+            subresource: text("subresource"),
+            namespace: text("namespace"),
+            name: text("name"),
+        };
+        let allowed = rbac.allows(&user, &a, &string(verb, "check")?);
+        cel(json!({"type": "Decision", "allowed": allowed}))
+    });
+    ctx.add_function("allowed", |This(this): This<Cel>| -> Step {
+        let v = typed(&this, "Decision", "allowed")?;
+        Ok(Cel::Bool(v["allowed"] == true))
+    });
+    Ok(())
+}
+
 /// Evaluates one CEL expression of the sidecar's ValidatingAdmissionPolicy
-/// with the variables the apiserver binds: `object`, `oldObject` and
-/// `request` (the AdmissionRequest, with its `userInfo`).
-fn policy_expression(expression: &str, request: &Value) -> Result<bool> {
+/// with the variables the apiserver binds: `object`, `oldObject`, `request`
+/// (the AdmissionRequest, with its `userInfo`) and `authorizer` (for the
+/// requester, answered by `rbac`).
+fn policy_expression(expression: &str, request: &Value, rbac: &Rbac) -> Result<bool> {
     let program = cel_interpreter::Program::compile(expression)
         .map_err(|e| anyhow::anyhow!("CEL does not compile: {e:?}\n{expression}"))?;
     let mut ctx = cel_interpreter::Context::default();
@@ -1353,6 +1560,7 @@ fn policy_expression(expression: &str, request: &Value) -> Result<bool> {
         ctx.add_variable(name, value.clone())
             .map_err(|e| anyhow::anyhow!("binding {name}: {e:?}"))?;
     }
+    bind_authorizer(&mut ctx, rbac, &request["userInfo"])?;
     match program.execute(&ctx) {
         Ok(cel_interpreter::Value::Bool(b)) => Ok(b),
         Ok(other) => bail!("{expression} gave {other:?}, not a bool"),
@@ -1361,48 +1569,47 @@ fn policy_expression(expression: &str, request: &Value) -> Result<bool> {
 }
 
 /// What the policy does with a request: not matched (`None`), or the
-/// message of the first validation that fails (`Some(Err)`), or allowed.
-fn policy_verdict(policy: &Value, request: &Value) -> Result<Option<Result<(), String>>> {
+/// indices of the validations that fail (`Some`; empty: allowed).
+fn policy_verdict(policy: &Value, request: &Value, rbac: &Rbac) -> Result<Option<Vec<usize>>> {
     for condition in policy["spec"]["matchConditions"]
         .as_array()
         .into_iter()
         .flatten()
     {
         let expression = condition["expression"].as_str().context("expression")?;
-        if !policy_expression(expression, request)? {
+        if !policy_expression(expression, request, rbac)? {
             return Ok(None);
         }
     }
-    for validation in policy["spec"]["validations"]
+    let mut failed = Vec::new();
+    for (i, validation) in policy["spec"]["validations"]
         .as_array()
         .into_iter()
         .flatten()
+        .enumerate()
     {
         let expression = validation["expression"].as_str().context("expression")?;
-        if !policy_expression(expression, request)? {
-            return Ok(Some(Err(validation["message"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string())));
+        if !policy_expression(expression, request, rbac)? {
+            failed.push(i);
         }
     }
-    Ok(Some(Ok(())))
+    Ok(Some(failed))
 }
 
 /// The userInfo the apiserver gives a request made with a pod's projected
 /// ServiceAccount token (pkg/serviceaccount: `system:serviceaccount:NS:SA`,
-/// its groups, and the pod and node the token is bound to in `extra`).
-fn pod_token_user(namespace: &str, account: &str, pod: Option<&str>) -> Value {
+/// its groups, and the pod (name, UID) and node the token is bound to in
+/// `extra`).
+fn pod_token_user(namespace: &str, account: &str, pod: Option<(&str, &str)>) -> Value {
     let mut extra = json!({
         "authentication.kubernetes.io/credential-id": ["JTI=0b0e7a1c-5a7e-4c47-9d7b-3c2d5f0e9a11"],
     });
-    if let Some(pod) = pod {
+    if let Some((name, uid)) = pod {
         extra["authentication.kubernetes.io/node-name"] = json!(["node-a"]);
         extra["authentication.kubernetes.io/node-uid"] =
             json!(["4f6c9d52-3f0e-4d7e-a0b5-3c1e2f9a8b70"]);
-        extra["authentication.kubernetes.io/pod-name"] = json!([pod]);
-        extra["authentication.kubernetes.io/pod-uid"] =
-            json!(["9d1f3e0a-1b2c-4d5e-8f70-a1b2c3d4e5f6"]);
+        extra["authentication.kubernetes.io/pod-name"] = json!([name]);
+        extra["authentication.kubernetes.io/pod-uid"] = json!([uid]);
     }
     json!({
         "username": format!("system:serviceaccount:{namespace}:{account}"),
@@ -1410,6 +1617,130 @@ fn pod_token_user(namespace: &str, account: &str, pod: Option<&str>) -> Value {
         "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
         "extra": extra,
     })
+}
+
+fn subject(kind: &str, name: &str, namespace: Option<&str>) -> Subject {
+    Subject {
+        kind: kind.to_string(),
+        name: name.to_string(),
+        namespace: namespace.map(str::to_string),
+        api_group: (kind != "ServiceAccount").then(|| "rbac.authorization.k8s.io".to_string()),
+    }
+}
+
+fn policy_rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(strings(groups)),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..PolicyRule::default()
+    }
+}
+
+/// The shipped ClusterRole `trainwire-sidecar` (as the cert-manager overlay
+/// renders it), bound to `namespace:account` by the example RoleBinding
+/// moved to that namespace and account.
+fn sidecar_binding(rendered: &Rendered, namespace: &str, account: &str) -> Result<Rbac> {
+    let text = std::fs::read_to_string(manifests_dir().join("sidecar/rolebinding-example.yaml"))?;
+    let example: RoleBinding = serde_saphyr::from_str(&text)?;
+    ensure!(example.role_ref.kind == "ClusterRole", "{example:?}");
+    let role: ClusterRole = rendered.typed("ClusterRole", &example.role_ref.name)?;
+    ensure!(
+        role.aggregation_rule.is_none(),
+        "an aggregated sidecar role"
+    );
+    let mut rbac = Rbac::default();
+    rbac.bind(
+        Some(namespace),
+        subject("ServiceAccount", account, Some(namespace)),
+        role.rules.as_deref().unwrap_or_default(),
+    );
+    Ok(rbac)
+}
+
+/// A training pod's token, through the shipped role: what it may do to pods
+/// and what it may not, in its namespace and elsewhere.
+#[test]
+fn a_training_pods_token_holds_no_other_right_on_pods() -> Result<()> {
+    let Some(kubectl) = kubectl("a_training_pods_token_holds_no_other_right_on_pods") else {
+        return Ok(());
+    };
+    let rendered = Rendered::render(&kubectl, &manifests_dir().join("overlays/cert-manager"))?;
+    let rbac = sidecar_binding(&rendered, "ml-team", "trainer")?;
+    let token = pod_token_user("ml-team", "trainer", Some(("t-0", "uid-0")));
+    let on = |group: &str, resource: &str, subresource: &str, namespace: &str| Attributes {
+        subresource: subresource.to_string(),
+        ..Attributes::new(group, resource, namespace)
+    };
+    let allowed = [
+        (on("", "pods", "", "ml-team"), "get"),
+        (on("", "pods", "", "ml-team"), "list"),
+        (on("", "pods", "", "ml-team"), "watch"),
+        (on("", "pods", "", "ml-team"), "patch"),
+        (on("events.k8s.io", "events", "", "ml-team"), "create"),
+        (on("events.k8s.io", "events", "", "ml-team"), "patch"),
+        (
+            on("trainwire.dev", "sidecar-records", "", "ml-team"),
+            "write",
+        ),
+    ];
+    for (a, verb) in &allowed {
+        assert!(rbac.allows(&token, a, verb), "{verb} {a:?} refused");
+    }
+    let denied = [
+        (on("", "pods", "", "ml-team"), "update"),
+        (on("", "pods", "", "ml-team"), "create"),
+        (on("", "pods", "", "ml-team"), "delete"),
+        (on("", "pods", "", "ml-team"), "deletecollection"),
+        (on("", "pods", "exec", "ml-team"), "create"),
+        (on("", "pods", "exec", "ml-team"), "get"),
+        (on("", "pods", "attach", "ml-team"), "create"),
+        (on("", "pods", "portforward", "ml-team"), "create"),
+        (on("", "pods", "proxy", "ml-team"), "get"),
+        (on("", "pods", "ephemeralcontainers", "ml-team"), "patch"),
+        (on("", "pods", "ephemeralcontainers", "ml-team"), "update"),
+        (on("", "pods", "status", "ml-team"), "patch"),
+        (on("", "pods", "status", "ml-team"), "update"),
+        (on("", "pods", "eviction", "ml-team"), "create"),
+        (on("", "pods", "binding", "ml-team"), "create"),
+        (on("", "pods", "log", "ml-team"), "get"),
+        (on("", "secrets", "", "ml-team"), "get"),
+        (on("", "secrets", "", "ml-team"), "list"),
+        (on("", "configmaps", "", "ml-team"), "get"),
+        (on("", "serviceaccounts", "token", "ml-team"), "create"),
+        (on("", "pods", "", "other-team"), "get"),
+        (on("", "pods", "", "other-team"), "patch"),
+        (on("", "pods", "", ""), "list"),
+        // The policy leaves out holders of every verb on the marker.
+        (on("trainwire.dev", "sidecar-records", "", "ml-team"), "*"),
+        (
+            on("trainwire.dev", "sidecar-records", "", "other-team"),
+            "write",
+        ),
+    ];
+    for (a, verb) in &denied {
+        assert!(!rbac.allows(&token, a, verb), "{verb} {a:?} granted");
+    }
+    // The same ServiceAccount with a token bound to no pod: the same rights
+    // (RBAC does not look at the pod); the policy tells them apart.
+    let unbound = pod_token_user("ml-team", "trainer", None);
+    for (a, verb) in &allowed {
+        assert!(rbac.allows(&unbound, a, verb), "{verb} {a:?} refused");
+    }
+    Ok(())
+}
+
+/// Outcome of the sidecar policy for one write.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Not matched: RBAC alone decides.
+    NotMatched,
+    Allowed,
+    /// Refused by these validations (0: the token is bound to the pod
+    /// written; 1: spec, labels, finalizers and owners unchanged; 2: no
+    /// annotation but the two records changed).
+    Denied(&'static [usize]),
 }
 
 #[test]
@@ -1435,6 +1766,15 @@ fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
         binding["spec"]["matchResources"].is_null(),
         "every namespace"
     );
+    // Matched by who writes, not by what is written: no condition reads
+    // the pod.
+    let conditions = serde_json::to_string(&policy["spec"]["matchConditions"])?;
+    for target in ["object", "oldObject", "labels"] {
+        assert!(
+            !conditions.contains(target),
+            "a matchCondition reads {target}: {conditions}"
+        );
+    }
     // The two records the policy lets through are the sidecar's.
     let text = serde_json::to_string(&policy["spec"]["validations"])?;
     for key in [
@@ -1453,30 +1793,141 @@ fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
         trainwire_tests::admission_fixtures_dir().join("pod-update-job-finalizer-removal.json");
     let review: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     let captured = review["request"].clone();
-    let label = trainwire_contract::labels::INJECTED;
-    let mut old = captured["oldObject"].clone();
-    old["metadata"]["labels"][label] = json!(trainwire_contract::labels::INJECTED_VALUE);
-    let name = old["metadata"]["name"]
-        .as_str()
-        .context("name")?
-        .to_string();
     let namespace = captured["namespace"]
         .as_str()
         .context("namespace")?
         .to_string();
-    let account = old["spec"]["serviceAccountName"]
+    let label = trainwire_contract::labels::INJECTED;
+    // The training pod whose token writes.
+    let mut own = captured["oldObject"].clone();
+    own["metadata"]["labels"][label] = json!(trainwire_contract::labels::INJECTED_VALUE);
+    let name = own["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_string();
+    let uid = own["metadata"]["uid"].as_str().context("uid")?.to_string();
+    let account = own["spec"]["serviceAccountName"]
         .as_str()
         .context("serviceAccountName")?
         .to_string();
-    let own = pod_token_user(&namespace, &account, Some(&name));
+    // Another pod of the same workload.
+    let mut peer = own.clone();
+    peer["metadata"]["name"] = json!("bert-pretrain-0-x7k2p");
+    peer["metadata"]["uid"] = json!("0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f");
+    // A pod of the same namespace and ServiceAccount that is not trainwire's
+    // (issue #32: `kubectl label pod plain app=hijacked` went through).
+    let mut plain = captured["oldObject"].clone();
+    plain["metadata"]["name"] = json!("plain");
+    plain["metadata"]["uid"] = json!("7e8f9a0b-1c2d-4e3f-a4b5-c6d7e8f90a1b");
+    plain["metadata"]["labels"] = json!({"app": "plain"});
+    plain["metadata"]
+        .as_object_mut()
+        .context("metadata")?
+        .remove("annotations");
+    // A pod of another namespace, where the ServiceAccount is bound to nothing.
+    let mut elsewhere = plain.clone();
+    elsewhere["metadata"]["namespace"] = json!("other-team");
 
-    // A write by `user` that turns the stored pod into `change(old)`.
-    let request = |user: &Value, change: &dyn Fn(&mut Value)| {
+    // Who is bound to what: the training pods' ServiceAccount to the
+    // shipped role; the Job controller, a namespace editor and a cluster
+    // admin (a wildcard ClusterRole) as Kubernetes' own roles grant them.
+    let mut rbac = sidecar_binding(&rendered, &namespace, &account)?;
+    rbac.bind(
+        None,
+        subject("ServiceAccount", "job-controller", Some("kube-system")),
+        &[
+            policy_rule(
+                &["batch"],
+                &["jobs"],
+                &["get", "list", "watch", "update", "patch"],
+            ),
+            policy_rule(&["batch"], &["jobs/status", "jobs/finalizers"], &["update"]),
+            policy_rule(
+                &[""],
+                &["pods"],
+                &["list", "watch", "create", "delete", "patch"],
+            ),
+            policy_rule(
+                &["", "events.k8s.io"],
+                &["events"],
+                &["create", "patch", "update"],
+            ),
+        ],
+    );
+    let editor_rules = [
+        policy_rule(
+            &[""],
+            &["pods", "pods/exec", "pods/attach", "pods/portforward"],
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "patch",
+                "update",
+                "get",
+                "list",
+                "watch",
+            ],
+        ),
+        policy_rule(&["apps", "batch"], &["*"], &["*"]),
+    ];
+    rbac.bind(
+        Some(&namespace),
+        subject("User", "alice", None),
+        &editor_rules,
+    );
+    rbac.bind(
+        None,
+        subject("Group", "platform-admins", None),
+        &[policy_rule(&["*"], &["*"], &["*"])],
+    );
+    // Someone bound to the sidecar's role by mistake is confined as well.
+    let sidecar_role: ClusterRole = rendered.typed("ClusterRole", "trainwire-sidecar")?;
+    rbac.bind(
+        Some(&namespace),
+        subject("User", "bob", None),
+        sidecar_role.rules.as_deref().unwrap_or_default(),
+    );
+
+    let token = pod_token_user(&namespace, &account, Some((&name, &uid)));
+    let peer_token = pod_token_user(
+        &namespace,
+        &account,
+        Some((
+            "bert-pretrain-0-x7k2p",
+            "0c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f",
+        )),
+    );
+    let previous_incarnation = pod_token_user(
+        &namespace,
+        &account,
+        Some((&name, "1b2c3d4e-5f60-4718-9a0b-c1d2e3f40516")),
+    );
+    let unbound = pod_token_user(&namespace, &account, None);
+    let other_account = pod_token_user(&namespace, "someone-else", Some((&name, &uid)));
+    let job_controller = captured["userInfo"].clone();
+    let person = |username: &str, groups: &[&str]| json!({"username": username, "groups": groups});
+    let alice = person("alice", &["system:authenticated"]);
+    let bob = person("bob", &["system:authenticated"]);
+    let admin = person("carol", &["platform-admins", "system:authenticated"]);
+    let masters = person(
+        "kubernetes-admin",
+        &[
+            "kubeadm:cluster-admins",
+            "system:masters",
+            "system:authenticated",
+        ],
+    );
+
+    // A write by `user` that turns the stored `target` into `change(target)`.
+    let request = |user: &Value, target: &Value, change: &dyn Fn(&mut Value)| {
         let mut r = captured.clone();
-        let mut object = old.clone();
+        let mut object = target.clone();
         change(&mut object);
+        r["name"] = target["metadata"]["name"].clone();
+        r["namespace"] = target["metadata"]["namespace"].clone();
         r["object"] = object;
-        r["oldObject"] = old.clone();
+        r["oldObject"] = target.clone();
         r["userInfo"] = user.clone();
         r
     };
@@ -1488,14 +1939,23 @@ fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
         o["metadata"]["annotations"][trainwire_contract::world::CHECKPOINT_ANNOTATION] =
             json!("{\"path\":\"/checkpoints/step-10\"}");
     };
+    let both_records = |o: &mut Value| {
+        peer_loss(o);
+        checkpoint(o);
+    };
     let other_annotation = |o: &mut Value| {
         o["metadata"]["annotations"]["team"] = json!("b");
     };
     let status_annotation = |o: &mut Value| {
         o["metadata"]["annotations"]["trainwire.dev/status"] = json!("{}");
     };
+    let drop_annotation = |o: &mut Value| {
+        if let Some(a) = o["metadata"]["annotations"].as_object_mut() {
+            a.remove("batch.kubernetes.io/job-completion-index");
+        }
+    };
     let relabel = |o: &mut Value| {
-        o["metadata"]["labels"]["app"] = json!("other");
+        o["metadata"]["labels"]["app"] = json!("hijacked");
     };
     let unlabel = |o: &mut Value| {
         if let Some(labels) = o["metadata"]["labels"].as_object_mut() {
@@ -1508,43 +1968,70 @@ fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
     let finalizer = |o: &mut Value| {
         o["metadata"]["finalizers"] = json!([]);
     };
-    let neighbour = pod_token_user(&namespace, &account, Some("bert-pretrain-0-abcde"));
-    let unbound = pod_token_user(&namespace, &account, None);
-    let other_account = pod_token_user(&namespace, "someone-else", Some(&name));
-    let job_controller = captured["userInfo"].clone();
 
-    type Case<'a> = (&'a str, &'a Value, &'a dyn Fn(&mut Value), Option<bool>);
+    use Outcome::*;
+    type Case<'a> = (
+        &'a str,
+        &'a Value,
+        &'a Value,
+        &'a dyn Fn(&mut Value),
+        Outcome,
+    );
+    #[rustfmt::skip]
     let cases: Vec<Case> = vec![
-        ("its own peer-loss record", &own, &peer_loss, Some(true)),
-        ("its own checkpoint record", &own, &checkpoint, Some(true)),
-        ("a neighbour's record", &neighbour, &peer_loss, Some(false)),
-        ("a token bound to no pod", &unbound, &peer_loss, Some(false)),
-        ("another annotation", &own, &other_annotation, Some(false)),
-        ("the injected status", &own, &status_annotation, Some(false)),
-        ("a label", &own, &relabel, Some(false)),
-        ("the injected label itself", &own, &unlabel, Some(false)),
-        ("the spec", &own, &image, Some(false)),
-        ("the finalizers", &own, &finalizer, Some(false)),
-        // Not the pod's own ServiceAccount: not the sidecar, not matched
-        // (RBAC alone decides).
-        ("another account", &other_account, &peer_loss, None),
-        ("the Job controller", &job_controller, &finalizer, None),
+        // A training pod's token on its own pod.
+        ("own pod, peer-loss record",                      &token,                &own,       &peer_loss,         Allowed),
+        ("own pod, checkpoint record",                     &token,                &own,       &checkpoint,        Allowed),
+        ("own pod, both records",                          &token,                &own,       &both_records,      Allowed),
+        ("own pod, another annotation",                    &token,                &own,       &other_annotation,  Denied(&[2])),
+        ("own pod, the injected status",                   &token,                &own,       &status_annotation, Denied(&[2])),
+        ("own pod, an annotation removed",                 &token,                &own,       &drop_annotation,   Denied(&[2])),
+        ("own pod, a label",                               &token,                &own,       &relabel,           Denied(&[1])),
+        ("own pod, the injected label removed",            &token,                &own,       &unlabel,           Denied(&[1])),
+        ("own pod, the spec",                              &token,                &own,       &image,             Denied(&[1])),
+        ("own pod, the finalizers",                        &token,                &own,       &finalizer,         Denied(&[1])),
+        // ... on any other pod.
+        ("another trainwire pod, its record",              &token,                &peer,      &peer_loss,         Denied(&[0])),
+        ("another trainwire pod, a label",                 &token,                &peer,      &relabel,           Denied(&[0, 1])),
+        ("a pod not trainwire's, a label",                 &token,                &plain,     &relabel,           Denied(&[0, 1])),
+        ("a pod not trainwire's, an annotation",           &token,                &plain,     &other_annotation,  Denied(&[0, 2])),
+        ("a pod not trainwire's, a record",                &token,                &plain,     &peer_loss,         Denied(&[0])),
+        ("a pod not trainwire's, its spec",                &token,                &plain,     &image,             Denied(&[0, 1])),
+        // Tokens of the same ServiceAccount not bound to the pod written.
+        ("a peer's token on this pod",                     &peer_token,           &own,       &peer_loss,         Denied(&[0])),
+        ("a token bound to no pod",                        &unbound,              &own,       &peer_loss,         Denied(&[0])),
+        ("a token bound to no pod, a pod not trainwire's", &unbound,              &plain,     &relabel,           Denied(&[0, 1])),
+        ("the token of a same-named pod before it",        &previous_incarnation, &own,       &peer_loss,         Denied(&[0])),
+        ("a person bound to the sidecar role",             &bob,                  &plain,     &relabel,           Denied(&[0, 1])),
+        // Not matched: RBAC alone decides.
+        ("another namespace (no binding there)",           &token,                &elsewhere, &relabel,           NotMatched),
+        ("another ServiceAccount",                         &other_account,        &own,       &peer_loss,         NotMatched),
+        ("the Job controller, a trainwire pod",            &job_controller,       &own,       &finalizer,         NotMatched),
+        ("the Job controller, a pod not trainwire's",      &job_controller,       &plain,     &finalizer,         NotMatched),
+        ("a namespace editor",                             &alice,                &plain,     &relabel,           NotMatched),
+        ("a namespace editor, a trainwire pod",            &alice,                &own,       &image,             NotMatched),
+        ("a cluster admin (wildcard role)",                &admin,                &own,       &relabel,           NotMatched),
+        ("system:masters",                                 &masters,              &plain,     &relabel,           NotMatched),
     ];
-    for (what, user, change, want) in cases {
-        let verdict = policy_verdict(policy, &request(user, change))?;
-        match (want, &verdict) {
-            (None, None) | (Some(true), Some(Ok(()))) => {}
-            (Some(false), Some(Err(message))) => {
-                assert!(message.contains("trainwire pod"), "{what}: {message}")
-            }
-            _ => panic!("{what}: expected {want:?}, got {verdict:?}"),
+    // Every case is run, and every wrong one reported.
+    let mut wrong = Vec::new();
+    for (what, user, target, change, want) in cases {
+        let verdict = policy_verdict(policy, &request(user, target, change), &rbac)?;
+        let right = match (&want, &verdict) {
+            (NotMatched, None) => true,
+            (Allowed, Some(failed)) => failed.is_empty(),
+            (Denied(expected), Some(failed)) => !expected.is_empty() && failed == expected,
+            _ => false,
+        };
+        if !right {
+            wrong.push(format!(
+                "{what}: expected {want:?}, got {verdict:?} (None: not matched, else the validations that fail)"
+            ));
         }
     }
-    // The captured request as it was (a pod without the label): not matched.
-    assert_eq!(policy_verdict(policy, &captured)?, None);
-    let mut unlabelled_own = request(&own, &peer_loss);
-    unlabelled_own["oldObject"] = captured["oldObject"].clone();
-    assert_eq!(policy_verdict(policy, &unlabelled_own)?, None);
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // The captured request as it was: not matched.
+    assert_eq!(policy_verdict(policy, &captured, &rbac)?, None);
     Ok(())
 }
 
