@@ -52,7 +52,7 @@ const FORBIDDEN: &[(&str, &[&str], &str)] = &[
             "trainwire-webhook",
             "trainwire-sidecar",
             "rcgen",
-            "tokio-rustls",
+            "x509-parser",
         ],
         "the controllers link no admission server",
     ),
