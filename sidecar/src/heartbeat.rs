@@ -57,6 +57,15 @@ pub fn url_of(config: &Config, rank: u32) -> Option<String> {
     Some(format!("http://{host}:{}/heartbeat", config.health_port))
 }
 
+/// The ranks this sidecar probes: every pod of the workload (the world's
+/// largest size plus the hot spares, [`Config::pods`]) but its own. A
+/// spare is probed like any peer, whatever this pod's own rank, so that a
+/// spare that trains after a take-over, or stops answering, is seen by all.
+pub fn peer_ranks(config: &Config) -> impl Iterator<Item = u32> + use<> {
+    let own = config.node_rank;
+    (0..config.pods()).filter(move |r| *r != own)
+}
+
 type HttpClient = Client<HttpConnector<Resolver>, Empty<Bytes>>;
 
 /// The probes' HTTP client: names are looked up by `resolver` (on the
@@ -228,7 +237,7 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
     let timeout = config.heartbeat.timeout;
     let http = client(timeout, resolver);
     let mut tasks = tokio::task::JoinSet::new();
-    for rank in (0..config.nnodes.max()).filter(|r| *r != config.node_rank) {
+    for rank in peer_ranks(&config) {
         let Some(url) = url_of(&config, rank) else {
             tracing::warn!("no peer host pattern: heartbeats disabled");
             return;
@@ -238,7 +247,7 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
         let interval = config.heartbeat.interval;
         let max_inflight = max_inflight(interval, timeout);
         let lost_after = config.heartbeat.misses.max(1);
-        let search_every = search_every(interval, config.nnodes.max());
+        let search_every = search_every(interval, config.pods());
         let search_timeout = interval.min(timeout);
         // One search probe may take `search_timeout`: enough room for one
         // to start at every search tick.
@@ -566,6 +575,50 @@ mod tests {
             alive < Duration::from_millis(200),
             "the replacement was seen {alive:?} after it answered; expected within an interval (200 ms)"
         );
+    }
+
+    /// The ranks of `nnodes` (and `spares`) that rank `own` probes.
+    fn probed(nnodes: &str, spares: &str, own: &str) -> Vec<u32> {
+        let config = Config::from_source(
+            [
+                (env::NNODES, nnodes),
+                (env::SPARES, spares),
+                (env::NODE_RANK, own),
+                (env::PEER_HOSTS, "p-{i}.svc"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        peer_ranks(&config).collect()
+    }
+
+    /// In a fixed world with a spare, every sidecar probes every other pod,
+    /// the spare included: rank 0 of nnodes 2 + 1 spare probes 1 and 2 (a
+    /// spare that trains after a take-over, or is lost, is seen by all).
+    #[test]
+    fn a_fixed_world_probes_its_spares() {
+        assert_eq!(probed("2", "1", "0"), [1, 2]);
+        assert_eq!(probed("2", "1", "1"), [0, 2]);
+        assert_eq!(probed("2", "1", "2"), [0, 1]);
+        assert_eq!(probed("3", "2", "1"), [0, 2, 3, 4]);
+    }
+
+    /// In an elastic world, the spares are the pods above MAX: every
+    /// sidecar probes them, and every rank up to MAX.
+    #[test]
+    fn an_elastic_world_probes_its_spares_above_max() {
+        assert_eq!(probed("1:2", "1", "0"), [1, 2]);
+        assert_eq!(probed("2:4", "2", "0"), [1, 2, 3, 4, 5]);
+        assert_eq!(probed("2:4", "2", "5"), [0, 1, 2, 3, 4]);
+    }
+
+    /// Without spares the probed set is the world but this rank, as before.
+    #[test]
+    fn without_spares_the_probed_set_is_the_world() {
+        assert_eq!(probed("2", "0", "0"), [1]);
+        assert_eq!(probed("3", "0", "1"), [0, 2]);
+        assert_eq!(probed("1:3", "0", "0"), [1, 2]);
+        assert_eq!(probed("1", "0", "0"), Vec::<u32>::new());
     }
 
     #[test]
