@@ -9,6 +9,7 @@
 //! under another identity. Its modules, named after what they do:
 //! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
 //! - [`peers`]: the pure peer-health state machine and loss generations;
+//! - [`ring`]: which peers a sidecar watches (a bounded set);
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
 //! - [`dns`]: the peers' names against this pod's DNS configuration;
 //! - [`kubewatch`]: the Kubernetes pod watch and its pure decision logic;
@@ -45,6 +46,7 @@ pub mod kubewatch;
 pub mod peers;
 pub mod permission;
 pub mod respond;
+pub mod ring;
 pub mod server;
 pub mod signal;
 pub mod status;
