@@ -185,47 +185,74 @@ impl Context {
 /// Reconcile one Job: its headless Service, and its dedicated store while
 /// it runs (deleted once the Job has finished: nothing rendezvouses then).
 pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
-    let regarding = job.object_ref(&());
-    let service = match Workload::from_job(&job)? {
-        Some(workload) => ensure_service(&ctx, &workload, &regarding).await?,
-        None => Action::await_change(),
-    };
-    let Some(spec) = job.spec.as_ref() else {
-        return Ok(service);
-    };
-    if job.metadata.deletion_timestamp.is_some() {
-        return Ok(service);
-    }
+    let workload = Workload::from_job(&job)?;
+    let spec = job.spec.as_ref().map(|s| &s.template);
     let store = if job_finished(&job) {
-        remove_store(&ctx, Kind::Job, &job.metadata, &spec.template).await?
+        StoreWanted::Removed
     } else {
-        ensure_store(&ctx, Kind::Job, &job.metadata, &spec.template, &regarding).await?
+        StoreWanted::Present
     };
-    Ok(sooner(service, store))
+    reconcile(
+        &ctx,
+        Kind::Job,
+        &job.metadata,
+        job.object_ref(&()),
+        workload,
+        spec,
+        store,
+    )
+    .await
 }
 
 /// Reconcile one StatefulSet: its headless Service (when missing) and its
 /// dedicated store.
 pub async fn reconcile_statefulset(sts: Arc<StatefulSet>, ctx: Arc<Context>) -> Result<Action> {
+    let workload = Workload::from_statefulset(&sts)?;
+    let spec = sts.spec.as_ref().map(|s| &s.template);
     let regarding = sts.object_ref(&());
-    let service = match Workload::from_statefulset(&sts)? {
-        Some(workload) => ensure_service(&ctx, &workload, &regarding).await?,
-        None => Action::await_change(),
-    };
-    let Some(spec) = sts.spec.as_ref() else {
-        return Ok(service);
-    };
-    if sts.metadata.deletion_timestamp.is_some() {
-        return Ok(service);
-    }
-    let store = ensure_store(
+    reconcile(
         &ctx,
         Kind::StatefulSet,
         &sts.metadata,
-        &spec.template,
-        &regarding,
+        regarding,
+        workload,
+        spec,
+        StoreWanted::Present,
     )
-    .await?;
+    .await
+}
+
+/// Whether a workload's dedicated store should run.
+enum StoreWanted {
+    Present,
+    /// The Job finished: nothing rendezvouses any more.
+    Removed,
+}
+
+/// The Service and the store of one workload, as the kinds share them.
+async fn reconcile(
+    ctx: &Context,
+    kind: Kind,
+    meta: &ObjectMeta,
+    regarding: ObjectReference,
+    workload: Option<Workload>,
+    template: Option<&PodTemplateSpec>,
+    store: StoreWanted,
+) -> Result<Action> {
+    let service = match workload {
+        Some(workload) => ensure_service(ctx, &workload, &regarding).await?,
+        None => Action::await_change(),
+    };
+    let Some(template) = template else {
+        return Ok(service);
+    };
+    if meta.deletion_timestamp.is_some() {
+        return Ok(service);
+    }
+    let store = match store {
+        StoreWanted::Removed => remove_store(ctx, kind, meta, template).await?,
+        StoreWanted::Present => ensure_store(ctx, kind, meta, template, &regarding).await?,
+    };
     Ok(sooner(service, store))
 }
 

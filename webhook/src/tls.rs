@@ -65,8 +65,10 @@ pub struct LoadedPair {
     pub subject: String,
 }
 
-/// Read and fully parse a certificate chain and its private key.
-pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedPair, CertError> {
+/// Read and fully parse a certificate chain and its private key, as the
+/// server does on a reload (the certificates' tests load what they wrote).
+#[cfg(test)]
+pub(crate) fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedPair, CertError> {
     let cert_pem = std::fs::read(cert_path).map_err(|source| CertError::Read {
         path: cert_path.to_path_buf(),
         source,
@@ -263,12 +265,6 @@ impl CertStore {
                 Reload::Failed(e.to_string())
             }
         }
-    }
-
-    /// Forget the last contents tried, so the next [`reload`](Self::reload)
-    /// parses the files even if they did not change.
-    pub fn forget_last_seen(&self) {
-        *self.last_seen.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     fn watched_dirs(&self) -> Vec<PathBuf> {

@@ -17,8 +17,10 @@
 //! makes re-injection correct) and [`patch`].
 
 pub mod annotations;
+pub mod diff;
 pub mod fingerprint;
 pub mod gpu;
+pub mod job;
 pub mod nccl;
 pub mod patch;
 pub mod placement;
@@ -344,7 +346,9 @@ fn run(
         ctx.warn(w.clone());
     }
 
-    workload::refuse_invalid(&workload)?;
+    if let workload::Workload::Job(j) = &workload {
+        job::refuse_invalid(j)?;
+    }
     // The workload itself carries the injected label too, so that the
     // controllers' StatefulSet and Job watches select on it: one `add`
     // beside the diff (which leaves the workload's metadata out), also when
@@ -396,7 +400,7 @@ fn run(
     let mut patch = if same_inputs || status::same_but_hash(&before, &workload) {
         patch::Ops::default()
     } else {
-        workload::diff(before, workload)
+        diff::diff(before, workload)
     };
     if let Some(op) = workload_label {
         patch.0.insert(0, op);
@@ -469,11 +473,15 @@ fn inject(
     if sidecar_container::enabled(ctx, ann)? {
         sidecar_container::inject(ctx, &shape, ann, &world, checkpoint.as_ref(), spec, trainer)?;
     }
-    if let Some(nnodes) = world.nnodes {
-        workload::success_policy(ctx, workload, nnodes.min(), world.spares);
+    if let Some(nnodes) = world.nnodes
+        && let workload::Workload::Job(j) = workload
+    {
+        job::success_policy(ctx, j, nnodes.min(), world.spares);
     }
-    if world.store == trainwire_contract::RdzvStore::Dedicated {
-        workload::store_loss_budget(ctx, workload);
+    if world.store == trainwire_contract::RdzvStore::Dedicated
+        && let workload::Workload::Job(j) = workload
+    {
+        job::store_loss_budget(ctx, j);
     }
     Ok(())
 }

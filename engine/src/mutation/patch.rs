@@ -3,7 +3,7 @@
 //!
 //! The engine mutates a typed (k8s-openapi) copy of the workload, and the
 //! patch is the [`diff`] of the typed before and after (see
-//! [`super::workload::diff`]). Typed objects drop fields their schema does not
+//! [`super::diff::diff`]). Typed objects drop fields their schema does not
 //! know (a newer apiserver's fields): such a field is on neither side, so the
 //! patch never touches it, and it is kept.
 //!

@@ -1857,7 +1857,7 @@ proptest! {
             apply_edit(&mut after, e);
         }
         let (left, right) = (as_json(&before), as_json(&after));
-        let ops = workload::diff(before, after);
+        let ops = super::diff::diff(before, after);
         let patch = ops.to_patch();
         prop_assert_eq!(apply_checked(&left, &patch), Ok(right), "{:?}", patch);
         // The text the answer carries is that patch, as json_patch writes it.
