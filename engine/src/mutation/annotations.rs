@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde_json::Value;
 
-use super::Refusal;
+use super::injection::Refusal;
 use trainwire_contract::{
     Framework, Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount,
     PositiveDuration, RdzvBackend, RdzvStore, ShmSize, SpareCount,

@@ -7,8 +7,8 @@ use k8s_openapi::api::core::v1::{Container, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::annotations::{Annotations, GPUS_PER_NODE};
+use super::injection::{Ctx, Refusal};
 use super::placement;
-use super::{Ctx, Refusal};
 
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 

@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::{
     SuccessPolicy, SuccessPolicyRule,
 };
 
-use super::{Ctx, Refusal};
+use super::injection::{Ctx, Refusal};
 
 /// The status `fields` entry for `spec.completionMode` made `Indexed` where
 /// it was `NonIndexed` (the apiserver's default before admission); a plain

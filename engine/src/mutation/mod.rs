@@ -20,10 +20,12 @@ pub mod annotations;
 pub mod diff;
 pub mod fingerprint;
 pub mod gpu;
+pub mod injection;
 pub mod job;
 pub mod nccl;
 pub mod patch;
 pub mod placement;
+pub mod reinjection;
 pub mod rendezvous;
 pub mod sidecar_container;
 pub mod status;
@@ -33,12 +35,12 @@ pub mod volumes;
 pub mod workload;
 
 use serde_json::Value;
-use thiserror::Error;
 
 use crate::policy::{Framework, Profile};
-use status::Status;
 use trainer::{Conflict, Desired};
 use workload::Workload;
+
+pub use injection::{Ctx, MAX_WARNING_LEN, MAX_WARNINGS, Refusal, with_detail};
 
 /// The opt-in annotation.
 pub const INJECT_ANNOTATION: &str = annotations::INJECT;
@@ -62,123 +64,6 @@ pub struct Mutation {
 pub struct Admitted {
     pub patch: patch::Ops,
     pub warnings: Vec<String>,
-}
-
-/// Why a workload is refused. The message is shown to the user by kubectl.
-#[derive(Debug, Error, PartialEq, Eq)]
-pub enum Refusal {
-    /// A `trainwire.dev/*` annotation has a value that cannot be used.
-    #[error("annotation {annotation}: {value:?} is not valid: {reason}; accepted: {accepted}")]
-    Annotation {
-        annotation: String,
-        value: String,
-        reason: String,
-        accepted: String,
-    },
-    /// A `trainwire.dev/*` annotation whose YAML value is not a string
-    /// (`trainwire.dev/inject: true`, `trainwire.dev/nnodes: 2`): the
-    /// message shows the value as written and the quoting that fixes it.
-    #[error("{annotation}: {written} is {what}, annotation values are strings: {fix}")]
-    NotAString {
-        annotation: String,
-        /// The value as written in YAML (`true`, `2`).
-        written: String,
-        /// `a YAML boolean`, `a YAML number`, `empty (YAML null)`, ...
-        what: String,
-        /// `write "true" in quotes`, ...
-        fix: String,
-    },
-    /// The platform policy forbids what the workload asks for.
-    #[error("policy profile {profile:?} rule {rule}: {detail}")]
-    Policy {
-        profile: String,
-        rule: String,
-        detail: String,
-    },
-    /// The workload's shape cannot become a torchrun world (a NonIndexed Job,
-    /// a StatefulSet without serviceName, no containers, ...).
-    #[error("{0}")]
-    Workload(String),
-}
-
-impl From<crate::policy::Conflict> for Refusal {
-    fn from(c: crate::policy::Conflict) -> Self {
-        Refusal::Policy {
-            profile: c.profile,
-            rule: c.rule,
-            detail: c.detail,
-        }
-    }
-}
-
-/// What one mutation accumulates: the profile, warnings, the status record.
-pub struct Ctx<'a> {
-    pub profile: &'a Profile,
-    pub warnings: Vec<String>,
-    /// Warnings left out past [`MAX_WARNINGS`] (a set, so that a repeated
-    /// one is counted once).
-    pub omitted_warnings: std::collections::HashSet<String>,
-    pub status: Status,
-    /// No earlier injection is recorded on the template: a CREATE (or the
-    /// UPDATE that opts an existing workload in), or offline rendering.
-    pub first_injection: bool,
-}
-
-/// The longest warning, in characters, where the values it quotes allow:
-/// one line of a terminal. What a warning leaves out is in
-/// docs/warnings.md.
-pub const MAX_WARNING_LEN: usize = 120;
-
-/// `core`, followed by ` (detail)` when that still fits in
-/// [`MAX_WARNING_LEN`] (a long value quoted in `core` drops the detail,
-/// which docs/warnings.md gives).
-pub fn with_detail(core: String, detail: &str) -> String {
-    if core.chars().count() + 3 + detail.chars().count() <= MAX_WARNING_LEN {
-        format!("{core} ({detail})")
-    } else {
-        core
-    }
-}
-
-/// At most this many warnings are returned for one workload (a hostile
-/// object could otherwise ask for one per entry of a 20,000-entry list; the
-/// apiserver truncates long warning lists anyway); the rest are counted in
-/// one last warning.
-pub const MAX_WARNINGS: usize = 32;
-
-impl Ctx<'_> {
-    pub fn new(profile: &Profile) -> Ctx<'_> {
-        Ctx {
-            profile,
-            warnings: Vec::new(),
-            omitted_warnings: Default::default(),
-            status: Status::default(),
-            first_injection: false,
-        }
-    }
-
-    pub fn warn(&mut self, warning: String) {
-        if self.warnings.contains(&warning) {
-            return;
-        }
-        if self.warnings.len() < MAX_WARNINGS {
-            self.warnings.push(warning);
-        } else {
-            self.omitted_warnings.insert(warning);
-        }
-    }
-
-    /// The warnings, with the count of those left out.
-    pub fn into_warnings(self) -> Vec<String> {
-        let mut warnings = self.warnings;
-        if !self.omitted_warnings.is_empty() {
-            warnings.push(format!(
-                "{} more warnings are not shown",
-                self.omitted_warnings.len()
-            ));
-        }
-        warnings
-    }
 }
 
 /// Mutate one workload given as JSON (offline `inject`, tests). See the
@@ -360,13 +245,13 @@ fn run(
     if previous.is_none()
         && let Some(template) = workload.template_mut()
     {
-        status::drop_unreadable(template);
+        reinjection::drop_unreadable(template);
     }
     let mut complete = false;
     if let Some(prev) = &previous
         && let Some(template) = workload.template_mut()
     {
-        let stripped = status::strip(template, prev);
+        let stripped = reinjection::strip(template, prev);
         workload.unset(&stripped.workload_fields);
         complete = stripped.complete;
     }
@@ -379,7 +264,7 @@ fn run(
     if let Some(template) = workload.template_mut() {
         status::unlabel(template);
     }
-    let hash = status::input_hash(&workload, &namespace);
+    let hash = reinjection::input_hash(&workload, &namespace);
 
     inject(&mut ctx, &mut workload, ann, &namespace)?;
     ctx.status.version = status::VERSION.to_string();
@@ -397,7 +282,7 @@ fn run(
         workload::warn_held_back_resize(&mut ctx, &workload, &prev.nnodes);
     }
     *workload.metadata_mut() = Default::default();
-    let mut patch = if same_inputs || status::same_but_hash(&before, &workload) {
+    let mut patch = if same_inputs || reinjection::same_but_hash(&before, &workload) {
         patch::Ops::default()
     } else {
         diff::diff(before, workload)

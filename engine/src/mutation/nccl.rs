@@ -2,8 +2,8 @@
 //! annotation, and `TORCH_NCCL_ASYNC_ERROR_HANDLING=1` unless something sets it.
 
 use super::annotations::{Annotations, NCCL};
+use super::injection::{Ctx, Refusal};
 use super::trainer::{Conflict, Desired};
-use super::{Ctx, Refusal};
 use crate::policy::{self, Enforce};
 
 pub const ASYNC_ERROR_HANDLING: &str = "TORCH_NCCL_ASYNC_ERROR_HANDLING";

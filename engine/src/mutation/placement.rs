@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::{PodSpec, Toleration};
 
 use super::fingerprint::fingerprint;
-use super::{Ctx, Refusal};
+use super::injection::{Ctx, Refusal};
 use crate::policy::{self, Enforce};
 
 pub const NODE_FAILURE_TAINTS: [&str; 2] = [

@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{Container, PodSpec};
 use trainwire_contract::rendezvous;
 
 use super::annotations::{self, Annotations, Nnodes, Nproc};
+use super::injection::{Ctx, Refusal};
 use super::trainer::{self, Conflict, Desired};
 use super::workload::Shape;
-use super::{Ctx, Refusal};
 use crate::policy::{self, Framework, RdzvBackend, RdzvStore};
 
 pub const RDZV_CONF: &str = "PET_RDZV_CONF";
@@ -578,7 +578,7 @@ fn rdzv_conf(
         .collect::<Vec<_>>()
         .join(",");
     if trainer::sets(c, RDZV_CONF) && trainer::literal(c, RDZV_CONF).is_none() {
-        ctx.warn(super::with_detail(
+        ctx.warn(super::injection::with_detail(
             format!(
                 "env {RDZV_CONF} of container {:?} is a reference trainwire cannot merge: give it {ours}",
                 c.name
@@ -610,7 +610,7 @@ fn rdzv_conf(
         .collect();
     for (key, value) in wanted {
         match pairs.iter().find(|(k, _)| k == key) {
-            Some((_, v)) if v != value => ctx.warn(super::with_detail(
+            Some((_, v)) if v != value => ctx.warn(super::injection::with_detail(
                 format!(
                     "env {RDZV_CONF} of container {:?}: {key}={v} kept, trainwire would set {key}={value}",
                     c.name

@@ -18,11 +18,11 @@ use trainwire_contract::env;
 
 use super::annotations::{self, Annotations};
 use super::fingerprint::fingerprint;
+use super::injection::{Ctx, Refusal};
 use super::rendezvous::World;
 use super::trainer::field_env;
 use super::volumes::Checkpoint;
 use super::workload::Shape;
-use super::{Ctx, Refusal};
 use crate::policy::{self, Framework, PeerLossAction, RdzvBackend};
 
 pub const NAME: &str = "trainwire-sidecar";

@@ -24,10 +24,10 @@
 use k8s_openapi::api::core::v1::Container;
 
 use super::annotations::{self, Annotations, Nnodes};
+use super::injection::{Ctx, Refusal};
 use super::rendezvous::World;
 use super::trainer::{self, Conflict, Desired};
 use super::workload::Shape;
-use super::{Ctx, Refusal};
 use crate::policy::{self, Framework, PeerLossAction};
 
 /// The env TensorFlow's distribution strategies read.

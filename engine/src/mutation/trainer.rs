@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSel
 
 use super::annotations::{self, Annotations};
 use super::fingerprint::fingerprint;
-use super::{Ctx, Refusal};
+use super::injection::{Ctx, Refusal};
 use crate::policy::{self, Setting};
 
 /// The name looked for when `trainwire.dev/container` is not given.
@@ -170,7 +170,7 @@ pub fn apply_env(
         let source = format!("env {name} of container {:?}", c.name);
         match d.conflict {
             Conflict::Quiet => {}
-            Conflict::ManifestWins => ctx.warn(super::with_detail(
+            Conflict::ManifestWins => ctx.warn(super::injection::with_detail(
                 format!(
                     "{source}: the manifest's {} is kept; trainwire would set {}",
                     describe(&env[pos]),

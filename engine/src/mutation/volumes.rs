@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::annotations::{self, Annotations};
 use super::fingerprint::fingerprint;
+use super::injection::{Ctx, Refusal};
 use super::workload::Shape;
-use super::{Ctx, Refusal};
 use crate::policy::{self, Enforce, PositiveDuration, Setting, ShmSize};
 
 pub const CHECKPOINT_VOLUME: &str = "trainwire-checkpoint";

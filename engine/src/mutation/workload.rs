@@ -13,11 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::injection::{Ctx, Refusal};
 use super::job::{
     FIELD_NON_INDEXED, FIELD_POD_FAILURE_POLICY, FIELD_POD_REPLACEMENT_POLICY,
     FIELD_SUCCESS_POLICY, disruption_policy,
 };
-use super::{Ctx, Refusal};
 
 /// Downward-API path of a StatefulSet pod's index (Kubernetes 1.28+).
 pub const STATEFULSET_RANK_FIELD: &str = "metadata.labels['apps.kubernetes.io/pod-index']";
