@@ -173,6 +173,7 @@ impl Role {
                     action: trainwire_contract::peer_loss::SPARE_TOOK_OVER.to_string(),
                     result: "training".to_string(),
                     at: rfc3339(SystemTime::now()),
+                    ..Default::default()
                 });
             }
             let note = format!(
