@@ -20,7 +20,7 @@ pub const ANNOTATION: &str = crate::annotations::PEER_LOSS;
 pub const SPARE_TOOK_OVER: &str = "spare-took-over";
 
 /// The sidecar's last action on a lost peer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerLossRecord {
     /// The sidecar's loss generation (`generation` in its `/status`).
@@ -37,7 +37,26 @@ pub struct PeerLossRecord {
     pub result: String,
     /// When, RFC 3339.
     pub at: String,
+    /// When this pod's trainer workers started after this loss, RFC 3339
+    /// (the start time of the newest of them, from `/proc`), written once
+    /// they are still running a settle time later
+    /// ([`TRAINING_SETTLE`](crate::peer_loss::TRAINING_SETTLE)): training runs
+    /// again. Absent until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_since: Option<String>,
+    /// torch's node rank (`GROUP_RANK`) of those workers, when the sidecar
+    /// could read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_rank: Option<u32>,
 }
+
+/// How long the trainer's new workers must stay up before a sidecar says
+/// training runs again (a worker that dies at once, in a rendezvous that
+/// fails, is not training).
+pub const TRAINING_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Bound on the record's annotation value.
+pub const MAX_RECORD_BYTES: usize = 4 * 1024;
 
 impl PeerLossRecord {
     /// The annotation's value; `None` only if serialisation fails.
@@ -47,6 +66,9 @@ impl PeerLossRecord {
 
     /// Read an annotation value; `None` when it is not a record.
     pub fn from_annotation(value: &str) -> Option<PeerLossRecord> {
+        if value.len() > MAX_RECORD_BYTES {
+            return None;
+        }
         serde_json::from_str(value).ok()
     }
 }
@@ -64,10 +86,30 @@ mod tests {
             action: "restart-agent".into(),
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
+            training_since: None,
+            torch_rank: None,
         };
         let text = r.to_annotation().expect("json");
-        assert_eq!(PeerLossRecord::from_annotation(&text), Some(r));
+        assert_eq!(PeerLossRecord::from_annotation(&text), Some(r.clone()));
         assert_eq!(PeerLossRecord::from_annotation("{"), None);
         assert_eq!(PeerLossRecord::from_annotation("3"), None);
+        // A record of an older sidecar (no trainingSince) still reads.
+        let old = r#"{"generation":1,"lostRank":1,"confirmedBy":"","action":"report","result":"reported","at":"2026-11-23T18:00:00Z"}"#;
+        assert!(PeerLossRecord::from_annotation(old).is_some_and(|r| r.training_since.is_none()));
+        let resumed = PeerLossRecord {
+            training_since: Some("2026-11-23T18:00:07Z".into()),
+            torch_rank: Some(1),
+            ..r
+        };
+        let text = resumed.to_annotation().expect("json");
+        assert!(
+            text.contains(r#""trainingSince":"2026-11-23T18:00:07Z""#),
+            "{text}"
+        );
+        assert_eq!(PeerLossRecord::from_annotation(&text), Some(resumed));
+        assert_eq!(
+            PeerLossRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)),
+            None
+        );
     }
 }

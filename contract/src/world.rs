@@ -44,9 +44,11 @@ pub enum Phase {
     /// Not every expected node is Ready yet, and no loss is open.
     #[default]
     Forming,
-    /// Every expected node is Ready.
+    /// Every expected node is Ready (and the dedicated store, if any), and
+    /// no loss is open: training was seen running again after the last one.
     Running,
-    /// A node was lost and the world is not whole again yet.
+    /// A loss is open: the world is not whole again, or it is but training
+    /// was not yet seen running after the loss ([`WorldStatus::waiting_for`]).
     Recovering,
     /// Stopped by trainwire's crash-loop stop (see [`Stopped`]).
     Stopped,
@@ -83,33 +85,131 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// The last loss of a node.
+/// The last loss of a node, of the trainer in a pod, or of the dedicated
+/// rendezvous store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct Loss {
     /// The world's generation this loss started (the first loss is 1).
     pub generation: u64,
-    /// The rank (pod index) that was lost.
+    /// The rank (pod index) that was lost; 0 for a loss of the store
+    /// (see [`Loss::store`]).
     pub rank: u32,
     /// When it was first seen lost: the pod's `deletionTimestamp`, the
-    /// sidecar's record time, or when the controller saw it.
+    /// trainer container's `finishedAt`, the sidecar's record time, or when
+    /// the controller saw it.
     pub at: String,
-    /// What showed it: `pod-deleted`, `pod-failed`, `pod-replaced`,
-    /// `pod-gone`, `sidecar`.
+    /// What showed it: `pod-deleted`, `pod-disrupted`, `pod-failed`,
+    /// `pod-replaced`, `pod-gone`, `container-exited`, `sidecar`, and for
+    /// the store `store-deleted`, `store-failed`, `store-exited`,
+    /// `store-replaced`, `store-gone`.
     pub detected_by: String,
+    /// The dedicated rendezvous store's pod, when the loss is the store's
+    /// (every agent exits with it): then `rank` means nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
     /// What was done, in order: each sidecar's action on it
     /// (`rank 0: restart-agent signalled`), at most [`MAX_ACTIONS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub actions: Vec<String>,
-    /// When training resumed: the first time after the loss at which every
-    /// expected rank had a Ready pod not being deleted, at least one of them
-    /// Ready since after the loss; the latest of those pods' Ready
-    /// transition times. Absent while recovering.
+    /// When training was seen running again: the earliest observation of
+    /// it after the loss ([`Loss::resumed_by`] names which), never a pod's
+    /// readiness. Absent while recovering, and for a loss that ended
+    /// without training being seen ([`Loss::closed_by`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_at: Option<String>,
     /// `resumedAt - at`, in whole seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_seconds: Option<u64>,
+    /// The observation `resumedAt` comes from: `workers-started` (a
+    /// sidecar saw the trainer's workers start after the loss and stay up:
+    /// its record's `trainingSince`), `spare-took-over` (a hot spare's
+    /// record), `checkpoint` (a checkpoint written after the loss).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_by: Option<String>,
+    /// Why the loss ended without a `resumedAt`: `paused` (scaled to zero),
+    /// `stopped`, `finished` (the Job ended), `not-observable` (the world is
+    /// whole again, but its pods have no sidecar to see training run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closed_by: Option<String>,
+}
+
+impl Loss {
+    /// Whether the loss is still open: neither resumed nor closed.
+    pub fn is_open(&self) -> bool {
+        self.resumed_at.is_none() && self.closed_by.is_none()
+    }
+
+    /// What was lost, for people: `rank N` or `store POD`.
+    pub fn subject(&self) -> String {
+        match &self.store {
+            Some(pod) => format!("store {pod}"),
+            None => format!("rank {}", self.rank),
+        }
+    }
+}
+
+/// The dedicated rendezvous store (`trainwire.dev/rdzv-store: dedicated`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct StoreSeen {
+    /// Its pod (label `trainwire.dev/rdzv-store=<workload>`); empty when
+    /// there is none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod: String,
+    /// Its pod is Ready, not being deleted, its container running.
+    pub available: bool,
+    /// When its `Ready` condition last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+}
+
+/// The most ranks [`WorldStatus::ranks`] lists.
+pub const MAX_RANKS: usize = 512;
+
+/// What a pod does in the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// It trains: its sidecar saw the trainer's workers, or (without hot
+    /// spares) its pod is Ready.
+    Training,
+    /// A hot spare: Ready, its trainer waiting on torchrun's redundancy list.
+    Spare,
+    /// Not Ready yet (starting, or its trainer restarting).
+    Waiting,
+    /// Being deleted, failed, or its trainer container has exited.
+    Lost,
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Role::Training => "training",
+            Role::Spare => "spare",
+            Role::Waiting => "waiting",
+            Role::Lost => "lost",
+        })
+    }
+}
+
+/// One pod of the world and its role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RankRole {
+    /// The pod index (`apps.kubernetes.io/pod-index`, the Job's completion
+    /// index): trainwire's node rank, not torch's with hot spares.
+    pub index: u32,
+    pub pod: String,
+    pub role: Role,
+    /// torch's node rank (`GROUP_RANK` of the pod's workers) when its
+    /// sidecar reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_rank: Option<u32>,
+    /// Where the role comes from: `sidecar` (its `/proc` scan), `spare-took-over`,
+    /// `pod` (readiness and containers), `index` (with hot spares and no
+    /// sidecar report: the lowest Ready indices are taken to train).
+    pub from: String,
 }
 
 /// The newest checkpoint the sidecars report.
@@ -158,6 +258,16 @@ pub struct WorldStatus {
     pub checkpoint: Option<CheckpointSeen>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Stopped>,
+    /// What a `Recovering` world waits for (the pods, the store, training
+    /// to be seen running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// The dedicated rendezvous store, when the world has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreSeen>,
+    /// Each pod's role, by index (at most [`MAX_RANKS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankRole>,
     /// When the controller wrote this value.
     #[serde(default)]
     pub updated_at: String,
@@ -279,7 +389,7 @@ mod tests {
         fn loss()(generation in any::<u64>(), rank in any::<u32>(), at in text(), detected_by in text(),
                   actions in proptest::collection::vec(text(), 0..MAX_ACTIONS),
                   resumed_at in proptest::option::of(text()), recovery_seconds in proptest::option::of(any::<u64>())) -> Loss {
-            Loss { generation, rank, at, detected_by, actions, resumed_at, recovery_seconds }
+            Loss { generation, rank, at, detected_by, actions, resumed_at, recovery_seconds, ..Loss::default() }
         }
     }
 
@@ -298,6 +408,7 @@ mod tests {
                 checkpoint: checkpoint.map(|(name, newest_at, reported_by)| CheckpointSeen { name, newest_at, reported_by }),
                 stopped: stopped.map(|(reason, at, pod, exit_code, resume)| Stopped { reason, at, pod, exit_code, resume }),
                 updated_at,
+                ..WorldStatus::default()
             }
         }
     }

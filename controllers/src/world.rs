@@ -19,22 +19,13 @@
 //!    [`MIN_WRITE_INTERVAL`] per workload (a write held back is made at the
 //!    end of the interval, with whatever is true then).
 //!
-//! What counts as a loss: a pod of a rank below the expected size that gets
-//! a `deletionTimestamp`, fails, gets a `DisruptionTarget` condition,
-//! disappears or is replaced (a new UID for its rank) without one of those
-//! being seen; or a sidecar's new peer-loss record. Signals about the same
-//! rank while its loss is open are that one loss (the sidecars of every
-//! survivor report it, and a pod deletion is seen too); each loss adds one
-//! to the world's generation.
-//!
-//! What counts as "resumed": the first observation after the loss at which
-//! every expected rank has a pod that is Ready and not being deleted, with
-//! at least one of them Ready since after the loss (or the world seen broken
-//! since). `resumedAt` is the latest of those pods' Ready transition times
-//! (the kubelet's clock, not this controller's delay). A Ready trainer is the
-//! closest observable to "training again": torchrun's rendezvous and the
-//! script's checkpoint load come after it (5 to 8 s in docs/recovery.md's
-//! measurements), and a script step is not visible from the API.
+//! What counts as a loss and as "resumed" is the engine's
+//! ([`trainwire_engine::world`], docs/status.md): pod and container states,
+//! the sidecars' records, and the dedicated store's pods, which a third
+//! watch follows by their label `trainwire.dev/rdzv-store` (its value names
+//! the workload). A reconcile of a world with an open loss is repeated every
+//! [`RECOVERING_RECHECK`], so the phase follows what is observed even when
+//! nothing else changes.
 //!
 //! On a new leader, [`Memory`] starts empty: the first observation of a
 //! workload only learns its pods (no loss is counted) and the history comes
@@ -62,7 +53,9 @@ use tracing::{info, warn};
 use trainwire_contract::world::{self, WorldError, WorldStatus};
 
 use trainwire_contract::annotations as ann;
-use trainwire_engine::world::{Memory, PodView, WorldOf, Write, decide_write, observe, parse_time};
+use trainwire_engine::world::{
+    Memory, PodView, StoreView, WorldOf, Write, decide_write, observe, parse_time,
+};
 
 use crate::metrics::Metrics;
 
@@ -80,6 +73,8 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
 
 /// At most one write of a workload's annotation per this interval.
 pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a world with an open loss is looked at again, changes or not.
+pub const RECOVERING_RECHECK: Duration = Duration::from_secs(5);
 /// Back-off after a failed reconcile.
 const ERROR_RECHECK: Duration = Duration::from_secs(10);
 /// The field manager of the controller's writes.
@@ -102,6 +97,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub struct Context {
     pub client: Client,
     pods: Store<Pod>,
+    /// The dedicated stores' pods (label `trainwire.dev/rdzv-store`).
+    store_pods: Option<Store<Pod>>,
     /// The workloads, to forget those deleted ([`Context::with_workloads`]).
     workloads: Option<(Store<StatefulSet>, Store<Job>)>,
     clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
@@ -119,6 +116,7 @@ impl Context {
         Context {
             client,
             pods,
+            store_pods: None,
             workloads: None,
             clock,
             state: Mutex::new(HashMap::new()),
@@ -131,6 +129,32 @@ impl Context {
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
         self
+    }
+
+    /// Read the dedicated stores' pods from this store.
+    pub fn with_store_pods(mut self, store_pods: Store<Pod>) -> Self {
+        self.store_pods = Some(store_pods);
+        self
+    }
+
+    /// The pods of the dedicated store of workload `name` in `namespace`;
+    /// `None` when the store pods are not watched.
+    fn store_of(&self, namespace: &str, name: &str, now: Timestamp) -> Option<Vec<StoreView>> {
+        let pods = self.store_pods.as_ref()?;
+        Some(
+            pods.state()
+                .iter()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+                .filter(|p| {
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(trainwire_contract::labels::RDZV_STORE))
+                        .is_some_and(|v| v == name)
+                })
+                .map(|p| StoreView::of(p, now))
+                .collect(),
+        )
     }
 
     /// Forget the memory of workloads no longer in these stores.
@@ -223,11 +247,19 @@ where
     ctx.forget_deleted();
     let now = (ctx.clock)();
     let pods = ctx.pods_of(&uid, now);
+    let store = ctx.store_of(&namespace, &name, now);
     let (desired, write) = {
         let mut state = ctx.state();
         let memory = state.entry(uid.clone()).or_default();
         let base = memory.status.clone().or_else(|| current.clone());
-        let mut desired = observe(base.as_ref(), memory, &workload, &pods, now);
+        let mut desired = observe(
+            base.as_ref(),
+            memory,
+            &workload,
+            &pods,
+            store.as_deref(),
+            now,
+        );
         let last_write = memory.last_write.or_else(|| {
             current
                 .as_ref()
@@ -247,8 +279,16 @@ where
         memory.status = Some(desired.clone());
         (desired, write)
     };
+    // While a loss is open, look again on a timer: the phase must follow
+    // what is observed even when no watch event comes.
+    let recovering = desired.phase == world::Phase::Recovering;
+    let idle = if recovering {
+        Action::requeue(RECOVERING_RECHECK)
+    } else {
+        Action::await_change()
+    };
     match write {
-        Write::Unchanged => return Ok(Action::await_change()),
+        Write::Unchanged => return Ok(idle),
         Write::After(wait) => return Ok(Action::requeue(wait)),
         Write::Now => {}
     }
@@ -271,7 +311,7 @@ where
     }
     info!(kind, %namespace, %name, phase = %desired.phase, generation = desired.generation,
         ready = desired.nodes.ready, expected = desired.nodes.expected, "world status written");
-    Ok(Action::await_change())
+    Ok(idle)
 }
 
 /// Reconcile a StatefulSet's world status.
@@ -312,6 +352,20 @@ where
     Some(ObjectRef::new(&o.name).within(pod.metadata.namespace.as_deref()?))
 }
 
+/// The workloads a dedicated store's pod belongs to: its label names the
+/// workload, a StatefulSet or a Job of the pod's namespace.
+fn store_owner<K>(pod: &Pod) -> Option<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    let name = pod
+        .metadata
+        .labels
+        .as_ref()?
+        .get(trainwire_contract::labels::RDZV_STORE)?;
+    Some(ObjectRef::new(name).within(pod.metadata.namespace.as_deref()?))
+}
+
 /// Run the world controller until aborted.
 pub async fn run(client: Client, _metrics: Arc<Metrics>) {
     let (pod_store, pod_writer) = reflector::store_shared::<Pod>(256);
@@ -335,6 +389,27 @@ pub async fn run(client: Client, _metrics: Arc<Metrics>) {
         })
         .reflect_shared(pod_writer)
         .for_each(|_| futures::future::ready(()));
+    // The dedicated stores' pods: a loss of the store is a loss of the world.
+    let (store_pod_store, store_pod_writer) = reflector::store_shared::<Pod>(64);
+    let Some(store_pod_events) = store_pod_writer.subscribe() else {
+        warn!("world controller: no store pod subscription; not started");
+        return;
+    };
+    let store_pods = watcher(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(trainwire_contract::labels::RDZV_STORE),
+    )
+    .default_backoff()
+    .modify(|p: &mut Pod| {
+        crate::reconcile::slim(p);
+        if let Some(s) = p.spec.as_mut() {
+            s.containers.clear();
+            s.init_containers = None;
+            s.volumes = None;
+        }
+    })
+    .reflect_shared(store_pod_writer)
+    .for_each(|_| futures::future::ready(()));
     let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
     let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected.clone())
         .default_backoff()
@@ -349,21 +424,26 @@ pub async fn run(client: Client, _metrics: Arc<Metrics>) {
         .applied_objects();
     let ctx = Arc::new(
         Context::new(client, pod_store, Box::new(Timestamp::now))
-            .with_workloads(sts_store.clone(), job_store.clone()),
+            .with_workloads(sts_store.clone(), job_store.clone())
+            .with_store_pods(store_pod_store),
     );
     let statefulsets = Controller::for_stream(sts_stream, sts_store)
         .watches_shared_stream(pod_events.clone(), |pod: Arc<Pod>| {
             owner_of::<StatefulSet>(&pod, "StatefulSet")
         })
+        .watches_shared_stream(store_pod_events.clone(), |pod: Arc<Pod>| {
+            store_owner::<StatefulSet>(&pod)
+        })
         .run(reconcile_statefulset, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let jobs = Controller::for_stream(job_stream, job_store)
         .watches_shared_stream(pod_events, |pod: Arc<Pod>| owner_of::<Job>(&pod, "Job"))
+        .watches_shared_stream(store_pod_events, |pod: Arc<Pod>| store_owner::<Job>(&pod))
         .run(reconcile_job, error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
     info!(
         "world controller started: {} on injected workloads",
         world::ANNOTATION
     );
-    futures::join!(pods, statefulsets, jobs);
+    futures::join!(pods, store_pods, statefulsets, jobs);
 }

@@ -1,45 +1,42 @@
 //! The state of a training world as observed: pure functions from the pods
-//! of one workload (as [`PodView`]s) and what was seen before ([`Memory`]) to
-//! the `trainwire.dev/world` status ([`observe`]), and whether to write it
+//! of one workload (as [`PodView`]s), its dedicated store's pods (as
+//! [`StoreView`]s) and what was seen before ([`Memory`]) to the
+//! `trainwire.dev/world` status ([`observe`]), and whether to write it
 //! ([`decide_write`]). The world controller (`trainwire-controllers`) feeds
-//! them from its watches; `kubectl trainwire status` from one list.
+//! them from its watches; `kubectl trainwire status` from one list. Every
+//! time is passed in: nothing here reads a clock.
 //!
-//! ([`trainwire_contract::world`]), kept by the world controller.
+//! What counts as a **loss** (each opens an episode and adds one to the
+//! world's generation):
+//! - a pod of a rank below the expected size that gets a
+//!   `deletionTimestamp`, a `DisruptionTarget` condition or phase `Failed`,
+//!   or that disappears or is replaced (a new UID for its rank) without one
+//!   of those being seen;
+//! - its trainer container terminated (`state.terminated`, or a
+//!   `lastState.terminated` newer than the last one seen), at the
+//!   container's `finishedAt`: the kubelet shows that at once, while
+//!   `restartCount` moves only when it restarts the container after its
+//!   back-off;
+//! - a sidecar's new `trainwire.dev/peer-loss` record;
+//! - the dedicated store's pod deleted, failed, its container exited, or
+//!   gone or replaced (a loss of its own: every agent exits with it).
 //!
-//! It runs in `trainwire-controllers` on the replica that holds the
-//! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
-//! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
-//! by a shared Pod watch (a pod maps to its controller ownerReference). For
-//! every injected workload (its pod template carries `trainwire.dev/status`)
-//! a reconcile:
+//! Signals about the same rank (or the store) while its loss is open are
+//! that one loss; a trainer container that exits while a loss is open is a
+//! consequence of it (agents exit when their store or rendezvous host goes),
+//! noted in its actions, not a new loss.
 //!
-//! 1. turns each of the workload's pods into a [`PodView`] (rank, Ready and
-//!    since when, being deleted or failed, the sidecar's
-//!    `trainwire.dev/peer-loss` and `trainwire.dev/checkpoint` records);
-//! 2. calls the pure [`observe`], which finds new losses against what this
-//!    replica saw before ([`Memory`]) and derives the status from the last
-//!    one (the annotation as read, or the one this replica computed last);
-//! 3. calls the pure [`decide_write`]: nothing when only `updatedAt` would
-//!    change, else a merge patch of the annotation, at most once per
-//!    [`MIN_WRITE_INTERVAL`] per workload (a write held back is made at the
-//!    end of the interval, with whatever is true then).
-//!
-//! What counts as a loss: a pod of a rank below the expected size that gets
-//! a `deletionTimestamp`, fails, gets a `DisruptionTarget` condition,
-//! disappears or is replaced (a new UID for its rank) without one of those
-//! being seen; or a sidecar's new peer-loss record. Signals about the same
-//! rank while its loss is open are that one loss (the sidecars of every
-//! survivor report it, and a pod deletion is seen too); each loss adds one
-//! to the world's generation.
-//!
-//! What counts as "resumed": the first observation after the loss at which
-//! every expected rank has a pod that is Ready and not being deleted, with
-//! at least one of them Ready since after the loss (or the world seen broken
-//! since). `resumedAt` is the latest of those pods' Ready transition times
-//! (the kubelet's clock, not this controller's delay). A Ready trainer is the
-//! closest observable to "training again": torchrun's rendezvous and the
-//! script's checkpoint load come after it (5 to 8 s in docs/recovery.md's
-//! measurements), and a script step is not visible from the API.
+//! What counts as **resumed**: an observation that training runs again after
+//! the loss (and after the last trainer exit it caused), never a pod's
+//! readiness: a sidecar's record that the trainer's workers started after
+//! it and stayed up (`trainingSince`), a hot spare's take-over record, or a
+//! checkpoint written after it. `resumedAt` is the earliest such time. The
+//! loss closes when the world is whole again (the needed ranks Ready, their
+//! trainers running, the store available) and training was seen; until then
+//! the phase is `Recovering` and `waitingFor` says for what. A world whose
+//! pods run no sidecar cannot show training: its loss closes as
+//! `not-observable` once it is whole. Scaling to zero, a stop or a finished
+//! Job close an open loss too (`closedBy`), without a `resumedAt`.
 //!
 //! On a new leader, [`Memory`] starts empty: the first observation of a
 //! workload only learns its pods (no loss is counted) and the history comes
@@ -52,13 +49,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use trainwire_contract::peer_loss::{self, PeerLossRecord};
 use trainwire_contract::world::{
-    self, CheckpointRecord, CheckpointSeen, Loss, MAX_ACTIONS, Nodes, Phase, SCHEMA_VERSION,
-    Stopped, WorldStatus,
+    self, CheckpointRecord, CheckpointSeen, Loss, MAX_ACTIONS, MAX_RANKS, Nodes, Phase, RankRole,
+    Role, SCHEMA_VERSION, Stopped, StoreSeen, WorldStatus,
 };
 
 use crate::mutation::annotations as ann;
@@ -67,6 +64,11 @@ use crate::mutation::annotations as ann;
 const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 /// The label (and annotation) Indexed Job pods carry their index in.
 const JOB_INDEX: &str = "batch.kubernetes.io/job-completion-index";
+/// The trainer container when the pod does not name it.
+const DEFAULT_TRAINER: &str = "trainer";
+/// Bound on the pod's `trainwire.dev/status` annotation read for the
+/// trainer's name.
+const MAX_POD_STATUS_BYTES: usize = 16 * 1024;
 
 /// One pod of the world, as the status needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,8 +82,75 @@ pub struct PodView {
     pub ready_since: Option<Timestamp>,
     /// Lost: when, and what shows it.
     pub lost: Option<(Timestamp, &'static str)>,
+    /// The trainer container's latest exit the pod status shows (its
+    /// `state.terminated` or `lastState.terminated`, `finishedAt`).
+    pub trainer_exit: Option<Timestamp>,
+    /// The trainer container is not running now (terminated, or waiting to
+    /// be restarted after an exit).
+    pub trainer_down: bool,
+    /// The pod runs trainwire's sidecar (an init container that restarts
+    /// always): training can be observed from it.
+    pub sidecar: bool,
     pub peer_loss: Option<PeerLossRecord>,
     pub checkpoint: Option<CheckpointRecord>,
+}
+
+/// The container status of `name` among `statuses`, else of the only one.
+fn trainer_status<'a>(statuses: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
+    statuses.iter().find(|c| c.name == name).or(match statuses {
+        [only] => Some(only),
+        _ => None,
+    })
+}
+
+/// From the pod's `trainwire.dev/status` (the template's, as injected): the
+/// trainer container's name, and whether the sidecar was injected.
+fn injected_pod(meta: &ObjectMeta) -> (String, bool) {
+    let status = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ann::STATUS))
+        .filter(|v| v.len() <= MAX_POD_STATUS_BYTES)
+        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok());
+    let name = status
+        .as_ref()
+        .and_then(|v| v.get("container").and_then(|c| c.as_str()))
+        .filter(|c| !c.is_empty())
+        .unwrap_or(DEFAULT_TRAINER)
+        .to_string();
+    let sidecar = status
+        .as_ref()
+        .is_some_and(|v| v.get("sidecarPort").is_some_and(|p| !p.is_null()));
+    (name, sidecar)
+}
+
+/// The latest exit of a container and whether it is down now; `None` for
+/// an exit that is a normal end (code 0 where the pod does not restart it).
+fn container_exit(
+    c: &ContainerStatus,
+    restarts_always: bool,
+    now: Timestamp,
+) -> (Option<Timestamp>, bool) {
+    let state = c.state.as_ref();
+    let current = state.and_then(|s| s.terminated.as_ref());
+    let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+    let waiting = state.is_some_and(|s| s.waiting.is_some());
+    let ended = |t: &k8s_openapi::api::core::v1::ContainerStateTerminated| {
+        if t.exit_code == 0 && !restarts_always {
+            return None;
+        }
+        Some(
+            t.finished_at
+                .as_ref()
+                .or(t.started_at.as_ref())
+                .map_or(now, |x| x.0),
+        )
+    };
+    match (current, last) {
+        (Some(t), _) => (ended(t), ended(t).is_some()),
+        (None, Some(t)) => (ended(t), waiting && ended(t).is_some()),
+        (None, None) => (None, false),
+    }
 }
 
 impl PodView {
@@ -95,25 +164,36 @@ impl PodView {
             .or_else(|| meta.annotations.as_ref().and_then(|a| a.get(JOB_INDEX)))
             .and_then(|v| v.parse::<u32>().ok())?;
         let status = pod.status.as_ref();
+        let (ready, ready_since) = ready_of(pod);
         let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
-        let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
-        let ready = ready_condition.is_some_and(|c| c.status == "True");
-        let ready_since =
-            ready_condition.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0));
         let disrupted = conditions
             .iter()
             .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
-        let lost = if let Some(t) = &meta.deletion_timestamp {
-            Some((t.0, "pod-deleted"))
+        let phase = status.and_then(|s| s.phase.as_deref());
+        let lost = if let Some(t) = deleted_at(meta) {
+            Some((t, "pod-deleted"))
         } else if let Some(c) = disrupted {
             Some((
                 c.last_transition_time.as_ref().map_or(now, |t| t.0),
                 "pod-disrupted",
             ))
-        } else if status.and_then(|s| s.phase.as_deref()) == Some("Failed") {
+        } else if phase == Some("Failed") {
             Some((now, "pod-failed"))
         } else {
             None
+        };
+        let restarts_always = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.restart_policy.as_deref())
+            .is_none_or(|p| p == "Always");
+        let statuses = status
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or(&[]);
+        let (trainer, sidecar) = injected_pod(meta);
+        let (trainer_exit, trainer_down) = match trainer_status(statuses, &trainer) {
+            Some(c) if phase != Some("Succeeded") => container_exit(c, restarts_always, now),
+            _ => (None, false),
         };
         let annotation = |key: &str| meta.annotations.as_ref().and_then(|a| a.get(key));
         Some(PodView {
@@ -123,11 +203,92 @@ impl PodView {
             ready,
             ready_since,
             lost,
+            trainer_exit,
+            trainer_down,
+            sidecar,
             peer_loss: annotation(peer_loss::ANNOTATION)
                 .and_then(|v| PeerLossRecord::from_annotation(v)),
             checkpoint: annotation(world::CHECKPOINT_ANNOTATION)
                 .and_then(|v| CheckpointRecord::from_annotation(v).ok()),
         })
+    }
+
+    /// Part of the world now: not lost, its trainer not down.
+    fn up(&self) -> bool {
+        self.lost.is_none() && !self.trainer_down
+    }
+}
+
+/// When the pod's deletion was asked for: its `deletionTimestamp` is that
+/// plus the grace period (the time by which it should be gone).
+fn deleted_at(meta: &ObjectMeta) -> Option<Timestamp> {
+    let t = meta.deletion_timestamp.as_ref()?.0;
+    let grace = meta
+        .deletion_grace_period_seconds
+        .filter(|g| (0..=86_400 * 365).contains(g))
+        .unwrap_or(0);
+    Some(
+        t.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(grace))
+            .unwrap_or(t),
+    )
+}
+
+/// A pod's `Ready` condition: whether `True`, and since when.
+fn ready_of(pod: &Pod) -> (bool, Option<Timestamp>) {
+    let ready = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[])
+        .iter()
+        .find(|c| c.type_ == "Ready");
+    (
+        ready.is_some_and(|c| c.status == "True"),
+        ready.and_then(|c| c.last_transition_time.as_ref().map(|t| t.0)),
+    )
+}
+
+/// One pod of a dedicated rendezvous store (label `trainwire.dev/rdzv-store`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreView {
+    pub name: String,
+    pub uid: String,
+    pub ready: bool,
+    pub ready_since: Option<Timestamp>,
+    /// Lost: when, and what shows it (`store-deleted`, `store-failed`,
+    /// `store-exited`).
+    pub lost: Option<(Timestamp, &'static str)>,
+}
+
+impl StoreView {
+    pub fn of(pod: &Pod, now: Timestamp) -> StoreView {
+        let meta = &pod.metadata;
+        let (ready, ready_since) = ready_of(pod);
+        let status = pod.status.as_ref();
+        let exit = status
+            .and_then(|s| s.container_statuses.as_deref())
+            .unwrap_or(&[])
+            .iter()
+            .map(|c| container_exit(c, true, now))
+            .find(|(_, down)| *down);
+        let lost = if let Some(t) = deleted_at(meta) {
+            Some((t, "store-deleted"))
+        } else if status.and_then(|s| s.phase.as_deref()) == Some("Failed") {
+            Some((now, "store-failed"))
+        } else {
+            exit.map(|(at, _)| (at.unwrap_or(now), "store-exited"))
+        };
+        StoreView {
+            name: meta.name.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+            ready,
+            ready_since,
+            lost,
+        }
+    }
+
+    fn available(&self) -> bool {
+        self.ready && self.lost.is_none()
     }
 }
 
@@ -142,6 +303,8 @@ pub struct WorldOf {
     pub stopped: Option<Stopped>,
     /// `Completed` or `Failed` for a finished Job.
     pub finished: Option<Phase>,
+    /// It was injected with a dedicated rendezvous store (`<name>-rdzv`).
+    pub dedicated_store: bool,
 }
 
 fn stopped_of(kind: &str, meta: &ObjectMeta) -> Option<Stopped> {
@@ -169,9 +332,11 @@ fn stopped_of(kind: &str, meta: &ObjectMeta) -> Option<Stopped> {
     })
 }
 
-/// The hot spares recorded in the template's `trainwire.dev/status`.
-fn spares_of(template: &PodTemplateSpec) -> u32 {
-    crate::mutation::status::read(template).map_or(0, |s| s.spares)
+/// The hot spares and whether a dedicated store was injected, from the
+/// template's `trainwire.dev/status`.
+fn injected_of(template: &PodTemplateSpec) -> (u32, bool) {
+    crate::mutation::status::read(template)
+        .map_or((0, false), |s| (s.spares, !s.rdzv_store.is_empty()))
 }
 
 impl WorldOf {
@@ -182,11 +347,16 @@ impl WorldOf {
 
     pub fn of_statefulset(sts: &StatefulSet) -> WorldOf {
         let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let (spares, dedicated_store) = sts
+            .spec
+            .as_ref()
+            .map_or((0, false), |s| injected_of(&s.template));
         WorldOf {
             expected: u32::try_from(replicas).unwrap_or(0),
-            spares: sts.spec.as_ref().map_or(0, |s| spares_of(&s.template)),
+            spares,
             stopped: stopped_of("StatefulSet", &sts.metadata),
             finished: None,
+            dedicated_store,
         }
     }
 
@@ -207,15 +377,17 @@ impl WorldOf {
         } else {
             None
         };
+        let (spares, dedicated_store) = spec.map_or((0, false), |s| injected_of(&s.template));
         WorldOf {
             expected: if suspended {
                 0
             } else {
                 u32::try_from(parallelism).unwrap_or(0)
             },
-            spares: spec.map_or(0, |s| spares_of(&s.template)),
+            spares,
             stopped: stopped_of("Job", &job.metadata),
             finished,
+            dedicated_store,
         }
     }
 }
@@ -230,28 +402,51 @@ pub struct Memory {
     ranks: BTreeMap<u32, String>,
     /// UIDs of pods already counted lost.
     lost: BTreeSet<String>,
+    /// The latest trainer exit seen per pod UID.
+    exits: BTreeMap<String, Timestamp>,
     /// Sidecar records already counted: (pod UID, the sidecar's generation).
     records: BTreeSet<(String, u64)>,
-    /// The world was seen not whole since the open loss.
-    broken_since_loss: bool,
+    /// The store's current pod.
+    store: Option<StoreMemory>,
+    /// The latest disruption of the open loss (the loss, and the trainer
+    /// exits it caused): training seen after it resumes the loss.
+    disrupted_until: Option<Timestamp>,
     /// The last status computed (written, or waiting for the interval).
     pub status: Option<WorldStatus>,
     /// When this replica last wrote the annotation.
     pub last_write: Option<Timestamp>,
 }
 
+/// What a loss is of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Subject {
+    Rank(u32),
+    Store(String),
+}
+
 /// A loss seen in one observation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Seen {
-    rank: u32,
+    subject: Subject,
     at: Timestamp,
     detected_by: &'static str,
     action: Option<String>,
+    /// A trainer exit or a sidecar's report: while another loss is open it
+    /// is a consequence of that one (agents exit when their store or
+    /// rendezvous host goes; survivors report the exits), not a new loss.
+    consequence: bool,
 }
 
 impl Memory {
-    /// New losses in `pods` since the last observation; learns them.
-    fn losses(&mut self, pods: &[PodView], expected: u32, now: Timestamp) -> Vec<Seen> {
+    /// New losses in `pods` and `store` since the last observation; learns
+    /// them.
+    fn losses(
+        &mut self,
+        pods: &[PodView],
+        store: Option<&[StoreView]>,
+        expected: u32,
+        now: Timestamp,
+    ) -> Vec<Seen> {
         let count = self.primed;
         self.primed = true;
         let mut out = Vec::new();
@@ -262,11 +457,25 @@ impl Memory {
                 && p.rank < expected
             {
                 out.push(Seen {
-                    rank: p.rank,
+                    subject: Subject::Rank(p.rank),
                     at,
                     detected_by: how,
                     action: None,
+                    consequence: false,
                 });
+            }
+            if let Some(exit) = p.trainer_exit {
+                let newer = self.exits.get(&p.uid).is_none_or(|seen| exit > *seen);
+                self.exits.insert(p.uid.clone(), exit);
+                if newer && count && p.rank < expected && p.lost.is_none() {
+                    out.push(Seen {
+                        subject: Subject::Rank(p.rank),
+                        at: exit.min(now),
+                        detected_by: "container-exited",
+                        action: Some(format!("rank {}: trainer exited", p.rank)),
+                        consequence: true,
+                    });
+                }
             }
         }
         for (rank, uid) in &self.ranks {
@@ -277,10 +486,11 @@ impl Memory {
             if *rank < expected {
                 let replaced = pods.iter().any(|p| p.rank == *rank);
                 out.push(Seen {
-                    rank: *rank,
+                    subject: Subject::Rank(*rank),
                     at: now,
                     detected_by: if replaced { "pod-replaced" } else { "pod-gone" },
                     action: None,
+                    consequence: false,
                 });
             }
         }
@@ -292,18 +502,18 @@ impl Memory {
             }
             if self.records.insert((p.uid.clone(), r.generation)) && count {
                 // The sidecar's clock, but never in the future of ours.
-                let at =
-                    r.at.parse::<Timestamp>()
-                        .ok()
-                        .filter(|t| *t <= now)
-                        .unwrap_or(now);
+                let at = parse_time(&r.at).filter(|t| *t <= now).unwrap_or(now);
                 out.push(Seen {
-                    rank: r.lost_rank,
+                    subject: Subject::Rank(r.lost_rank),
                     at,
                     detected_by: "sidecar",
                     action: Some(format!("rank {}: {} {}", p.rank, r.action, r.result)),
+                    consequence: true,
                 });
             }
+        }
+        if let Some(stores) = store {
+            out.extend(self.store_losses(stores, count && expected > 0, now));
         }
         // The current pod of each rank: one not lost, else the newest seen.
         let mut ranks = BTreeMap::new();
@@ -316,10 +526,87 @@ impl Memory {
         // Bounded by the pods that exist.
         let present: BTreeSet<&String> = pods.iter().map(|p| &p.uid).collect();
         self.lost.retain(|u| present.contains(u));
+        self.exits.retain(|u, _| present.contains(u));
         self.records.retain(|(u, _)| present.contains(u));
         out.sort_by_key(|s| s.at);
         out
     }
+
+    /// A loss of the store: its current pod lost, gone or replaced.
+    fn store_losses(&mut self, stores: &[StoreView], count: bool, now: Timestamp) -> Vec<Seen> {
+        let mut out = Vec::new();
+        let mut seen = |subject: String, at: Timestamp, how: &'static str| {
+            if count {
+                out.push(Seen {
+                    subject: Subject::Store(subject),
+                    at,
+                    detected_by: how,
+                    action: None,
+                    consequence: false,
+                });
+            }
+        };
+        if let Some(known) = self.store.clone() {
+            match stores.iter().find(|s| s.uid == known.uid) {
+                Some(s) => {
+                    if let Some((at, how)) = s.lost
+                        && !known.counted
+                    {
+                        seen(s.name.clone(), at, how);
+                        self.store = Some(StoreMemory {
+                            counted: true,
+                            ..known
+                        });
+                    } else if s.lost.is_none() && known.counted {
+                        // Its container runs again: a next exit is a new loss.
+                        self.store = Some(StoreMemory {
+                            counted: false,
+                            ..known
+                        });
+                    }
+                }
+                None => {
+                    if !known.counted {
+                        let how = if stores.is_empty() {
+                            "store-gone"
+                        } else {
+                            "store-replaced"
+                        };
+                        seen(known.name.clone(), now, how);
+                    }
+                    self.store = None;
+                }
+            }
+        }
+        // Follow the store's new pod (a replacement is a new life).
+        let current = stores
+            .iter()
+            .find(|s| s.lost.is_none())
+            .or_else(|| stores.first());
+        if let Some(c) = current
+            && self
+                .store
+                .as_ref()
+                .is_none_or(|k| k.counted && k.uid != c.uid)
+        {
+            self.store = Some(StoreMemory {
+                uid: c.uid.clone(),
+                name: c.name.clone(),
+                // First seen already lost: not counted again.
+                counted: c.lost.is_some(),
+            });
+        }
+        out
+    }
+}
+
+/// The store pod a [`Memory`] follows.
+#[derive(Clone, Debug)]
+struct StoreMemory {
+    uid: String,
+    name: String,
+    /// Its loss was counted.
+    counted: bool,
 }
 
 pub fn parse_time(text: &str) -> Option<Timestamp> {
@@ -338,110 +625,260 @@ fn ready_ranks(expected: u32, pods: &[PodView]) -> u32 {
         .unwrap_or(u32::MAX)
 }
 
-/// Whether the world can train: every rank below `expected` has a Ready pod
-/// not being deleted, or, with hot spares, at least `expected - spares` do.
-fn whole(workload: &WorldOf, pods: &[PodView]) -> bool {
-    workload.needed() > 0 && ready_ranks(workload.expected, pods) >= workload.needed()
+/// Ranks below `expected` whose pod is Ready, not lost, its trainer up.
+fn up_ranks(expected: u32, pods: &[PodView]) -> u32 {
+    (0..expected)
+        .filter(|r| pods.iter().any(|p| p.rank == *r && p.ready && p.up()))
+        .count()
+        .try_into()
+        .unwrap_or(u32::MAX)
 }
 
-/// The earliest take-over of `rank` by a hot spare at or after `since`
-/// (the spare's sidecar record, its clock, never after `now`).
-fn spare_took_over(
+/// The store's state: `None` without a dedicated store.
+fn store_seen(workload: &WorldOf, store: Option<&[StoreView]>) -> Option<StoreSeen> {
+    if !workload.dedicated_store {
+        return None;
+    }
+    let stores = store.unwrap_or(&[]);
+    let current = stores
+        .iter()
+        .find(|s| s.available())
+        .or_else(|| stores.iter().find(|s| s.lost.is_none()))
+        .or_else(|| stores.first());
+    Some(match current {
+        None => StoreSeen::default(),
+        Some(s) => StoreSeen {
+            pod: s.name.clone(),
+            available: s.available(),
+            since: s.ready_since.map(|t| t.to_string()),
+        },
+    })
+}
+
+/// What keeps the world from being whole, `None` when it is.
+fn missing(workload: &WorldOf, pods: &[PodView], store: Option<&StoreSeen>) -> Option<String> {
+    let mut what = Vec::new();
+    let up = up_ranks(workload.expected, pods);
+    if up < workload.needed() {
+        let down: Vec<String> = (0..workload.expected)
+            .filter(|r| !pods.iter().any(|p| p.rank == *r && p.ready && p.up()))
+            .take(8)
+            .map(|r| r.to_string())
+            .collect();
+        what.push(format!(
+            "{} of {} needed pods Ready with their trainer running (not: rank {})",
+            up,
+            workload.needed(),
+            down.join(", ")
+        ));
+    }
+    if let Some(s) = store
+        && !s.available
+    {
+        what.push(if s.pod.is_empty() {
+            "the rendezvous store's pod to exist".to_string()
+        } else {
+            format!("the rendezvous store {} to be Ready", s.pod)
+        });
+    }
+    (!what.is_empty()).then(|| what.join("; "))
+}
+
+/// The earliest observation at or after `since` that training runs: a
+/// sidecar's `trainingSince`, a spare's take-over of `rank`, a checkpoint
+/// written after it. Times from the sidecars' clocks, never after `now`.
+fn training_seen(
     pods: &[PodView],
-    rank: u32,
     since: Timestamp,
     now: Timestamp,
-) -> Option<Timestamp> {
-    pods.iter()
-        .filter_map(|p| p.peer_loss.as_ref())
-        .filter(|r| r.action == peer_loss::SPARE_TOOK_OVER && r.lost_rank == rank)
-        .filter_map(|r| parse_time(&r.at))
-        .filter(|t| *t >= since)
-        .min()
-        .map(|t| t.min(now))
-}
-
-fn add_loss(status: &mut WorldStatus, seen: Seen) -> bool {
-    if let Some(l) = status.last_loss.as_mut()
-        && l.rank == seen.rank
-    {
-        let open = l.resumed_at.is_none();
-        let before_resume = l
-            .resumed_at
-            .as_deref()
-            .and_then(parse_time)
-            .is_some_and(|r| seen.at <= r);
-        if open || before_resume {
-            // The same loss, told by another source.
-            if parse_time(&l.at).is_none_or(|at| seen.at < at) && open {
-                l.at = seen.at.to_string();
+) -> Option<(Timestamp, &'static str)> {
+    let mut seen: Vec<(Timestamp, &'static str)> = Vec::new();
+    for p in pods.iter().filter(|p| p.up()) {
+        if let Some(r) = &p.peer_loss {
+            if let Some(t) = r.training_since.as_deref().and_then(parse_time) {
+                seen.push((t, "workers-started"));
             }
-            if let Some(a) = seen.action
-                && !l.actions.contains(&a)
-                && l.actions.len() < MAX_ACTIONS
+            if r.action == peer_loss::SPARE_TOOK_OVER
+                && let Some(t) = parse_time(&r.at)
             {
-                l.actions.push(a);
+                seen.push((t, "spare-took-over"));
             }
-            return false;
+        }
+        if let Some(t) = p.checkpoint.as_ref().and_then(|c| parse_time(&c.at)) {
+            seen.push((t, "checkpoint"));
         }
     }
+    seen.into_iter()
+        .filter(|(t, _)| *t >= since)
+        .min_by_key(|(t, _)| *t)
+        .map(|(t, how)| (t.min(now), how))
+}
+
+fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
+    let same_subject = |l: &Loss| match &seen.subject {
+        Subject::Rank(r) => l.store.is_none() && l.rank == *r,
+        Subject::Store(_) => l.store.is_some(),
+    };
+    let fold = status.last_loss.as_ref().is_some_and(|l| {
+        if l.is_open() {
+            same_subject(l) || seen.consequence
+        } else {
+            // Told late: said before the loss resumed.
+            same_subject(l)
+                && !seen.consequence
+                && l.resumed_at
+                    .as_deref()
+                    .and_then(parse_time)
+                    .is_some_and(|r| seen.at <= r)
+        }
+    });
+    if fold && let Some(l) = status.last_loss.as_mut() {
+        let is_open = l.is_open();
+        if is_open && same_subject(l) && parse_time(&l.at).is_none_or(|at| seen.at < at) {
+            l.at = seen.at.to_string();
+        }
+        if let Some(a) = seen.action
+            && !l.actions.contains(&a)
+            && l.actions.len() < MAX_ACTIONS
+        {
+            l.actions.push(a);
+        }
+        if is_open {
+            memory.disrupted_until =
+                Some(memory.disrupted_until.map_or(seen.at, |d| d.max(seen.at)));
+        }
+        return false;
+    }
     status.generation += 1;
+    let (rank, store) = match seen.subject {
+        Subject::Rank(r) => (r, None),
+        Subject::Store(pod) => (0, Some(pod)),
+    };
+    let action = if seen.detected_by == "container-exited" {
+        None
+    } else {
+        seen.action
+    };
     status.last_loss = Some(Loss {
         generation: status.generation,
-        rank: seen.rank,
+        rank,
         at: seen.at.to_string(),
         detected_by: seen.detected_by.to_string(),
-        actions: seen.action.into_iter().collect(),
-        resumed_at: None,
-        recovery_seconds: None,
+        store,
+        actions: action.into_iter().collect(),
+        ..Loss::default()
     });
+    memory.disrupted_until = Some(seen.at);
     true
 }
 
+/// Each pod's role, by index then name.
+fn roles(workload: &WorldOf, pods: &[PodView]) -> Vec<RankRole> {
+    let mut sorted: Vec<&PodView> = pods.iter().filter(|p| p.rank < workload.expected).collect();
+    sorted.sort_by(|a, b| (a.rank, &a.name).cmp(&(b.rank, &b.name)));
+    let mut out: Vec<RankRole> = sorted
+        .iter()
+        .take(MAX_RANKS)
+        .map(|p| {
+            let record = p.peer_loss.as_ref();
+            let torch_rank = record.and_then(|r| r.torch_rank);
+            let (role, from) = if !p.up() {
+                (Role::Lost, "pod")
+            } else if !p.ready {
+                (Role::Waiting, "pod")
+            } else if record.is_some_and(|r| r.action == peer_loss::SPARE_TOOK_OVER) {
+                (Role::Training, "spare-took-over")
+            } else if record.is_some_and(|r| r.training_since.is_some()) {
+                (Role::Training, "sidecar")
+            } else if workload.spares == 0 {
+                (Role::Training, "pod")
+            } else {
+                // Decided below: with hot spares, which Ready pods train
+                // is torchrun's choice.
+                (Role::Spare, "index")
+            };
+            RankRole {
+                index: p.rank,
+                pod: p.name.clone(),
+                role,
+                torch_rank,
+                from: from.to_string(),
+            }
+        })
+        .collect();
+    let known = out.iter().filter(|r| r.role == Role::Training).count();
+    let mut free = usize::try_from(workload.needed())
+        .unwrap_or(usize::MAX)
+        .saturating_sub(known);
+    for r in out.iter_mut().filter(|r| r.from == "index") {
+        if free > 0 {
+            r.role = Role::Training;
+            free -= 1;
+        }
+    }
+    out
+}
+
 /// The world's status now: `previous` (the annotation as read, or what this
-/// replica computed last) moved on by what `pods` show. Pure but for
-/// `memory`, which it updates.
+/// replica computed last) moved on by what `pods` and the dedicated store's
+/// pods (`store`, `None` when not watched) show. Pure but for `memory`,
+/// which it updates.
 pub fn observe(
     previous: Option<&WorldStatus>,
     memory: &mut Memory,
     workload: &WorldOf,
     pods: &[PodView],
+    store: Option<&[StoreView]>,
     now: Timestamp,
 ) -> WorldStatus {
     let mut status = previous.cloned().unwrap_or_default();
     status.version = SCHEMA_VERSION;
-    for seen in memory.losses(pods, workload.expected, now) {
-        if add_loss(&mut status, seen) {
-            memory.broken_since_loss = false;
-        }
+    let store_watched = if workload.dedicated_store {
+        store
+    } else {
+        None
+    };
+    for seen in memory.losses(pods, store_watched, workload.expected, now) {
+        add_loss(&mut status, seen, memory);
     }
-    let is_whole = whole(workload, pods);
+    status.store = store_seen(workload, store);
+    let missing = missing(workload, pods, status.store.as_ref());
+    status.waiting_for = None;
+    let ended = if workload.stopped.is_some() {
+        Some("stopped")
+    } else if workload.finished.is_some() {
+        Some("finished")
+    } else if workload.expected == 0 {
+        Some("paused")
+    } else {
+        None
+    };
     if let Some(l) = status.last_loss.as_mut()
-        && l.resumed_at.is_none()
+        && l.is_open()
     {
         let loss_at = parse_time(&l.at).unwrap_or(now);
-        if let Some(took_over) = spare_took_over(pods, l.rank, loss_at, now)
-            && is_whole
-        {
-            // A hot spare trains in the lost node's place: the world
-            // trains again from then, whatever the replacement does.
-            l.resumed_at = Some(took_over.to_string());
-            l.recovery_seconds = took_over.duration_since(loss_at).as_secs().try_into().ok();
-            memory.broken_since_loss = false;
-        } else if !is_whole {
-            memory.broken_since_loss = true;
+        let since = memory.disrupted_until.map_or(loss_at, |d| d.max(loss_at));
+        let seen = training_seen(pods, since, now);
+        let observable = pods.iter().any(|p| p.sidecar);
+        if let Some(why) = ended {
+            l.closed_by = Some(why.to_string());
+        } else if let Some(why) = &missing {
+            status.waiting_for = Some(why.clone());
+        } else if let Some((at, how)) = seen {
+            let at = at.max(loss_at);
+            l.resumed_at = Some(at.to_string());
+            l.recovery_seconds = at.duration_since(loss_at).as_secs().try_into().ok();
+            l.resumed_by = Some(how.to_string());
+        } else if !observable {
+            l.closed_by = Some("not-observable".to_string());
         } else {
-            let latest_ready = pods
-                .iter()
-                .filter(|p| p.rank < workload.expected && p.ready && p.lost.is_none())
-                .filter_map(|p| p.ready_since)
-                .max();
-            if latest_ready.is_some_and(|r| r >= loss_at) || memory.broken_since_loss {
-                let resumed = latest_ready.unwrap_or(now).max(loss_at).min(now);
-                l.resumed_at = Some(resumed.to_string());
-                l.recovery_seconds = resumed.duration_since(loss_at).as_secs().try_into().ok();
-                memory.broken_since_loss = false;
-            }
+            status.waiting_for = Some(format!(
+                "training to be seen running after {}: a sidecar's record of the trainer's workers started since (trainingSince), a spare's take-over, or a checkpoint written since",
+                since
+            ));
+        }
+        if !l.is_open() {
+            memory.disrupted_until = None;
         }
     }
     status.nodes = Nodes {
@@ -463,10 +900,8 @@ pub fn observe(
             reported_by: records.len().try_into().unwrap_or(u32::MAX),
         });
     status.stopped = workload.stopped.clone();
-    let open = status
-        .last_loss
-        .as_ref()
-        .is_some_and(|l| l.resumed_at.is_none());
+    status.ranks = roles(workload, pods);
+    let open = status.last_loss.as_ref().is_some_and(Loss::is_open);
     status.phase = if status.stopped.is_some() {
         Phase::Stopped
     } else if let Some(finished) = workload.finished {
@@ -475,7 +910,7 @@ pub fn observe(
         Phase::Paused
     } else if open {
         Phase::Recovering
-    } else if is_whole {
+    } else if workload.needed() > 0 && missing.is_none() {
         Phase::Running
     } else {
         Phase::Forming

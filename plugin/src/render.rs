@@ -75,11 +75,12 @@ fn last_loss(s: &WorldStatus, now: Timestamp) -> String {
     match &s.last_loss {
         None => "-".to_string(),
         Some(l) => {
-            let resumed = match l.recovery_seconds {
-                Some(r) => format!("resumed in {}", age(i64::try_from(r).unwrap_or(i64::MAX))),
-                None => "recovering".to_string(),
+            let resumed = match (l.recovery_seconds, &l.closed_by) {
+                (Some(r), _) => format!("resumed in {}", age(i64::try_from(r).unwrap_or(i64::MAX))),
+                (None, Some(why)) => format!("ended: {why}"),
+                (None, None) => "recovering".to_string(),
             };
-            format!("rank {} {} ago, {resumed}", l.rank, age_of(&l.at, now))
+            format!("{} {} ago, {resumed}", l.subject(), age_of(&l.at, now))
         }
     }
 }
@@ -130,6 +131,9 @@ pub fn world(w: &World, now: Timestamp) -> String {
     field("World:", format!("{}/{}", w.kind.to_lowercase(), w.name));
     field("Namespace:", w.namespace.clone());
     field("Phase:", s.phase.to_string());
+    if let Some(w) = &s.waiting_for {
+        field("Waiting:", w.clone());
+    }
     field(
         "Nodes:",
         match s.nodes.spares {
@@ -142,21 +146,35 @@ pub fn world(w: &World, now: Timestamp) -> String {
             ),
         },
     );
+    if let Some(st) = &s.store {
+        field(
+            "Store:",
+            match (st.pod.as_str(), st.available) {
+                ("", _) => "dedicated rendezvous store: no pod".to_string(),
+                (pod, true) => format!("{pod} available"),
+                (pod, false) => format!("{pod} NOT available"),
+            },
+        );
+    }
     field("Losses:", s.generation.to_string());
     if let Some(l) = &s.last_loss {
         let mut text = format!(
-            "rank {} at {} ({} ago), seen by {}",
-            l.rank,
+            "{} at {} ({} ago), seen by {}",
+            l.subject(),
             l.at,
             age_of(&l.at, now),
             l.detected_by
         );
-        match (&l.resumed_at, l.recovery_seconds) {
-            (Some(at), Some(r)) => text.push_str(&format!(
-                "; resumed at {at}, {} later",
-                age(i64::try_from(r).unwrap_or(i64::MAX))
+        match (&l.resumed_at, l.recovery_seconds, &l.closed_by) {
+            (Some(at), Some(r), _) => text.push_str(&format!(
+                "; training resumed at {at}, {} later ({})",
+                age(i64::try_from(r).unwrap_or(i64::MAX)),
+                l.resumed_by.as_deref().unwrap_or("observed")
             )),
-            _ => text.push_str("; not resumed yet"),
+            (_, _, Some(why)) => {
+                text.push_str(&format!("; ended without a resumption seen: {why}"))
+            }
+            _ => text.push_str("; training not seen running again yet"),
         }
         field("Last loss:", text);
         for a in &l.actions {
@@ -208,6 +226,12 @@ pub fn world(w: &World, now: Timestamp) -> String {
             vec![
                 r.rank.to_string(),
                 r.pod.clone(),
+                match (r.role, r.torch_rank) {
+                    (trainwire_contract::world::Role::Training, Some(t)) => {
+                        format!("training (torch rank {t})")
+                    }
+                    (role, _) => role.to_string(),
+                },
                 if r.node.is_empty() {
                     "<none>".to_string()
                 } else {
@@ -236,6 +260,7 @@ pub fn world(w: &World, now: Timestamp) -> String {
             &[
                 "RANK",
                 "POD",
+                "ROLE",
                 "NODE",
                 "READY",
                 "RESTARTS",

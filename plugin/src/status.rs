@@ -12,9 +12,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use serde::Serialize;
 use trainwire_contract::peer_loss::PeerLossRecord;
+use trainwire_contract::world::Role;
 use trainwire_contract::world::{self, CheckpointRecord, WorldStatus};
 use trainwire_engine::mutation::annotations as ann;
-use trainwire_engine::world::{Memory, PodView, WorldOf, observe};
+use trainwire_engine::world::{Memory, PodView, StoreView, WorldOf, observe};
 
 use crate::Result;
 use crate::cluster::{self, Workload};
@@ -41,6 +42,11 @@ pub struct Rank {
     pub rank: u32,
     pub pod: String,
     pub node: String,
+    /// What it does in the world: `training` (with `torchRank` when its
+    /// sidecar said), `spare`, `waiting`, `lost`.
+    pub role: Role,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub torch_rank: Option<u32>,
     pub ready: bool,
     /// Whether the pod is being deleted or has failed.
     pub lost: bool,
@@ -127,7 +133,26 @@ fn world_of(w: &Workload, all_pods: &[Pod], now: Timestamp, with_ranks: bool) ->
         Workload::StatefulSet(s) => WorldOf::of_statefulset(s),
         Workload::Job(j) => WorldOf::of_job(j),
     };
-    let mut status = observe(recorded.as_ref(), &mut Memory::default(), &of, &views, now);
+    let store: Vec<StoreView> = all_pods
+        .iter()
+        .filter(|p| p.metadata.namespace == meta.namespace)
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(trainwire_contract::labels::RDZV_STORE))
+                .is_some_and(|v| Some(v) == meta.name.as_ref())
+        })
+        .map(|p| StoreView::of(p, now))
+        .collect();
+    let mut status = observe(
+        recorded.as_ref(),
+        &mut Memory::default(),
+        &of,
+        &views,
+        Some(&store),
+        now,
+    );
     status.updated_at = recorded
         .as_ref()
         .map(|r| r.updated_at.clone())
@@ -136,8 +161,14 @@ fn world_of(w: &Workload, all_pods: &[Pod], now: Timestamp, with_ranks: bool) ->
         pods.iter()
             .filter_map(|p| {
                 let view = PodView::of(p, now)?;
+                let role = status
+                    .ranks
+                    .iter()
+                    .find(|r| r.pod == view.name && r.index == view.rank);
                 Some(Rank {
                     rank: view.rank,
+                    role: role.map_or(Role::Waiting, |r| r.role),
+                    torch_rank: role.and_then(|r| r.torch_rank),
                     pod: view.name,
                     node: p
                         .spec

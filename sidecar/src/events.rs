@@ -155,6 +155,7 @@ mod tests {
             action: "restart-agent".into(),
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
+            ..Default::default()
         };
         sink.record_peer_loss(&record);
         let (request, respond) =

@@ -35,12 +35,14 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let self_pid = std::process::id() as i32;
     let mut last: Option<PermissionState> = None;
     let mut role = Role::default();
+    let mut resumed = Resumed::default();
     let mut tick = tokio::time::interval(if shared.config.spares > 0 {
         SPARE_CHECK_INTERVAL
     } else {
         PERMISSION_CHECK_INTERVAL
     });
-    let mut running: Option<tokio::sync::oneshot::Receiver<(Permission, signal::Activity)>> = None;
+    type Found = (Permission, signal::Activity, Option<WorkersUp>);
+    let mut running: Option<tokio::sync::oneshot::Receiver<Found>> = None;
     loop {
         tick.tick().await;
         let pending = match running.take() {
@@ -48,11 +50,20 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             None => {
                 let matcher = matcher.clone();
                 match signal::on_own_thread("trainwire-check", move || {
-                    let procs = signal::scan(std::path::Path::new("/proc"));
+                    let root = std::path::Path::new("/proc");
+                    let procs = signal::scan(root);
                     let trainers = signal::find_trainers(&procs, &matcher, self_pid);
+                    let up = match (
+                        signal::newest_worker_start(&trainers),
+                        signal::uptime_ticks(root),
+                    ) {
+                        (Some(start), Some(uptime)) => Some(WorkersUp::at(start, uptime)),
+                        _ => None,
+                    };
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
+                        up,
                     )
                 }) {
                     Ok(pending) => pending,
@@ -71,10 +82,13 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         };
         let mut pending = pending;
         let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
-        if let Ok(Ok((_, activity))) = &found {
+        if let Ok(Ok((_, activity, up))) = &found {
             role.observe(&shared, &events, *activity);
+            if let Some(up) = up {
+                resumed.observe(&shared, &events, *up, SystemTime::now());
+            }
         }
-        let found = found.map(|r| r.map(|(permission, _)| permission));
+        let found = found.map(|r| r.map(|(permission, _, _)| permission));
         let (state, text) = match found {
             Ok(Ok(Permission::NoTrainer)) => {
                 (PermissionState::NoTrainer, "no trainer running".to_string())
@@ -107,6 +121,83 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             }
         };
         publish_permission(&shared, &events, &mut last, state, text);
+    }
+}
+
+/// The trainer's newest worker: how long ago it started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkersUp {
+    /// Its age, from `/proc` (start ticks against the uptime).
+    pub age: Duration,
+}
+
+impl WorkersUp {
+    fn at(start_ticks: u64, uptime_ticks: u64) -> WorkersUp {
+        let ticks = uptime_ticks.saturating_sub(start_ticks);
+        WorkersUp {
+            age: Duration::from_millis(ticks.saturating_mul(1000) / signal::TICKS_PER_SECOND),
+        }
+    }
+}
+
+/// After a loss this sidecar recorded, the first time the trainer's
+/// workers started after it and are still there a settle time later: adds
+/// their start time as `trainingSince` to the record on this pod, from
+/// which the world controller takes `resumedAt`. Once per loss generation.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    /// The generation whose resumption was recorded.
+    recorded: u64,
+}
+
+impl Resumed {
+    /// The record to write, if the workers show training again.
+    pub fn observe(
+        &mut self,
+        shared: &Shared,
+        events: &EventSink,
+        up: WorkersUp,
+        now: SystemTime,
+    ) -> Option<trainwire_contract::peer_loss::PeerLossRecord> {
+        use trainwire_contract::peer_loss::{PeerLossRecord, TRAINING_SETTLE};
+        let status = shared.status();
+        let action = status.last_action.as_ref()?;
+        if action.generation <= self.recorded || up.age < TRAINING_SETTLE {
+            return None;
+        }
+        let loss = status
+            .last_loss
+            .as_ref()
+            .filter(|l| l.generation == action.generation)
+            .and_then(|l| l.suspected_at.parse::<k8s_openapi::jiff::Timestamp>().ok())?;
+        let started = now.checked_sub(up.age)?;
+        let started_at = k8s_openapi::jiff::Timestamp::try_from(started).ok()?;
+        if started_at < loss {
+            return None;
+        }
+        let record = PeerLossRecord {
+            generation: action.generation,
+            lost_rank: action.lost_rank,
+            confirmed_by: action
+                .confirmed_by
+                .map(|c| c.as_str())
+                .unwrap_or_default()
+                .to_string(),
+            action: action.action.to_string(),
+            result: action.result.to_string(),
+            at: action.at.clone(),
+            training_since: Some(rfc3339(started)),
+            torch_rank: None,
+        };
+        drop(status);
+        tracing::info!(
+            generation = record.generation,
+            since = record.training_since.as_deref().unwrap_or_default(),
+            "training runs again: the trainer's workers started after the loss and stayed up"
+        );
+        events.record_peer_loss(&record);
+        self.recorded = record.generation;
+        Some(record)
     }
 }
 
@@ -173,6 +264,7 @@ impl Role {
                     action: trainwire_contract::peer_loss::SPARE_TOOK_OVER.to_string(),
                     result: "training".to_string(),
                     at: rfc3339(SystemTime::now()),
+                    ..Default::default()
                 });
             }
             let note = format!(

@@ -492,6 +492,16 @@ pub fn activity(trainers: &[Trainer]) -> Activity {
     }
 }
 
+/// The start time (ticks since boot) of the newest of the trainers'
+/// workers: when the current set of workers was up.
+pub fn newest_worker_start(trainers: &[Trainer]) -> Option<u64> {
+    trainers
+        .iter()
+        .flat_map(|t| t.workers.iter())
+        .map(|w| w.start_ticks)
+        .max()
+}
+
 /// Runs `work` on a thread of its own and returns its result when done:
 /// the `/proc` scans and the signals never wait for a shared pool (one that
 /// name lookups or file-system scans could hold), and a scan that hangs (a

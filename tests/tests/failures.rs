@@ -326,6 +326,7 @@ async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
         action: "restart-agent".into(),
         result: "signalled".into(),
         at: at(295).to_string(),
+        ..Default::default()
     };
     p.metadata
         .annotations

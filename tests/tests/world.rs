@@ -59,7 +59,8 @@ fn captured_pod(rank: u32, uid: &str, ready: Option<i64>) -> Value {
     let (mut pod, namespace) = request_object(fixture);
     pod["metadata"]["namespace"] = json!(namespace);
     pod["metadata"]["uid"] = json!(uid);
-    pod["metadata"]["annotations"] = json!({"trainwire.dev/status": "{}"});
+    pod["metadata"]["annotations"] =
+        json!({"trainwire.dev/status": r#"{"container":"trainer","sidecarPort":29600}"#});
     let (status, since) = match ready {
         Some(t) => ("True", at(t)),
         None => ("False", at(0)),
@@ -237,15 +238,87 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
     c.delete_pod(dying)?;
     c.pod(captured_pod(1, "pod-1-b", None))?;
     c.set_time(150);
-    c.reconcile_quietly().await?;
+    // The rank table changes (rank 1 waiting): written, still Recovering.
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering, "{s:?}");
     c.pod(captured_pod(1, "pod-1-b", Some(160)))?;
     c.set_time(161);
+    // Whole again, but a Ready pod is not training: still Recovering, and
+    // it says what it waits for (looked at again on a timer).
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    ensure!(
+        s.waiting_for
+            .as_deref()
+            .is_some_and(|w| w.starts_with("training to be seen running")),
+        "{s:?}"
+    );
+    ensure!(
+        s.last_loss.as_ref().is_some_and(|l| l.resumed_at.is_none()),
+        "{s:?}"
+    );
+    c.set_time(165);
+    let action = c.reconcile_quietly().await?;
+    ensure!(
+        format!("{action:?}").contains("5s"),
+        "requeued while recovering: {action:?}"
+    );
+    // The survivor's sidecar saw its new workers start at 166 and stay up.
+    survivor["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(
+        json!({"generation": 1, "lostRank": 1, "confirmedBy": "pod-deleted",
+               "action": "report", "result": "reported", "at": at(102).to_string(),
+               "trainingSince": at(166).to_string()})
+        .to_string()
+    );
+    c.pod(survivor.clone())?;
+    c.set_time(172);
     let s = c.reconcile_to_a_write().await?;
     ensure!(s.phase == Phase::Running && s.generation == 1, "{s:?}");
     let loss = s.last_loss.clone().context("no loss")?;
     ensure!(
-        loss.resumed_at == Some(at(160).to_string()) && loss.recovery_seconds == Some(60),
+        loss.resumed_at == Some(at(166).to_string())
+            && loss.recovery_seconds == Some(66)
+            && loss.resumed_by.as_deref() == Some("workers-started"),
         "{loss:?}"
+    );
+
+    // Rank 1's trainer container exits in place (same pod): a loss at
+    // once, from the container state, before any restartCount moves.
+    let mut exited = captured_pod(1, "pod-1-b", None);
+    exited["status"]["containerStatuses"] = json!([{
+        "name": "trainer", "image": "t", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"terminated": {"exitCode": 137, "reason": "Error",
+            "startedAt": at(161).to_string(), "finishedAt": at(180).to_string()}}}]);
+    c.pod(exited)?;
+    c.set_time(183);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 2, "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.rank == 1 && loss.detected_by == "container-exited" && loss.at == at(180).to_string(),
+        "{loss:?}"
+    );
+    // Back, and training seen again at 190.
+    let mut back = captured_pod(1, "pod-1-b", Some(188));
+    back["status"]["containerStatuses"] = json!([{
+        "name": "trainer", "image": "t", "imageID": "", "ready": true, "restartCount": 1,
+        "state": {"running": {"startedAt": at(187).to_string()}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "Error",
+            "startedAt": at(161).to_string(), "finishedAt": at(180).to_string()}}}]);
+    c.pod(back)?;
+    survivor["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(
+        json!({"generation": 2, "lostRank": 1, "confirmedBy": "container-restarted",
+               "action": "report", "result": "reported", "at": at(181).to_string(),
+               "trainingSince": at(190).to_string()})
+        .to_string()
+    );
+    c.pod(survivor.clone())?;
+    c.set_time(194);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running && s.generation == 2, "{s:?}");
+    ensure!(
+        s.last_loss.as_ref().and_then(|l| l.resumed_at.clone()) == Some(at(190).to_string()),
+        "{s:?}"
     );
 
     // The failure controller stops the world (its annotations, replicas 0).
@@ -260,7 +333,7 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
             "spec": {"replicas": 0}}),
     );
     c.delete_pod(captured_pod(0, "pod-0-a", Some(5)))?;
-    c.delete_pod(captured_pod(1, "pod-1-b", Some(160)))?;
+    c.delete_pod(captured_pod(1, "pod-1-b", Some(188)))?;
     c.set_time(205);
     let s = c.reconcile_to_a_write().await?;
     ensure!(s.phase == Phase::Stopped, "{s:?}");
@@ -273,7 +346,7 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
         "{stopped:?}"
     );
     ensure!(
-        s.generation == 1,
+        s.generation == 2,
         "a stop by scale-down is not a loss: {s:?}"
     );
 
@@ -291,7 +364,7 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
     c.set_time(302);
     let s = c.reconcile_to_a_write().await?;
     ensure!(
-        s.phase == Phase::Running && s.stopped.is_none() && s.generation == 1,
+        s.phase == Phase::Running && s.stopped.is_none() && s.generation == 2,
         "{s:?}"
     );
     Ok(())

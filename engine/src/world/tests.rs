@@ -15,6 +15,9 @@ fn pod(rank: u32, uid: &str, ready_since: Option<i64>) -> PodView {
         ready: ready_since.is_some(),
         ready_since: ready_since.map(at),
         lost: None,
+        trainer_exit: None,
+        trainer_down: false,
+        sidecar: true,
         peer_loss: None,
         checkpoint: None,
     }
@@ -33,7 +36,16 @@ fn reported(mut p: PodView, generation: u64, lost_rank: u32, when: i64) -> PodVi
         action: "report".into(),
         result: "reported".into(),
         at: at(when).to_string(),
+        ..PeerLossRecord::default()
     });
+    p
+}
+
+/// The sidecar's record says the trainer's workers run since `when`.
+fn training(mut p: PodView, when: i64) -> PodView {
+    let mut r = p.peer_loss.take().unwrap_or_default();
+    r.training_since = Some(at(when).to_string());
+    p.peer_loss = Some(r);
     p
 }
 
@@ -50,7 +62,7 @@ fn run(workload: &WorldOf, steps: Vec<(i64, Vec<PodView>)>) -> Vec<WorldStatus> 
     let mut status: Option<WorldStatus> = None;
     let mut out = Vec::new();
     for (t, pods) in steps {
-        let s = observe(status.as_ref(), &mut memory, workload, &pods, at(t));
+        let s = observe(status.as_ref(), &mut memory, workload, &pods, None, at(t));
         out.push(s.clone());
         status = Some(s);
     }
@@ -98,6 +110,7 @@ fn took_over(mut p: PodView, generation: u64, lost_rank: u32, when: i64) -> PodV
         action: peer_loss::SPARE_TOOK_OVER.into(),
         result: "training".into(),
         at: at(when).to_string(),
+        ..PeerLossRecord::default()
     });
     p
 }
@@ -190,6 +203,13 @@ fn a_loss_told_three_ways_is_one_loss_and_resumes_when_whole() {
                     pod(1, "c", Some(160)),
                 ],
             ),
+            (
+                168,
+                vec![
+                    training(reported(pod(0, "a", Some(1)), 1, 1, 102), 166),
+                    pod(1, "c", Some(160)),
+                ],
+            ),
         ],
     );
     let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
@@ -200,17 +220,33 @@ fn a_loss_told_three_ways_is_one_loss_and_resumes_when_whole() {
             Phase::Recovering,
             Phase::Recovering,
             Phase::Recovering,
+            Phase::Recovering,
             Phase::Running
         ]
     );
-    assert_eq!(s[4].generation, 1);
-    let loss = s[4].last_loss.clone().unwrap_or_default();
+    // Whole at 161, but training is not seen yet: Recovering, and it says
+    // what for; Ready pods are not a resumption.
+    assert!(
+        s[4].waiting_for
+            .as_deref()
+            .is_some_and(|w| w.starts_with("training to be seen running")),
+        "{:?}",
+        s[4].waiting_for
+    );
+    assert_eq!(
+        s[4].last_loss.as_ref().and_then(|l| l.resumed_at.clone()),
+        None
+    );
+    assert_eq!(s[5].generation, 1);
+    let loss = s[5].last_loss.clone().unwrap_or_default();
     assert_eq!(loss.rank, 1);
     assert_eq!(loss.detected_by, "pod-deleted");
     assert_eq!(loss.at, at(100).to_string());
     assert_eq!(loss.actions, ["rank 0: report reported"]);
-    assert_eq!(loss.resumed_at, Some(at(160).to_string()));
-    assert_eq!(loss.recovery_seconds, Some(60));
+    assert_eq!(loss.resumed_at, Some(at(166).to_string()));
+    assert_eq!(loss.recovery_seconds, Some(66));
+    assert_eq!(loss.resumed_by.as_deref(), Some("workers-started"));
+    assert_eq!(s[5].waiting_for, None);
 }
 
 /// A second loss later is generation 2; a pod that vanished without a
@@ -247,10 +283,10 @@ fn the_first_observation_counts_nothing_and_keeps_the_history() {
         reported(pod(0, "a", Some(1)), 7, 1, 0),
         deleted(pod(1, "b", Some(1)), 0),
     ];
-    let s = observe(Some(&previous), &mut memory, &of(2), &pods, at(10));
+    let s = observe(Some(&previous), &mut memory, &of(2), &pods, None, at(10));
     assert_eq!(s.generation, 3);
     // The same pods again: still nothing new.
-    let s = observe(Some(&s), &mut memory, &of(2), &pods, at(20));
+    let s = observe(Some(&s), &mut memory, &of(2), &pods, None, at(20));
     assert_eq!(s.generation, 3);
 }
 
@@ -268,9 +304,9 @@ fn scaling_down_is_not_a_loss() {
 }
 
 #[rstest]
-#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "MaxFailures".into(), ..Stopped::default() }), finished: None, spares: 0 }, Phase::Stopped)]
+#[case::stopped(WorldOf { expected: 0, stopped: Some(Stopped { reason: "MaxFailures".into(), ..Stopped::default() }), finished: None, spares: 0, dedicated_store: false }, Phase::Stopped)]
 #[case::paused(of(0), Phase::Paused)]
-#[case::completed(WorldOf { expected: 2, stopped: None, finished: Some(Phase::Completed), spares: 0 }, Phase::Completed)]
+#[case::completed(WorldOf { expected: 2, stopped: None, finished: Some(Phase::Completed), spares: 0, dedicated_store: false }, Phase::Completed)]
 #[case::running(of(1), Phase::Running)]
 fn phase_of_the_workload(#[case] w: WorldOf, #[case] phase: Phase) {
     let s = observe(
@@ -278,6 +314,7 @@ fn phase_of_the_workload(#[case] w: WorldOf, #[case] phase: Phase) {
         &mut Memory::default(),
         &w,
         &[pod(0, "a", Some(1))],
+        None,
         at(5),
     );
     assert_eq!(s.phase, phase);
@@ -296,7 +333,7 @@ fn the_newest_checkpoint_of_any_sidecar() {
         name: "step-200".into(),
         at: at(200).to_string(),
     });
-    let s = observe(None, &mut Memory::default(), &of(2), &[a, b], at(300));
+    let s = observe(None, &mut Memory::default(), &of(2), &[a, b], None, at(300));
     assert_eq!(
         s.checkpoint,
         Some(CheckpointSeen {
@@ -381,5 +418,442 @@ fn a_world_status_write_never_re_injects() {
             );
         }
         other => panic!("not injected: {other:?}"),
+    }
+}
+
+/// Rank 1's trainer container exited at 50 (the pod status shows it at
+/// once): a loss then, not when restartCount moves; back Ready at 62 it is
+/// still Recovering until training is seen (rank 0's record at 64).
+#[test]
+fn a_terminated_trainer_is_a_loss_at_once_and_its_return_closes_it_when_training_is_seen() {
+    let exited = |mut p: PodView, when: i64, down: bool| {
+        p.trainer_exit = Some(at(when));
+        p.trainer_down = down;
+        if down {
+            p.ready = false;
+        }
+        p
+    };
+    let s = run(
+        &of(2),
+        vec![
+            (0, vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))]),
+            (
+                51,
+                vec![
+                    pod(0, "a", Some(1)),
+                    exited(pod(1, "b", Some(50)), 50, true),
+                ],
+            ),
+            (
+                63,
+                vec![
+                    reported(pod(0, "a", Some(1)), 1, 1, 51),
+                    exited(pod(1, "b", Some(62)), 50, false),
+                ],
+            ),
+            (
+                66,
+                vec![
+                    training(reported(pod(0, "a", Some(1)), 1, 1, 51), 64),
+                    exited(pod(1, "b", Some(62)), 50, false),
+                ],
+            ),
+        ],
+    );
+    let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Running,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Running
+        ]
+    );
+    let l = s[1].last_loss.clone().unwrap_or_default();
+    assert_eq!(
+        (l.rank, l.detected_by.as_str(), l.at),
+        (1, "container-exited", at(50).to_string())
+    );
+    assert_eq!(
+        s[1].ranks.iter().map(|r| r.role).collect::<Vec<_>>(),
+        [Role::Training, Role::Lost]
+    );
+    assert_eq!(s[3].generation, 1, "the sidecar's report is the same loss");
+    let l = s[3].last_loss.clone().unwrap_or_default();
+    assert_eq!(
+        (l.resumed_at, l.recovery_seconds),
+        (Some(at(64).to_string()), Some(14))
+    );
+}
+
+fn store_pod(uid: &str, ready: bool, lost: Option<(i64, &'static str)>) -> StoreView {
+    StoreView {
+        name: format!("llama-rdzv-{uid}"),
+        uid: uid.to_string(),
+        ready,
+        ready_since: Some(at(1)),
+        lost: lost.map(|(t, how)| (at(t), how)),
+    }
+}
+
+fn with_store(expected: u32, spares: u32) -> WorldOf {
+    WorldOf {
+        expected,
+        spares,
+        dedicated_store: true,
+        ..WorldOf::default()
+    }
+}
+
+/// Steps of (time, pods, store pods) through one memory.
+fn run_with_store(
+    workload: &WorldOf,
+    steps: Vec<(i64, Vec<PodView>, Vec<StoreView>)>,
+) -> Vec<WorldStatus> {
+    let mut memory = Memory::default();
+    let mut status: Option<WorldStatus> = None;
+    let mut out = Vec::new();
+    for (t, pods, store) in steps {
+        let s = observe(
+            status.as_ref(),
+            &mut memory,
+            workload,
+            &pods,
+            Some(&store),
+            at(t),
+        );
+        out.push(s.clone());
+        status = Some(s);
+    }
+    out
+}
+
+/// The store's pod is deleted at 100: a loss of its own; every trainer
+/// exits with it (part of that loss, not three more); the new store and
+/// the trainers come back; training seen at 110 resumes it.
+#[test]
+fn a_lost_store_is_one_loss_of_its_own() {
+    let w = with_store(2, 0);
+    let up = || {
+        vec![
+            reported(pod(0, "a", Some(1)), 1, 1, 0),
+            pod(1, "b", Some(1)),
+        ]
+    };
+    let down = |p: PodView| PodView {
+        trainer_exit: Some(at(101)),
+        trainer_down: true,
+        ready: false,
+        ..p
+    };
+    let s = run_with_store(
+        &w,
+        vec![
+            (0, up(), vec![store_pod("s1", true, None)]),
+            (
+                100,
+                up(),
+                vec![store_pod("s1", false, Some((100, "store-deleted")))],
+            ),
+            (
+                102,
+                up().into_iter().map(down).collect(),
+                vec![store_pod("s2", false, None)],
+            ),
+            (106, up(), vec![store_pod("s2", true, None)]),
+            (
+                112,
+                vec![
+                    training(reported(pod(0, "a", Some(1)), 1, 1, 0), 110),
+                    pod(1, "b", Some(1)),
+                ],
+                vec![store_pod("s2", true, None)],
+            ),
+        ],
+    );
+    let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Running,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Running
+        ]
+    );
+    assert_eq!(s[4].generation, 1);
+    let l = s[4].last_loss.clone().unwrap_or_default();
+    assert_eq!(l.store.as_deref(), Some("llama-rdzv-s1"));
+    assert_eq!(l.detected_by, "store-deleted");
+    assert!(
+        l.actions.contains(&"rank 1: trainer exited".to_string()),
+        "{:?}",
+        l.actions
+    );
+    assert_eq!(l.resumed_at, Some(at(110).to_string()));
+    assert_eq!(s[1].store.as_ref().map(|st| st.available), Some(false));
+    assert!(
+        s[1].waiting_for
+            .as_deref()
+            .is_some_and(|w| w.contains("rendezvous store")),
+        "{:?}",
+        s[1].waiting_for
+    );
+    assert_eq!(s[4].store.as_ref().map(|st| st.available), Some(true));
+}
+
+/// A store pod that vanishes between two looks is a loss too.
+#[test]
+fn a_store_gone_unseen_is_a_loss() {
+    let s = run_with_store(
+        &with_store(1, 0),
+        vec![
+            (
+                0,
+                vec![pod(0, "a", Some(1))],
+                vec![store_pod("s1", true, None)],
+            ),
+            (50, vec![pod(0, "a", Some(1))], vec![]),
+        ],
+    );
+    let l = s[1].last_loss.clone().unwrap_or_default();
+    assert_eq!(
+        (l.detected_by.as_str(), l.store.as_deref()),
+        ("store-gone", Some("llama-rdzv-s1"))
+    );
+    assert_eq!(s[1].phase, Phase::Recovering);
+}
+
+/// A world scaled to zero with a loss open shows no open loss.
+#[test]
+fn a_paused_world_has_no_open_loss() {
+    let mut memory = Memory::default();
+    let pods = vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))];
+    let s = observe(None, &mut memory, &of(2), &pods, None, at(0));
+    let s = observe(
+        Some(&s),
+        &mut memory,
+        &of(2),
+        &[pods[0].clone()],
+        None,
+        at(10),
+    );
+    assert_eq!(s.phase, Phase::Recovering);
+    let s = observe(Some(&s), &mut memory, &of(0), &[], None, at(20));
+    assert_eq!(s.phase, Phase::Paused);
+    let l = s.last_loss.clone().unwrap_or_default();
+    assert!(!l.is_open());
+    assert_eq!(l.closed_by.as_deref(), Some("paused"));
+}
+
+/// Pods without trainwire's sidecar cannot show training: the loss ends
+/// as not observable once whole, with no resumedAt.
+#[test]
+fn without_a_sidecar_a_loss_ends_unobserved() {
+    let bare = |p: PodView| PodView {
+        sidecar: false,
+        ..p
+    };
+    let s = run(
+        &of(2),
+        vec![
+            (
+                0,
+                vec![bare(pod(0, "a", Some(1))), bare(pod(1, "b", Some(1)))],
+            ),
+            (10, vec![bare(pod(0, "a", Some(1)))]),
+            (
+                30,
+                vec![bare(pod(0, "a", Some(1))), bare(pod(1, "c", Some(29)))],
+            ),
+        ],
+    );
+    assert_eq!(s[2].phase, Phase::Running);
+    let l = s[2].last_loss.clone().unwrap_or_default();
+    assert_eq!(
+        (l.resumed_at, l.closed_by.as_deref()),
+        (None, Some("not-observable"))
+    );
+}
+
+/// With hot spares, the roles: the spare that took over trains; Ready pods
+/// nobody reported fill the training places by index, the rest are spares.
+#[rstest]
+#[case::by_index(vec![pod(0, "a", Some(1)), pod(1, "b", Some(1)), pod(2, "c", Some(1))], [Role::Training, Role::Training, Role::Spare])]
+#[case::took_over(vec![pod(1, "b", Some(1)), took_over(pod(2, "c", Some(1)), 1, 0, 5)], [Role::Training, Role::Training, Role::Training])]
+#[case::waiting(vec![pod(0, "a", None), pod(1, "b", Some(1)), pod(2, "c", Some(1))], [Role::Waiting, Role::Training, Role::Training])]
+fn roles_with_spares(#[case] pods: Vec<PodView>, #[case] roles: [Role; 3]) {
+    let w = WorldOf {
+        expected: 3,
+        spares: 1,
+        ..WorldOf::default()
+    };
+    let s = observe(None, &mut Memory::default(), &w, &pods, None, at(10));
+    let got: Vec<Role> = s.ranks.iter().map(|r| r.role).collect();
+    assert_eq!(got, roles[..got.len()].to_vec());
+}
+
+/// A deletion's time is when it was asked for: `deletionTimestamp` minus
+/// the grace period. A Job pod whose trainer ended with 0 has not lost it;
+/// a terminated trainer (restarted or not yet) is seen from its state.
+#[rstest]
+#[case::terminated(json!({"state": {"terminated": {"exitCode": 137, "finishedAt": "2027-01-15T08:00:10Z"}}}), "Always", Some(10), true)]
+#[case::restarted(json!({"state": {"running": {}}, "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:10Z"}}}), "Always", Some(10), false)]
+#[case::back_off(json!({"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2027-01-15T08:00:10Z"}}}), "Always", Some(10), true)]
+#[case::job_done(json!({"state": {"terminated": {"exitCode": 0, "finishedAt": "2027-01-15T08:00:10Z"}}}), "Never", None, false)]
+#[case::running(json!({"state": {"running": {}}}), "Always", None, false)]
+fn pod_view_reads_the_trainer_state(
+    #[case] state: serde_json::Value,
+    #[case] restart: &str,
+    #[case] exit: Option<i64>,
+    #[case] down: bool,
+) {
+    let mut c =
+        json!({"name": "trainer", "image": "t", "imageID": "", "ready": false, "restartCount": 0});
+    if let (Some(c), Some(s)) = (c.as_object_mut(), state.as_object()) {
+        c.extend(s.clone());
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "llama-1", "uid": "u", "labels": {"apps.kubernetes.io/pod-index": "1"},
+            "annotations": {"trainwire.dev/status": r#"{"container":"trainer","sidecarPort":29600}"#},
+            "deletionTimestamp": "2027-01-15T08:00:40Z", "deletionGracePeriodSeconds": 30},
+        "spec": {"containers": [], "restartPolicy": restart},
+        "status": {"phase": "Running", "containerStatuses": [c]}
+    }))
+    .unwrap_or_default();
+    let base = Timestamp::from_second(1_800_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
+    let at_ = |s: i64| {
+        base.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(s))
+            .unwrap_or(base)
+    };
+    // 2027-01-15T08:00:00Z is the test clock's 0.
+    let zero: Timestamp = "2027-01-15T08:00:00Z".parse().unwrap_or(base);
+    let v = PodView::of(&pod, at_(100)).expect("a rank");
+    assert_eq!(
+        v.trainer_exit,
+        exit.map(|s| zero
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(s))
+            .unwrap_or(zero))
+    );
+    assert_eq!(v.trainer_down, down);
+    assert!(v.sidecar);
+    assert_eq!(
+        v.lost.map(|(t, how)| (t.to_string(), how)),
+        Some(("2027-01-15T08:00:10Z".to_string(), "pod-deleted"))
+    );
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One event in a 3-pod world (1 spare or none) with a store.
+    #[derive(Clone, Debug)]
+    enum Event {
+        Delete(u32),
+        Replace(u32),
+        Ready(u32),
+        Exit(u32),
+        Restart(u32),
+        Report(u32, u32),
+        Train(u32),
+        StoreLost,
+        StoreBack,
+        Pause,
+        Unpause,
+        Tick,
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (0u32..3).prop_map(Event::Delete),
+            (0u32..3).prop_map(Event::Replace),
+            (0u32..3).prop_map(Event::Ready),
+            (0u32..3).prop_map(Event::Exit),
+            (0u32..3).prop_map(Event::Restart),
+            ((0u32..3), (0u32..3)).prop_map(|(a, b)| Event::Report(a, b)),
+            (0u32..3).prop_map(Event::Train),
+            Just(Event::StoreLost),
+            Just(Event::StoreBack),
+            Just(Event::Pause),
+            Just(Event::Unpause),
+            Just(Event::Tick),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn the_status_follows_what_is_observed(spares in 0u32..2, events in proptest::collection::vec(event(), 1..40)) {
+            let mut pods: Vec<PodView> = (0..3).map(|r| pod(r, &format!("p{r}-0"), Some(0))).collect();
+            let mut store = store_pod("s0", true, None);
+            let mut serial = 0;
+            let mut expected = 3;
+            let mut memory = Memory::default();
+            let mut status: Option<WorldStatus> = None;
+            let mut generation = 0;
+            for (i, e) in events.into_iter().enumerate() {
+                let t = i64::try_from(i).unwrap_or(0) * 3 + 10;
+                let mut store_lost = false;
+                match e {
+                    Event::Delete(r) => if let Some(p) = pods.get_mut(r as usize) { p.lost = Some((at(t), "pod-deleted")); p.ready = false; },
+                    Event::Replace(r) => { serial += 1; if let Some(p) = pods.get_mut(r as usize) { *p = pod(r, &format!("p{r}-{serial}"), None); } },
+                    Event::Ready(r) => if let Some(p) = pods.get_mut(r as usize) && p.lost.is_none() && !p.trainer_down { p.ready = true; p.ready_since = Some(at(t)); },
+                    Event::Exit(r) => if let Some(p) = pods.get_mut(r as usize) { p.trainer_exit = Some(at(t)); p.trainer_down = true; p.ready = false; },
+                    Event::Restart(r) => if let Some(p) = pods.get_mut(r as usize) { p.trainer_down = false; },
+                    Event::Report(r, lost) => if let Some(p) = pods.get_mut(r as usize) {
+                        let g = p.peer_loss.as_ref().map_or(1, |x| x.generation + 1);
+                        *p = reported(p.clone(), g, lost, t);
+                    },
+                    Event::Train(r) => if let Some(p) = pods.get_mut(r as usize) && p.peer_loss.is_some() { *p = training(p.clone(), t); },
+                    Event::StoreLost => { store.lost = Some((at(t), "store-deleted")); store.ready = false; store_lost = expected > 0; },
+                    Event::StoreBack => { serial += 1; store = store_pod(&format!("s{serial}"), true, None); },
+                    Event::Pause => expected = 0,
+                    Event::Unpause => expected = 3,
+                    Event::Tick => {}
+                }
+                let w = WorldOf { expected, spares, dedicated_store: true, ..WorldOf::default() };
+                let live: Vec<PodView> = if expected == 0 { Vec::new() } else { pods.clone() };
+                let was_counted = memory_store_counted(&memory);
+                let s = observe(status.as_ref(), &mut memory, &w, &live, Some(std::slice::from_ref(&store)), at(t));
+                // resumedAt is never before the loss.
+                if let Some(l) = &s.last_loss && let (Some(r), Some(a)) = (l.resumed_at.as_deref().and_then(parse_time), parse_time(&l.at)) {
+                    prop_assert!(r >= a, "resumed {r} before the loss {a}");
+                }
+                // A paused world has no open loss.
+                if expected == 0 {
+                    prop_assert_eq!(s.phase, Phase::Paused);
+                    prop_assert!(s.last_loss.as_ref().is_none_or(|l| !l.is_open()));
+                }
+                // A store loss always opens an episode (or is part of the open one).
+                if store_lost && !was_counted && status.is_some() {
+                    let l = s.last_loss.clone().unwrap_or_default();
+                    prop_assert!(s.generation > generation || l.is_open(), "{s:?}");
+                    prop_assert!(l.is_open(), "a store loss leaves the world recovering: {s:?}");
+                }
+                // All expected pods Ready with their trainers, the store up,
+                // and training seen after the loss: never Recovering.
+                let whole = expected > 0 && store.ready && store.lost.is_none()
+                    && (0..expected).all(|r| pods.iter().any(|p| p.rank == r && p.ready && p.lost.is_none() && !p.trainer_down));
+                let trained = s.last_loss.as_ref().is_some_and(|l| {
+                    let since = parse_time(&l.at).unwrap_or(at(0));
+                    pods.iter().any(|p| p.peer_loss.as_ref().and_then(|r| r.training_since.as_deref()).and_then(parse_time).is_some_and(|x| x >= since && x >= at(t) ))
+                });
+                if whole && trained {
+                    prop_assert_ne!(s.phase, Phase::Recovering, "{:?}", s);
+                }
+                prop_assert!(s.generation >= generation);
+                generation = s.generation;
+                status = Some(s);
+            }
+        }
+    }
+
+    fn memory_store_counted(m: &Memory) -> bool {
+        m.store.as_ref().is_some_and(|s| s.counted)
     }
 }
