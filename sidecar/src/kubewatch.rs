@@ -1,15 +1,24 @@
-//! Peer health from the Kubernetes API: a watch on the workload's pods.
+//! Peer health from the Kubernetes API: a watch on the pods of the peers
+//! this sidecar watches.
+//!
+//! The watch is narrowed by the API server to the peers of [`ring::watched`]
+//! (the nearest on each side of the ring of all pods, and the rendezvous
+//! host): one watch whose label selector is the workload's plus the pod
+//! index among them ([`WatchSet`]), so a pod's change reaches the few
+//! sidecars that watch it, not every sidecar of the world.
 //!
 //! The decisions are a pure function of pod snapshots ([`Tracker`]), so they
 //! are tested on recorded event sequences; [`run`] only feeds it from a
 //! kube-rs runtime watcher and a timer.
 //!
 //! A peer is lost when its pod is deleted, fails, stays not Ready past the
-//! grace after having been Ready, gets a new UID, has a container restart,
-//! carries a `DisruptionTarget` condition (taint eviction, preemption,
-//! drain), is on a node that is unreachable (`status.reason: NodeLost`, or the
-//! node's `node.kubernetes.io/unreachable`/`not-ready` taints when the
-//! service account may read nodes), or stays Terminating past the grace.
+//! grace after having been Ready, gets a new UID, has a container that exited
+//! with an error (its state `terminated`, at once: the restart count moves
+//! only after the kubelet's back-off) or restarted, carries a
+//! `DisruptionTarget` condition (taint eviction, preemption, drain), is on a
+//! node that is unreachable (`status.reason: NodeLost`, or the node's
+//! `node.kubernetes.io/unreachable`/`not-ready` taints when the service
+//! account may read nodes), or stays Terminating past the grace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -26,11 +35,116 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::peers::{Evidence, Identity, LossReason, Observation, Source};
+use crate::ring;
 
 /// Label of StatefulSet pods holding the pod's ordinal.
 pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 /// Label and annotation of Indexed Job pods holding the completion index.
 pub const JOB_INDEX_KEY: &str = "batch.kubernetes.io/job-completion-index";
+/// Labels the Job controller puts on a Job's pods (the webhook renders a
+/// Job's `TRAINWIRE_SELECTOR` as `batch.kubernetes.io/job-name=<job>`).
+pub const JOB_LABELS: [&str; 4] = [
+    "batch.kubernetes.io/job-name",
+    "job-name",
+    "batch.kubernetes.io/controller-uid",
+    "controller-uid",
+];
+
+/// Why the pod watch cannot be set up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WatchError {
+    #[error("{var} is not set or empty: the pod watch needs the workload's label selector")]
+    NoSelector { var: &'static str },
+}
+
+/// What this sidecar's pod watch asks the API server for: the pods of the
+/// peers it watches, and no other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSet {
+    /// The watched pod indices ([`ring::watched`]): never this pod's own.
+    pub indices: BTreeSet<u32>,
+    /// The label holding a pod's index in this workload:
+    /// [`POD_INDEX_LABEL`] on StatefulSet pods, [`JOB_INDEX_KEY`] on
+    /// Indexed Job pods.
+    pub index_label: &'static str,
+    /// The label selector sent with the list and the watch: the workload's,
+    /// and the index among `indices` (`<selector>,<label> in (i,j,...)`).
+    pub selector: String,
+}
+
+impl WatchSet {
+    /// The watch of `config`'s sidecar: `None` when it has no peer to watch
+    /// (a world of one pod).
+    pub fn of(config: &Config) -> Result<Option<WatchSet>, WatchError> {
+        let workload = config
+            .selector
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .ok_or(WatchError::NoSelector {
+                var: crate::env::SELECTOR,
+            })?;
+        let indices = ring::watched(config.node_rank, config.pods(), config.rdzv_host_rank);
+        if indices.is_empty() {
+            return Ok(None);
+        }
+        let index_label = index_label(workload);
+        let list: Vec<String> = indices.iter().map(u32::to_string).collect();
+        let selector = format!("{workload},{index_label} in ({})", list.join(","));
+        Ok(Some(WatchSet {
+            indices,
+            index_label,
+            selector,
+        }))
+    }
+}
+
+/// The keys a label selector string constrains (`k=v`, `k==v`, `k!=v`,
+/// `k in (a,b)`, `k notin (a)`, `k`, `!k`).
+pub fn selector_keys(selector: &str) -> Vec<String> {
+    let key = |part: &str| {
+        let part = part.trim().trim_start_matches('!').trim_start();
+        let end = part
+            .find(|c: char| c == '=' || c == '!' || c == '(' || c.is_whitespace())
+            .unwrap_or(part.len());
+        part.get(..end)
+            .filter(|k| !k.is_empty())
+            .map(str::to_string)
+    };
+    let mut keys = Vec::new();
+    let mut depth = 0u32;
+    let mut part = String::new();
+    for c in selector.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                keys.extend(key(&part));
+                part.clear();
+                continue;
+            }
+            _ => {}
+        }
+        part.push(c);
+    }
+    keys.extend(key(&part));
+    keys
+}
+
+/// The label that holds a pod's index for the workload `selector` selects:
+/// an Indexed Job's when it names a Job (the Job controller's labels), a
+/// StatefulSet's otherwise. Both kinds carry it as a label (Kubernetes
+/// 1.28 and newer), which is what [`PodView::of`] reads first.
+pub fn index_label(selector: &str) -> &'static str {
+    if selector_keys(selector)
+        .iter()
+        .any(|k| JOB_LABELS.contains(&k.as_str()))
+    {
+        JOB_INDEX_KEY
+    } else {
+        POD_INDEX_LABEL
+    }
+}
 
 /// What the decision needs from a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +165,49 @@ pub struct PodView {
     pub address: Option<std::net::IpAddr>,
     /// Restart counts of the regular containers (not the init/sidecar ones).
     pub restarts: BTreeMap<String, i32>,
+    /// Regular containers that exited and do not run now (their state is
+    /// `terminated`, or `waiting` after a `terminated` last state): the
+    /// trainer, whose exit is in the pod status at once, while the restart
+    /// count moves only when the kubelet restarts it after its back-off.
+    pub exited: BTreeMap<String, Exit>,
+    /// Each regular container's exit before its current run
+    /// (`lastState.terminated`), by [`Exit::key`].
+    pub last_exit: BTreeMap<String, String>,
+}
+
+/// One exit of a container, from its `terminated` state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// What tells this exit apart from the container's others: the exited
+    /// container's ID, else its finish time (the same in `state` and, after
+    /// the restart, in `lastState`).
+    pub key: String,
+    pub code: i32,
+    pub reason: Option<String>,
+}
+
+impl Exit {
+    fn of(t: &k8s_openapi::api::core::v1::ContainerStateTerminated) -> Exit {
+        let key = t
+            .container_id
+            .clone()
+            .filter(|id| !id.is_empty())
+            .or_else(|| t.finished_at.as_ref().map(|f| f.0.to_string()))
+            .unwrap_or_default();
+        Exit {
+            key,
+            code: t.exit_code,
+            reason: t.reason.clone(),
+        }
+    }
+
+    /// A loss: the container failed (a code other than 0: an error, a
+    /// signal, the OOM killer). A container that exits 0 finished its work
+    /// (the end of training on that node; the pod then succeeds, or its
+    /// restart is seen by the restart count).
+    pub fn is_failure(&self) -> bool {
+        self.code != 0
+    }
 }
 
 impl PodView {
@@ -85,14 +242,27 @@ impl PodView {
                         .unwrap_or_default()
                 )
             });
-        let restarts = status
-            .and_then(|s| s.container_statuses.as_ref())
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| (c.name.clone(), c.restart_count))
-                    .collect()
-            })
+        let containers = status
+            .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or_default();
+        let restarts = containers
+            .iter()
+            .map(|c| (c.name.clone(), c.restart_count))
+            .collect();
+        let mut exited = BTreeMap::new();
+        let mut last_exit = BTreeMap::new();
+        for c in containers {
+            let state = c.state.as_ref();
+            let last = c.last_state.as_ref().and_then(|l| l.terminated.as_ref());
+            if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+                exited.insert(c.name.clone(), Exit::of(t));
+            } else if let Some(t) = last.filter(|_| state.is_some_and(|s| s.waiting.is_some())) {
+                exited.insert(c.name.clone(), Exit::of(t));
+            }
+            if let Some(t) = last {
+                last_exit.insert(c.name.clone(), Exit::of(t).key);
+            }
+        }
         PodView {
             name,
             uid: meta.uid.clone().unwrap_or_default(),
@@ -110,6 +280,8 @@ impl PodView {
                 .and_then(|s| s.pod_ip.as_deref())
                 .and_then(|ip| ip.parse().ok()),
             restarts,
+            exited,
+            last_exit,
         }
     }
 
@@ -128,6 +300,10 @@ impl PodView {
 struct Tracked {
     view: PodView,
     was_ready: bool,
+    /// The last failed exit seen while its container was down, by
+    /// container: already a loss, so the restart that follows it (the
+    /// same exit in `lastState`, the restart count + 1) is not another.
+    exits_seen: BTreeMap<String, String>,
 }
 
 /// Evidence about one rank, decided from pod snapshots.
@@ -219,7 +395,11 @@ impl Tracker {
         {
             for (container, count) in &v.restarts {
                 let before = prev.restarts.get(container).copied().unwrap_or(0);
-                if *count > before {
+                let exit_seen = v
+                    .last_exit
+                    .get(container)
+                    .is_some_and(|k| !k.is_empty() && t.exits_seen.get(container) == Some(k));
+                if *count > before && !exit_seen {
                     return Some(Evidence::Lost(
                         LossReason::ContainerRestarted,
                         format!(
@@ -234,6 +414,24 @@ impl Tracker {
             return Some(Evidence::Lost(
                 LossReason::Disrupted,
                 format!("pod {} is about to be disrupted: {d}", v.name),
+            ));
+        }
+        // A container that failed is a loss at once (a pod being deleted
+        // stops its containers: that is the deletion's, below).
+        if v.deletion.is_none()
+            && let Some((container, exit)) = v.exited.iter().find(|(_, e)| e.is_failure())
+        {
+            return Some(Evidence::Lost(
+                LossReason::ContainerRestarted,
+                format!(
+                    "pod {}: container {container} terminated (exit code {}{})",
+                    v.name,
+                    exit.code,
+                    exit.reason
+                        .as_ref()
+                        .map(|r| format!(", {r}"))
+                        .unwrap_or_default()
+                ),
             ));
         }
         if let Some(deleted) = v.deletion {
@@ -287,18 +485,45 @@ impl Tracker {
             seen.insert(view.uid.clone());
         }
         let uid = view.uid.clone();
-        let prev = self.pods.get(&uid).map(|t| t.view.clone());
-        let was_ready =
-            self.pods.get(&uid).is_some_and(|t| t.was_ready) || view.ready == Some(true);
-        let tracked = Tracked { view, was_ready };
+        let known = self.pods.get(&uid);
+        let prev = known.map(|t| t.view.clone());
+        let was_ready = known.is_some_and(|t| t.was_ready) || view.ready == Some(true);
+        let exits_seen = known.map(|t| t.exits_seen.clone()).unwrap_or_default();
+        let tracked = Tracked {
+            view,
+            was_ready,
+            exits_seen,
+        };
         self.pods.insert(uid.clone(), tracked.clone());
-        if !self.is_current(&uid) {
+        let verdicts = self.verdicts(&uid, &tracked, prev.as_ref(), now);
+        // The failed exits judged now are remembered with the pod: the
+        // restart that follows one (the same exit in `lastState`) is the
+        // same loss, not a second.
+        if let Some(t) = self.pods.get_mut(&uid) {
+            for (container, exit) in &tracked.view.exited {
+                if exit.is_failure() && !exit.key.is_empty() {
+                    t.exits_seen.insert(container.clone(), exit.key.clone());
+                }
+            }
+        }
+        verdicts
+    }
+
+    /// The verdicts on the update `tracked` of the pod `uid`.
+    fn verdicts(
+        &self,
+        uid: &str,
+        tracked: &Tracked,
+        prev: Option<&PodView>,
+        now: Timestamp,
+    ) -> Vec<Verdict> {
+        if !self.is_current(uid) {
             return Vec::new();
         }
         let Some(rank) = tracked.view.rank else {
             return Vec::new();
         };
-        let Some(evidence) = self.judge(&tracked, prev.as_ref(), now) else {
+        let Some(evidence) = self.judge(tracked, prev, now) else {
             return Vec::new();
         };
         // A container restarted in place (same pod, same address) that is
@@ -499,10 +724,25 @@ fn send_all(tx: &mpsc::Sender<Observation>, verdicts: Vec<Verdict>) -> bool {
     true
 }
 
-/// Watches the workload's pods until `tx` closes. API errors are logged
-/// and retried with backoff; never fatal.
+/// Watches the pods of the peers this sidecar watches ([`WatchSet`]) until
+/// `tx` closes. API errors are logged and retried with backoff; never fatal.
 pub async fn run(config: Config, client: kube::Client, tx: mpsc::Sender<Observation>) {
-    let selector = config.selector.clone().unwrap_or_default();
+    let set = match WatchSet::of(&config) {
+        Ok(Some(set)) => set,
+        Ok(None) => {
+            tracing::info!("pod watch: no peer to watch (a world of one pod)");
+            return;
+        }
+        Err(e) => {
+            tracing::error!("no pod watch: {e}");
+            return;
+        }
+    };
+    tracing::info!(
+        watched = ?set.indices,
+        selector = %set.selector,
+        "pod watch: the pods of the watched peers only"
+    );
     let pods: Api<Pod> = Api::namespaced(client.clone(), &config.namespace);
     let nodes: Api<Node> = Api::all(client.clone());
     let may_read_nodes = matches!(may(&client, None, "get", "nodes").await, Ok(true));
@@ -514,7 +754,7 @@ pub async fn run(config: Config, client: kube::Client, tx: mpsc::Sender<Observat
         );
     }
     let mut tracker = Tracker::new(&config.pod_name, config.not_ready_grace);
-    let stream = watcher(pods, watcher::Config::default().labels(&selector)).default_backoff();
+    let stream = watcher(pods, watcher::Config::default().labels(&set.selector)).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let tick_every =
         (config.not_ready_grace / 4).clamp(Duration::from_millis(250), Duration::from_secs(5));
@@ -615,6 +855,237 @@ mod tests {
         assert!(!pending.ready);
     }
 
+    fn config(vars: &[(&str, &str)]) -> Config {
+        let mut all = vec![
+            (crate::env::NNODES, "16"),
+            (crate::env::NODE_RANK, "5"),
+            (crate::env::DETECTION, "kubernetes"),
+            (crate::env::SELECTOR, "app=train"),
+        ];
+        all.extend_from_slice(vars);
+        Config::from_source(all.as_slice()).expect("config")
+    }
+
+    #[test]
+    fn the_watch_is_narrowed_to_the_ring_and_the_host() {
+        let set = WatchSet::of(&config(&[])).expect("set").expect("peers");
+        assert_eq!(set.indices, BTreeSet::from([0, 3, 4, 6, 7]));
+        assert_eq!(set.index_label, POD_INDEX_LABEL);
+        assert_eq!(
+            set.selector,
+            "app=train,apps.kubernetes.io/pod-index in (0,3,4,6,7)"
+        );
+        // The store outside the world: the ring alone.
+        let set = WatchSet::of(&config(&[(crate::env::RDZV_HOST_RANK, "none")]))
+            .expect("set")
+            .expect("peers");
+        assert_eq!(set.indices, BTreeSet::from([3, 4, 6, 7]));
+        // Spares are on the ring too: rank 0 of 4 + 2 spares.
+        let set = WatchSet::of(&config(&[
+            (crate::env::NNODES, "4"),
+            (crate::env::SPARES, "2"),
+            (crate::env::NODE_RANK, "0"),
+        ]))
+        .expect("set")
+        .expect("peers");
+        assert_eq!(set.indices, BTreeSet::from([1, 2, 4, 5]));
+        // A world of one pod has no peer to watch.
+        let one = config(&[(crate::env::NNODES, "1"), (crate::env::NODE_RANK, "0")]);
+        assert_eq!(WatchSet::of(&one), Ok(None));
+    }
+
+    #[test]
+    fn an_indexed_jobs_pods_are_selected_by_their_completion_index() {
+        let set = WatchSet::of(&config(&[(
+            crate::env::SELECTOR,
+            "batch.kubernetes.io/job-name=llama",
+        )]))
+        .expect("set")
+        .expect("peers");
+        assert_eq!(
+            set.selector,
+            "batch.kubernetes.io/job-name=llama,batch.kubernetes.io/job-completion-index in (0,3,4,6,7)"
+        );
+        // A StatefulSet's selector, set-based parts included.
+        assert_eq!(
+            index_label("app=train,tier in (a,b),!canary"),
+            POD_INDEX_LABEL
+        );
+        assert_eq!(index_label("job-name=x"), JOB_INDEX_KEY);
+        assert_eq!(
+            selector_keys("a=b, c in (d,e),!f,g!=h,i"),
+            vec!["a", "c", "f", "g", "i"]
+        );
+    }
+
+    #[test]
+    fn no_selector_is_a_typed_error() {
+        let mut c = config(&[]);
+        c.selector = Some("  ".into());
+        assert_eq!(
+            WatchSet::of(&c),
+            Err(WatchError::NoSelector {
+                var: crate::env::SELECTOR
+            })
+        );
+    }
+
+    /// Pod `train-0` at `rv`: its trainer `state` and `lastState`, its
+    /// restart count, Ready or not.
+    fn trainer_pod(
+        state: serde_json::Value,
+        last: serde_json::Value,
+        restarts: i32,
+        ready: bool,
+    ) -> PodView {
+        pod(serde_json::json!({
+            "metadata": {"name": "train-0", "uid": "u0", "labels": {POD_INDEX_LABEL: "0"},
+                         "creationTimestamp": "2026-11-25T08:00:00Z"},
+            "status": {
+                "phase": "Running",
+                "podIP": "10.0.0.10",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                                "lastTransitionTime": "2026-11-25T08:10:00Z"}],
+                "containerStatuses": [{"name": "trainer", "image": "t", "imageID": "", "ready": ready,
+                                       "restartCount": restarts, "state": state, "lastState": last}],
+                "initContainerStatuses": [{"name": "trainwire-sidecar", "image": "s", "imageID": "", "ready": true,
+                                           "restartCount": 0, "state": {"running": {}}}]
+            }
+        }))
+    }
+
+    fn reasons(verdicts: &[Verdict]) -> Vec<String> {
+        verdicts
+            .iter()
+            .map(|v| match &v.evidence {
+                Evidence::Alive(_) => "alive".to_string(),
+                Evidence::Suspect(_) => "suspect".to_string(),
+                Evidence::Missed(_) => "missed".to_string(),
+                Evidence::Lost(r, _) => format!("lost:{}", r.as_str()),
+            })
+            .collect()
+    }
+
+    /// The trainer's exit is a loss at once, from its state; the restart
+    /// that follows it after the back-off is the same loss, and Ready again
+    /// closes it.
+    #[test]
+    fn a_terminated_trainer_is_lost_at_once_and_its_restart_is_the_same_loss() {
+        let at = |s: &str| s.parse::<Timestamp>().expect("time");
+        let mut t = Tracker::new("train-1", Duration::from_secs(30));
+        let running = serde_json::json!({"running": {"startedAt": "2026-11-25T08:00:05Z"}});
+        let up = trainer_pod(running.clone(), serde_json::json!({}), 0, true);
+        assert_eq!(reasons(&t.apply(up, at("2026-11-25T08:00:10Z"))), ["alive"]);
+
+        let exit = serde_json::json!({"terminated": {"exitCode": 137, "reason": "Error",
+            "containerID": "containerd://aa", "finishedAt": "2026-11-25T08:10:00Z"}});
+        let down = trainer_pod(exit.clone(), serde_json::json!({}), 0, false);
+        assert_eq!(down.exited.get("trainer").map(|e| e.code), Some(137));
+        let v = t.apply(down, at("2026-11-25T08:10:00Z"));
+        assert_eq!(reasons(&v), ["lost:container-restarted"], "{v:?}");
+        // In back-off: still down, the same loss.
+        let waiting = serde_json::json!({"waiting": {"reason": "CrashLoopBackOff"}});
+        let backoff = trainer_pod(waiting, exit.clone(), 0, false);
+        assert_eq!(
+            reasons(&t.apply(backoff, at("2026-11-25T08:10:05Z"))),
+            ["lost:container-restarted"]
+        );
+        // Restarted after the back-off (restart count + 1, the same exit as
+        // its last state), not Ready yet: no second loss.
+        let restarted = trainer_pod(running.clone(), exit.clone(), 1, false);
+        assert_eq!(
+            reasons(&t.apply(restarted, at("2026-11-25T08:10:11Z"))),
+            ["suspect"]
+        );
+        // Ready again: alive (the peers' state machine closes the loss).
+        let back = trainer_pod(running.clone(), exit.clone(), 1, true);
+        assert_eq!(
+            reasons(&t.apply(back, at("2026-11-25T08:10:12Z"))),
+            ["alive"]
+        );
+
+        // A restart whose exit was never seen (the watch was down) is still
+        // a loss, and back in the same update.
+        let other_exit = serde_json::json!({"terminated": {"exitCode": 1,
+            "containerID": "containerd://bb", "finishedAt": "2026-11-25T08:20:00Z"}});
+        let again = trainer_pod(running, other_exit, 2, true);
+        assert_eq!(
+            reasons(&t.apply(again, at("2026-11-25T08:20:01Z"))),
+            ["lost:container-restarted", "alive"]
+        );
+    }
+
+    /// Through the peers' state machine: one loss (one generation) for one
+    /// exit, healthy again once Ready.
+    #[test]
+    fn one_exit_is_one_generation() {
+        use crate::config::NodeCount;
+        use crate::peers::{Peers, State};
+        let at = |s: &str| s.parse::<Timestamp>().expect("time");
+        let mut t = Tracker::new("train-1", Duration::from_secs(30));
+        let mut peers = Peers::new(NodeCount::Fixed(2), 1, 3, Instant::now());
+        let mut losses = Vec::new();
+        let running = serde_json::json!({"running": {}});
+        let exit =
+            serde_json::json!({"terminated": {"exitCode": 143, "containerID": "containerd://cc"}});
+        let steps = [
+            (
+                trainer_pod(running.clone(), serde_json::json!({}), 0, true),
+                "2026-11-25T08:00:10Z",
+            ),
+            (
+                trainer_pod(exit.clone(), serde_json::json!({}), 0, false),
+                "2026-11-25T08:10:00Z",
+            ),
+            (
+                trainer_pod(running.clone(), exit.clone(), 1, true),
+                "2026-11-25T08:10:10Z",
+            ),
+        ];
+        for (view, now) in steps {
+            for v in t.apply(view, at(now)) {
+                losses.extend(peers.observe(Observation {
+                    rank: v.rank,
+                    source: Source::Kubernetes,
+                    evidence: v.evidence,
+                    at: Instant::now(),
+                }));
+            }
+        }
+        assert_eq!(losses.len(), 1, "{losses:?}");
+        assert_eq!(losses[0].generation, 1);
+        assert_eq!(peers.get(0).map(|p| p.state), Some(State::Healthy));
+    }
+
+    /// A trainer that exits 0 finished its work: not a loss by itself; a
+    /// pod being deleted stops its containers, which is the deletion's.
+    #[test]
+    fn a_completed_trainer_or_a_deleted_pod_is_not_a_container_loss() {
+        let at = |s: &str| s.parse::<Timestamp>().expect("time");
+        let mut t = Tracker::new("train-1", Duration::from_secs(30));
+        let running = serde_json::json!({"running": {}});
+        t.apply(
+            trainer_pod(running, serde_json::json!({}), 0, true),
+            at("2026-11-25T08:00:10Z"),
+        );
+        let done = serde_json::json!({"terminated": {"exitCode": 0, "reason": "Completed", "containerID": "containerd://dd"}});
+        assert_eq!(
+            reasons(&t.apply(
+                trainer_pod(done, serde_json::json!({}), 0, false),
+                at("2026-11-25T08:10:01Z")
+            )),
+            ["suspect"]
+        );
+        let stopped =
+            serde_json::json!({"terminated": {"exitCode": 143, "containerID": "containerd://ee"}});
+        let mut deleting = trainer_pod(stopped, serde_json::json!({}), 0, false);
+        deleting.deletion = Some(at("2026-11-25T08:11:30Z"));
+        assert_eq!(
+            reasons(&t.apply(deleting, at("2026-11-25T08:11:01Z"))),
+            ["suspect"]
+        );
+    }
+
     /// What happens to rank 0's pod in one step of a sequence.
     #[derive(Debug, Clone)]
     enum Step {
@@ -623,6 +1094,9 @@ mod tests {
         RestartInPlace {
             ready: bool,
         },
+        /// Its trainer container exits with an error (state `terminated`,
+        /// not Ready; the restart count not moved yet).
+        TrainerExits,
         BecomeReady,
         /// Not Ready (within the grace: suspect only).
         NotReady,
@@ -636,6 +1110,7 @@ mod tests {
         use proptest::prelude::*;
         prop_oneof![
             any::<bool>().prop_map(|ready| Step::RestartInPlace { ready }),
+            Just(Step::TrainerExits),
             Just(Step::BecomeReady),
             Just(Step::NotReady),
             Just(Step::Replace),
@@ -675,8 +1150,11 @@ mod tests {
                 node: Some("n1".into()),
                 address: Some(std::net::IpAddr::from([10, 0, 0, serial as u8])),
                 restarts: BTreeMap::from([("trainer".to_string(), 0)]),
+                exited: BTreeMap::new(),
+                last_exit: BTreeMap::new(),
             };
             let mut pod = Some(new_pod(serial));
+            let mut exits = 0u32;
             let feed = |peers: &mut Peers, verdicts: Vec<Verdict>| -> Vec<u64> {
                 verdicts
                     .into_iter()
@@ -704,11 +1182,35 @@ mod tests {
                 match (&step, pod.as_mut()) {
                     (Step::RestartInPlace { ready }, Some(p)) => {
                         *p.restarts.entry("trainer".into()).or_default() += 1;
+                        // The exit it restarts from is its last state now.
+                        match p.exited.remove("trainer") {
+                            Some(exit) => {
+                                p.last_exit.insert("trainer".into(), exit.key);
+                            }
+                            None => {
+                                p.last_exit.insert("trainer".into(), format!("unseen-{exits}"));
+                                exits += 1;
+                            }
+                        }
                         p.ready = Some(*ready);
+                        p.ready_since = Some(now);
+                        verdicts.extend(tracker.apply(p.clone(), now));
+                        // Once per exit: an exit already seen was the loss.
+                        expect_loss = up;
+                    }
+                    (Step::TrainerExits, Some(p)) => {
+                        p.exited.insert(
+                            "trainer".into(),
+                            Exit { key: format!("exit-{exits}"), code: 137, reason: Some("Error".into()) },
+                        );
+                        exits += 1;
+                        p.ready = Some(false);
                         p.ready_since = Some(now);
                         verdicts.extend(tracker.apply(p.clone(), now));
                         expect_loss = up;
                     }
+                    // A pod is not Ready while its trainer is down.
+                    (Step::BecomeReady, Some(p)) if !p.exited.is_empty() => expect_loss = false,
                     (Step::BecomeReady, Some(p)) => {
                         p.ready = Some(true);
                         verdicts.extend(tracker.apply(p.clone(), now));

@@ -12,7 +12,8 @@
 //! - [`ring`]: which peers a sidecar watches (a bounded set);
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
 //! - [`dns`]: the peers' names against this pod's DNS configuration;
-//! - [`kubewatch`]: the Kubernetes pod watch and its pure decision logic;
+//! - [`kubewatch`]: the Kubernetes watch of the watched peers' pods and its
+//!   pure decision logic;
 //! - [`decide`]: the pure decision of one loss episode's next step;
 //! - [`signal`]: finding torchrun in `/proc`, signal plans and the storm
 //!   guard, the signal permission;
@@ -194,6 +195,11 @@ pub async fn run(
             active,
             why: choice.why.clone(),
             problem: None,
+            pod_watch: choice
+                .kubernetes
+                .then(|| kubewatch::WatchSet::of(&config).ok().flatten())
+                .flatten()
+                .map(|w| w.selector),
         };
         if let Some(pattern) = &config.heartbeat.peer_hosts
             && let Err(problem) = dns::check_pod(pattern)

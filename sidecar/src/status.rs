@@ -312,6 +312,10 @@ pub struct DetectionStatus {
     /// A configuration that keeps the peers from being found (the peer
     /// names' cluster domain is not this pod's).
     pub problem: Option<String>,
+    /// The label selector of the Kubernetes pod watch: the workload's, and
+    /// the indices of the peers this sidecar watches (its ring neighbours
+    /// and the rendezvous host).
+    pub pod_watch: Option<String>,
 }
 
 /// Checkpoint freshness in `/status`.

@@ -53,6 +53,7 @@ fn short(v: &Verdict) -> String {
 #[case("recreated-new-uid", &["identity-changed"])]
 #[case("deleted-during-watch-gap", &["deleted"])]
 #[case("own-pod-and-succeeded", &[])]
+#[case("container-terminated", &["container-restarted"])]
 fn recorded_sequence(#[case] name: &str, #[case] losses: &[&str]) -> anyhow::Result<()> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/kubewatch")

@@ -5,8 +5,13 @@
 //! test sets, and streams every change the test makes as a watch event, as
 //! the kubelet's status updates reach a real watch.
 //!
-//! Not a general API server: one namespace, label selectors ignored (the
-//! test sets only the workload's pods), `resourceVersion` a counter.
+//! Not a general API server: one namespace, `resourceVersion` a counter, a
+//! watch starts from the moment it is opened (the test waits for the watches
+//! before it changes anything). Label selectors (`k=v`, `k!=v`,
+//! `k in (a,b)`, `k notin (a)`, `k`, `!k`) and the field selector
+//! `metadata.name=<name>` narrow lists and watches as the apiserver does, and
+//! every watch event sent is counted, by the token of the watch's client
+//! ([`FakeApiServer::deliveries`]), so a test sees what each watcher was sent.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,9 +33,38 @@ struct Pods {
     version: u64,
 }
 
+/// One change, as broadcast to the watches.
+#[derive(Clone, Debug)]
+struct Change {
+    version: u64,
+    kind: &'static str,
+    pod: Value,
+}
+
+/// One watch event sent to a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The bearer token of the watch's client (its kubeconfig's).
+    pub token: String,
+    /// `ADDED`, `MODIFIED` or `DELETED`.
+    pub kind: String,
+    pub pod: String,
+    /// The change's `resourceVersion`.
+    pub version: u64,
+}
+
+#[derive(Default)]
+struct Watches {
+    next_id: u64,
+    /// The open watches: the last change each has looked at.
+    open: BTreeMap<u64, u64>,
+    sent: Vec<Delivery>,
+}
+
 struct Shared {
     pods: Mutex<Pods>,
-    events: broadcast::Sender<String>,
+    events: broadcast::Sender<Change>,
+    watches: Mutex<Watches>,
     /// Whether the sidecar's service account may read nodes.
     nodes_allowed: bool,
     /// Every request, `METHOD path`, for the test to look at.
@@ -53,6 +87,7 @@ impl FakeApiServer {
         let shared = Arc::new(Shared {
             pods: Mutex::new(Pods::default()),
             events,
+            watches: Mutex::new(Watches::default()),
             nodes_allowed: false,
             requests: Mutex::new(Vec::new()),
             patches: Mutex::new(Vec::new()),
@@ -88,6 +123,20 @@ impl FakeApiServer {
         write_kubeconfig(dir, self.addr, namespace)
     }
 
+    /// A kubeconfig for this server whose client sends the bearer token
+    /// `token` (what [`Delivery::token`] names), written to
+    /// `dir/kubeconfig-<token>`.
+    pub fn kubeconfig_as(
+        &self,
+        dir: &Path,
+        namespace: &str,
+        token: &str,
+    ) -> std::io::Result<PathBuf> {
+        let path = dir.join(format!("kubeconfig-{token}"));
+        std::fs::write(&path, kubeconfig_text(self.addr, namespace, token))?;
+        Ok(path)
+    }
+
     /// Adds or replaces a pod (by `metadata.name`), giving it the next
     /// `resourceVersion`, and streams it to the watches (`ADDED` or
     /// `MODIFIED`).
@@ -105,10 +154,11 @@ impl FakeApiServer {
             "ADDED"
         };
         pods.items.insert(name, pod.clone());
-        let _ = self
-            .shared
-            .events
-            .send(json!({"type": kind, "object": pod}).to_string());
+        let _ = self.shared.events.send(Change {
+            version: pods.version,
+            kind,
+            pod,
+        });
     }
 
     /// Removes a pod and streams `DELETED`.
@@ -118,11 +168,41 @@ impl FakeApiServer {
         let version = pods.version;
         if let Some(mut pod) = pods.items.remove(name) {
             pod["metadata"]["resourceVersion"] = json!(version.to_string());
-            let _ = self
-                .shared
-                .events
-                .send(json!({"type": "DELETED", "object": pod}).to_string());
+            let _ = self.shared.events.send(Change {
+                version,
+                kind: "DELETED",
+                pod,
+            });
         }
+    }
+
+    /// The `resourceVersion` of the last change.
+    pub fn version(&self) -> u64 {
+        self.lock().version
+    }
+
+    /// How many watches are open now.
+    pub fn open_watches(&self) -> usize {
+        self.watch_state(|w| w.open.len())
+    }
+
+    /// Whether every open watch has looked at the changes up to `version`
+    /// (sent them, or left them out by its selectors).
+    pub fn settled(&self, version: u64) -> bool {
+        self.watch_state(|w| w.open.values().all(|&v| v >= version))
+    }
+
+    /// Every watch event sent so far.
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.watch_state(|w| w.sent.clone())
+    }
+
+    fn watch_state<T>(&self, f: impl FnOnce(&Watches) -> T) -> T {
+        f(&self
+            .shared
+            .watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()))
     }
 
     /// The pod named `name`, as last set.
@@ -157,11 +237,81 @@ impl FakeApiServer {
 /// `fake` with `namespace`, written to `dir/kubeconfig`.
 pub fn write_kubeconfig(dir: &Path, addr: SocketAddr, namespace: &str) -> std::io::Result<PathBuf> {
     let path = dir.join("kubeconfig");
-    let text = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\nusers:\n- name: sidecar\n  user:\n    token: fake\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: sidecar\n    namespace: {namespace}\ncurrent-context: fake\n"
-    );
-    std::fs::write(&path, text)?;
+    std::fs::write(&path, kubeconfig_text(addr, namespace, "fake"))?;
     Ok(path)
+}
+
+fn kubeconfig_text(addr: SocketAddr, namespace: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\nusers:\n- name: sidecar\n  user:\n    token: {token}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: sidecar\n    namespace: {namespace}\ncurrent-context: fake\n"
+    )
+}
+
+/// Whether a label selector string selects `labels` (`k=v`, `k==v`,
+/// `k!=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`; all must hold).
+pub fn selects(selector: &str, labels: &serde_json::Map<String, Value>) -> bool {
+    let mut parts = Vec::new();
+    let (mut depth, mut part) = (0u32, String::new());
+    for c in selector.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut part));
+                continue;
+            }
+            _ => {}
+        }
+        part.push(c);
+    }
+    parts.push(part);
+    let label = |k: &str| labels.get(k.trim()).and_then(Value::as_str);
+    let set = |values: &str| -> Vec<String> {
+        values
+            .trim()
+            .trim_start_matches('(')
+            .trim_end_matches(')')
+            .split(',')
+            .map(|v| v.trim().to_string())
+            .collect()
+    };
+    parts
+        .iter()
+        .map(|p| p.trim())
+        .filter(|p| !p.is_empty())
+        .all(|p| {
+            if let Some((k, v)) = p.split_once("!=") {
+                label(k) != Some(v.trim())
+            } else if let Some((k, v)) = p.split_once("==").or_else(|| p.split_once('=')) {
+                label(k) == Some(v.trim())
+            } else if let Some((k, v)) = p.split_once(" notin ") {
+                label(k).is_none_or(|l| !set(v).iter().any(|s| s == l))
+            } else if let Some((k, v)) = p.split_once(" in ") {
+                label(k).is_some_and(|l| set(v).iter().any(|s| s == l))
+            } else if let Some(k) = p.strip_prefix('!') {
+                label(k).is_none()
+            } else {
+                label(p).is_some()
+            }
+        })
+}
+
+/// Whether `pod` is selected by the request's `labelSelector` and
+/// `fieldSelector` (only `metadata.name=<name>` is understood; another
+/// field selector selects nothing).
+fn selected(query: &BTreeMap<String, String>, pod: &Value) -> bool {
+    let empty = serde_json::Map::new();
+    let labels = pod["metadata"]["labels"].as_object().unwrap_or(&empty);
+    let by_label = query
+        .get("labelSelector")
+        .is_none_or(|s| selects(s, labels));
+    let by_field = query.get("fieldSelector").is_none_or(|f| {
+        f.split(',').filter(|t| !t.is_empty()).all(|t| {
+            t.strip_prefix("metadata.name=")
+                .is_some_and(|n| pod["metadata"]["name"] == n)
+        })
+    });
+    by_label && by_field
 }
 
 /// A running pod of a StatefulSet: `name` with its index label, `uid`, at
@@ -226,15 +376,51 @@ async fn access_review(
 async fn pods(
     State(shared): State<Arc<Shared>>,
     Query(query): Query<BTreeMap<String, String>>,
+    headers: axum::http::HeaderMap,
 ) -> Response {
     if query.get("watch").map(String::as_str) == Some("true") {
+        let token = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .to_string();
         let mut rx = shared.events.subscribe();
+        let id = {
+            let mut w = shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+            w.next_id += 1;
+            let id = w.next_id;
+            let now = shared
+                .pods
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .version;
+            w.open.insert(id, now);
+            id
+        };
         let stream = async_stream(move |tx| async move {
-            while let Ok(line) = rx.recv().await {
-                if tx.send(format!("{line}\n")).await.is_err() {
-                    return;
+            while let Ok(change) = rx.recv().await {
+                if selected(&query, &change.pod) {
+                    let line = json!({"type": change.kind, "object": change.pod}).to_string();
+                    if tx.send(format!("{line}\n")).await.is_err() {
+                        break;
+                    }
+                    let mut w = shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+                    w.sent.push(Delivery {
+                        token: token.clone(),
+                        kind: change.kind.to_string(),
+                        pod: change.pod["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        version: change.version,
+                    });
                 }
+                let mut w = shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+                w.open.insert(id, change.version);
             }
+            let mut w = shared.watches.lock().unwrap_or_else(|p| p.into_inner());
+            w.open.remove(&id);
         });
         return Response::builder()
             .header("content-type", "application/json")
@@ -246,7 +432,7 @@ async fn pods(
         "apiVersion": "v1",
         "kind": "PodList",
         "metadata": {"resourceVersion": pods.version.to_string()},
-        "items": pods.items.values().collect::<Vec<_>>(),
+        "items": pods.items.values().filter(|p| selected(&query, p)).collect::<Vec<_>>(),
     }))
     .into_response()
 }

@@ -191,6 +191,25 @@ seqs["own-pod-and-succeeded"] = [
     step("2026-11-21T19:00:05Z", "Deleted", done, []),
 ]
 
+# 13. The trainer exits with an error (its agent SIGKILLed): the kubelet puts
+#     the terminated state in the pod status at once (Ready false); it
+#     restarts the container only after its back-off (restartCount 1, the
+#     same exit as lastState), then the container is Ready again. One loss,
+#     at the exit, closed when Ready.
+ex = running(p0, "2026-11-21T17:00:20Z", ready=False, ready_at="2026-11-21T17:45:00Z"); ex["metadata"]["resourceVersion"] = "2100"
+ex["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": "2026-11-21T17:00:20Z",
+    "finishedAt": "2026-11-21T17:45:00Z", "containerID": "containerd://00a7f3e9c1"}}
+back_off = running(p0, "2026-11-21T17:45:08Z", ready=False, restarts=1, ready_at="2026-11-21T17:45:00Z"); back_off["metadata"]["resourceVersion"] = "2101"
+back_off["status"]["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"] = "2026-11-21T17:45:00Z"
+back_ready = running(p0, "2026-11-21T17:45:08Z", ready=True, restarts=1, ready_at="2026-11-21T17:45:12Z"); back_ready["metadata"]["resourceVersion"] = "2102"
+back_ready["status"]["containerStatuses"][0]["lastState"]["terminated"]["finishedAt"] = "2026-11-21T17:45:00Z"
+seqs["container-terminated"] = [
+    step("2026-11-21T17:00:20Z", "Applied", r0, ["alive"]),
+    step("2026-11-21T17:45:00Z", "Applied", ex, ["lost:container-restarted"]),
+    step("2026-11-21T17:45:08Z", "Applied", back_off, ["suspect"]),
+    step("2026-11-21T17:45:12Z", "Applied", back_ready, ["alive"]),
+]
+
 for name, steps in seqs.items():
     with open(f"{name}.json", "w") as f:
         json.dump({"self": "llama-ft-1", "grace_seconds": 10, "steps": steps}, f, indent=1)
