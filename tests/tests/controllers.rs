@@ -53,15 +53,19 @@ fn lists_and_watches(seen: &[Seen], collection: &str) -> Vec<Seen> {
 }
 
 /// Every list and watch of pods, StatefulSets and Jobs selects the injected
-/// ones.
+/// ones, but the world controller's watch of the dedicated stores' pods,
+/// which selects those by their own label.
 fn pods_are_selected(seen: &[Seen]) -> Result<()> {
+    let injected = trainwire_contract::labels::injected_selector();
     for collection in ["pods", "statefulsets", "jobs"] {
         let requests = lists_and_watches(seen, collection);
         anyhow::ensure!(!requests.is_empty(), "no {collection} list or watch");
         for s in requests {
+            let selector = s.query.get("labelSelector").map(String::as_str);
             anyhow::ensure!(
-                s.query.get("labelSelector").map(String::as_str)
-                    == Some(trainwire_contract::labels::injected_selector().as_str()),
+                selector == Some(injected.as_str())
+                    || (collection == "pods"
+                        && selector == Some(trainwire_contract::labels::RDZV_STORE)),
                 "a {collection} request without the injected-label selector: {s:?}"
             );
         }
@@ -75,13 +79,13 @@ async fn without_the_components_no_node_watch_and_only_injected_pods() -> Result
     let cluster = Arc::new(cluster);
     let mut running = start(&cluster, &[]).await?;
     // The reconciler's (StatefulSets, Jobs, its own Services and
-    // Deployments), the world controller's (pods, StatefulSets, Jobs) and
-    // the failure controller's pod watch.
+    // Deployments), the world controller's (pods, the stores' pods,
+    // StatefulSets, Jobs) and the failure controller's pod watch.
     wait_for_watches(
         &cluster,
         &mut running,
         &[
-            ("pods", 2),
+            ("pods", 3),
             ("statefulsets", 2),
             ("jobs", 2),
             ("services", 2),
@@ -119,7 +123,7 @@ async fn each_feature_opens_its_own_watches() -> Result<()> {
         &cluster,
         &mut running,
         &[
-            ("pods", 2),
+            ("pods", 3),
             ("nodes", 1),
             ("statefulsets", 3),
             ("jobs", 3),
