@@ -510,7 +510,7 @@ impl Tally {
     }
 }
 
-/// Probes every peer forever, sending observations to `tx`; returns when
+/// Probes every watched peer ([`peer_ranks`]) forever, sending observations to `tx`; returns when
 /// `tx` is closed.
 ///
 /// Probing and counting misses are decoupled. A new probe starts at a tick
