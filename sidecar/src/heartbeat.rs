@@ -1,12 +1,25 @@
-//! Direct heartbeats between sidecars over plain HTTP.
+//! Direct heartbeats between sidecars over plain HTTP, with a bounded
+//! fan-out and an indirect confirmation before a silent peer is lost.
 //!
 //! Every sidecar answers `GET /heartbeat` with its identity; every sidecar
-//! probes each peer's `/heartbeat` once per interval with a short timeout.
-//! A peer that was seen healthy is lost after N consecutive misses, or at
-//! once when its identity (pod UID, start time) changes. A host name that
-//! does not resolve yet is a miss of a peer never seen: retried, not a loss.
+//! probes the `/heartbeat` of the peers it watches ([`peer_ranks`]: its two
+//! nearest on each side of the ring of all pods, and the rendezvous host,
+//! [`crate::ring::watched`]) once per interval with a short timeout, so its
+//! cost does not grow with the world. A peer that was seen healthy is lost
+//! after N consecutive misses, or at once when its identity (pod UID, start
+//! time) changes. A host name that does not resolve yet is a miss of a peer
+//! never seen: retried, not a loss.
+//!
+//! Before the miss that would lose a peer is reported, up to [`HELPERS`]
+//! other sidecars that watch it are asked, in parallel and within one
+//! interval, to probe it (`GET /probe/{rank}`, answered by [`Prober`]), as
+//! SWIM and memberlist do: the loss stands only if none of them reaches it
+//! (or none can be asked). A peer that another sidecar still reaches is
+//! not lost: it is reported suspect (a partition between two sidecars).
 
 use std::time::{Duration, Instant};
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -18,9 +31,14 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
 use crate::config::Config;
 use crate::dns::Resolver;
 use crate::peers::{Evidence, Identity, Observation, Source};
+use crate::ring;
+use crate::status::ResultLabels;
 
 /// What `GET /heartbeat` answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,16 +75,290 @@ pub fn url_of(config: &Config, rank: u32) -> Option<String> {
     Some(format!("http://{host}:{}/heartbeat", config.health_port))
 }
 
-/// The ranks this sidecar probes: every pod of the workload (the world's
-/// largest size plus the hot spares, [`Config::pods`]) but its own. A
-/// spare is probed like any peer, whatever this pod's own rank, so that a
-/// spare that trains after a take-over, or stops answering, is seen by all.
+/// The ranks this sidecar probes: [`ring::watched`] over every pod of the
+/// workload (the world's largest size plus the hot spares,
+/// [`Config::pods`]): its two nearest on each side of the ring, and the
+/// rendezvous host when a training pod hosts the store. At most five,
+/// whatever the world's size; every pod, spares included, is probed by its
+/// nearest on the ring.
 pub fn peer_ranks(config: &Config) -> impl Iterator<Item = u32> + use<> {
-    let own = config.node_rank;
-    (0..config.pods()).filter(move |r| *r != own)
+    ring::watched(config.node_rank, config.pods(), config.rdzv_host_rank).into_iter()
 }
 
-type HttpClient = Client<HttpConnector<Resolver>, Empty<Bytes>>;
+/// The most helpers asked to confirm that a silent peer is lost.
+pub const HELPERS: usize = 2;
+
+/// The sidecars that `own` asks to probe the silent `lost`: its other
+/// watchers ([`ring::watchers`]), the nearest to it on the ring first,
+/// at most [`HELPERS`]; never `own` nor `lost`.
+pub fn helpers(own: u32, lost: u32, pods: u32, host: Option<u32>) -> Vec<u32> {
+    let distance = |h: u32| {
+        let d = h.abs_diff(lost);
+        d.min(pods.saturating_sub(d))
+    };
+    let mut out: Vec<u32> = ring::watchers(lost, pods, host)
+        .into_iter()
+        .filter(|h| *h != own && *h != lost)
+        .collect();
+    out.sort_by_key(|h| (distance(*h), *h));
+    out.truncate(HELPERS);
+    out
+}
+
+/// What `GET /probe/{rank}` answers: whether the answering sidecar reaches
+/// `rank` (one heartbeat probe, within [`indirect_timeout`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reach {
+    pub rank: u32,
+    pub reachable: bool,
+    /// The beat's pod when reached, else why not.
+    pub detail: String,
+}
+
+/// The URL at which `helper` is asked to probe `rank`.
+pub fn probe_url_of(config: &Config, helper: u32, rank: u32) -> Option<String> {
+    let beat = url_of(config, helper)?;
+    let base = beat.strip_suffix("/heartbeat")?;
+    Some(format!("{base}/probe/{rank}"))
+}
+
+/// The time limit of a helper's probe: the heartbeat timeout, but at most
+/// three quarters of an interval, so that its answer reaches the asker,
+/// which waits one interval ([`confirm`]).
+pub fn indirect_timeout(config: &Config) -> Duration {
+    config
+        .heartbeat
+        .timeout
+        .min(config.heartbeat.interval * 3 / 4)
+        .max(Duration::from_millis(1))
+}
+
+/// What one helper said about a silent peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HelperAnswer {
+    /// It reaches the peer: not a loss.
+    Reached(String),
+    /// It does not reach the peer either.
+    Unreached(String),
+    /// It could not be asked, or did not answer within the limit.
+    Unasked(String),
+}
+
+impl HelperAnswer {
+    fn label(&self) -> &'static str {
+        match self {
+            HelperAnswer::Reached(_) => "reached",
+            HelperAnswer::Unreached(_) => "unreached",
+            HelperAnswer::Unasked(_) => "unasked",
+        }
+    }
+}
+
+/// The outcome of an indirect confirmation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// No helper reaches the peer (or none could be asked): the loss stands.
+    Confirmed(String),
+    /// Helper `by` reaches the peer: a partition between this sidecar and
+    /// it, not a loss.
+    Reachable { by: u32, detail: String },
+}
+
+/// The verdict of the helpers' answers: confirmed unless one reached the
+/// peer; with no helper at all, confirmed.
+pub fn verdict(answers: &[(u32, HelperAnswer)]) -> Verdict {
+    if let Some((by, HelperAnswer::Reached(d))) = answers
+        .iter()
+        .find(|(_, a)| matches!(a, HelperAnswer::Reached(_)))
+    {
+        return Verdict::Reachable {
+            by: *by,
+            detail: format!("rank {by} reaches it ({d})"),
+        };
+    }
+    if answers.is_empty() {
+        return Verdict::Confirmed("no other sidecar watches it to ask".into());
+    }
+    let said: Vec<String> = answers
+        .iter()
+        .map(|(h, a)| match a {
+            HelperAnswer::Unreached(d) => format!("rank {h} does not reach it either ({d})"),
+            HelperAnswer::Unasked(d) => format!("rank {h} could not be asked ({d})"),
+            HelperAnswer::Reached(d) => format!("rank {h} reaches it ({d})"),
+        })
+        .collect();
+    Verdict::Confirmed(said.join("; "))
+}
+
+/// Counters of what the heartbeats do (the sidecar's metrics; defaults that
+/// count into nothing for tests).
+#[derive(Debug, Clone, Default)]
+pub struct Counters {
+    /// Probes sent.
+    pub probes: Counter,
+    /// Helpers asked, by their answer.
+    pub indirect: Family<ResultLabels, Counter>,
+}
+
+/// Asks `helpers` (in parallel, each within one interval) whether they
+/// reach `rank`; returns as soon as one does, else once all have answered.
+pub async fn confirm(
+    http: &HttpClient,
+    config: &Config,
+    rank: u32,
+    helpers: &[u32],
+    counters: &Counters,
+) -> Verdict {
+    let limit = config.heartbeat.interval;
+    let mut asked: FuturesUnordered<_> = helpers
+        .iter()
+        .map(|&h| async move { (h, ask(http, config, h, rank, limit).await) })
+        .collect();
+    let mut answers = Vec::new();
+    while let Some((h, answer)) = asked.next().await {
+        counters
+            .indirect
+            .get_or_create(&ResultLabels {
+                result: answer.label().into(),
+            })
+            .inc();
+        let reached = matches!(answer, HelperAnswer::Reached(_));
+        answers.push((h, answer));
+        if reached {
+            break;
+        }
+    }
+    verdict(&answers)
+}
+
+/// Asks `helper` to probe `rank`, within `limit`.
+async fn ask(
+    http: &HttpClient,
+    config: &Config,
+    helper: u32,
+    rank: u32,
+    limit: Duration,
+) -> HelperAnswer {
+    let Some(url) = probe_url_of(config, helper, rank) else {
+        return HelperAnswer::Unasked("no peer host pattern".into());
+    };
+    let work = async {
+        let uri: hyper::Uri = url.parse().map_err(|e| format!("bad url {url}: {e}"))?;
+        let resp = http.get(uri).await.map_err(|e| describe(&e))?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        let body = Limited::new(resp.into_body(), 64 * 1024)
+            .collect()
+            .await
+            .map_err(|e| format!("reading the answer: {e}"))?
+            .to_bytes();
+        serde_json::from_slice::<Reach>(&body).map_err(|e| format!("not a probe answer: {e}"))
+    };
+    match tokio::time::timeout(limit, work).await {
+        Ok(Ok(reach)) if reach.rank == rank && reach.reachable => {
+            HelperAnswer::Reached(reach.detail)
+        }
+        Ok(Ok(reach)) if reach.rank == rank => HelperAnswer::Unreached(reach.detail),
+        Ok(Ok(reach)) => HelperAnswer::Unasked(format!(
+            "answered about rank {}, not rank {rank}",
+            reach.rank
+        )),
+        Ok(Err(e)) => HelperAnswer::Unasked(e),
+        Err(_) => HelperAnswer::Unasked(format!("no answer within {}ms", limit.as_millis())),
+    }
+}
+
+/// The most `/probe` requests served at once; more are refused (503),
+/// which the asker counts as "could not be asked".
+const MAX_PROBES_SERVED: usize = 16;
+
+/// Answers `GET /probe/{rank}`: probes a peer once for another sidecar.
+#[derive(Clone)]
+pub struct Prober {
+    config: Config,
+    http: HttpClient,
+    counters: Counters,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("rank", &self.config.node_rank)
+            .finish()
+    }
+}
+
+/// Why a `/probe` request is not answered with a [`Reach`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeRefused {
+    #[error("rank {rank} is not a pod of this workload ({pods} pods)")]
+    NoSuchRank { rank: u32, pods: u32 },
+    #[error("too many probes in flight")]
+    Busy,
+}
+
+impl Prober {
+    /// A prober with its own HTTP client (names looked up by `resolver`).
+    pub fn new(config: Config, resolver: Resolver, counters: Counters) -> Self {
+        let http = client(indirect_timeout(&config), resolver);
+        Prober {
+            config,
+            http,
+            counters,
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_PROBES_SERVED)),
+        }
+    }
+
+    /// Probes `rank` once, within [`indirect_timeout`].
+    pub async fn reach(&self, rank: u32) -> Result<Reach, ProbeRefused> {
+        let pods = self.config.pods();
+        if rank >= pods {
+            return Err(ProbeRefused::NoSuchRank { rank, pods });
+        }
+        if rank == self.config.node_rank {
+            return Ok(Reach {
+                rank,
+                reachable: true,
+                detail: format!("rank {rank} is the answering sidecar"),
+            });
+        }
+        let Ok(_permit) = self.permits.clone().try_acquire_owned() else {
+            return Err(ProbeRefused::Busy);
+        };
+        let Some(url) = url_of(&self.config, rank) else {
+            return Ok(Reach {
+                rank,
+                reachable: false,
+                detail: "no peer host pattern".into(),
+            });
+        };
+        self.counters.probes.inc();
+        Ok(
+            match probe(&self.http, &url, indirect_timeout(&self.config)).await {
+                Ok(Answer { beat, .. }) if beat.rank == rank => Reach {
+                    rank,
+                    reachable: true,
+                    detail: format!("pod {}", beat.pod),
+                },
+                Ok(Answer { beat, .. }) => Reach {
+                    rank,
+                    reachable: false,
+                    detail: format!("{url} answered as rank {}", beat.rank),
+                },
+                Err(e) => Reach {
+                    rank,
+                    reachable: false,
+                    detail: e,
+                },
+            },
+        )
+    }
+}
+
+/// The client heartbeats, helpers' probes and indirect requests use.
+pub type HttpClient = Client<HttpConnector<Resolver>, Empty<Bytes>>;
 
 /// The probes' HTTP client: names are looked up by `resolver` (on the
 /// runtime, never on the blocking pool: a DNS that does not answer costs
@@ -158,6 +450,9 @@ const MIN_SEARCH_EVERY: Duration = Duration::from_millis(50);
 /// The search period per node of the world (see [`search_every`]).
 const SEARCH_EVERY_PER_NODE: Duration = Duration::from_millis(2);
 
+/// An indirect confirmation in progress.
+type Confirming = std::pin::Pin<Box<dyn std::future::Future<Output = Verdict> + Send>>;
+
 /// One probe in flight.
 type Probe = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Answer, String>> + Send>>;
 
@@ -215,7 +510,7 @@ impl Tally {
     }
 }
 
-/// Probes every peer forever, sending observations to `tx`; returns when
+/// Probes every watched peer ([`peer_ranks`]) forever, sending observations to `tx`; returns when
 /// `tx` is closed.
 ///
 /// Probing and counting misses are decoupled. A new probe starts at a tick
@@ -233,11 +528,31 @@ impl Tally {
 /// a replacement that answers at the name (a new address behind it) is seen
 /// within one search period of answering, however long the regular probes
 /// still wait on the old address.
+///
+/// The miss that would lose the peer is held back while up to [`HELPERS`]
+/// of its other watchers are asked to probe it ([`confirm`], in parallel,
+/// within one interval): reported if none reaches it, replaced by a
+/// `Suspect` observation (a partition, not a loss) if one does, and asked
+/// again at the next tick that brings a miss.
 pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observation>) {
+    run_counted(config, resolver, tx, Counters::default()).await
+}
+
+/// [`run`], counting into `counters`.
+pub async fn run_counted(
+    config: Config,
+    resolver: Resolver,
+    tx: mpsc::Sender<Observation>,
+    counters: Counters,
+) {
     let timeout = config.heartbeat.timeout;
     let http = client(timeout, resolver);
+    let config = Arc::new(config);
     let mut tasks = tokio::task::JoinSet::new();
     for rank in peer_ranks(&config) {
+        let helpers = helpers(config.node_rank, rank, config.pods(), config.rdzv_host_rank);
+        let counters = counters.clone();
+        let config = config.clone();
         let Some(url) = url_of(&config, rank) else {
             tracing::warn!("no peer host pattern: heartbeats disabled");
             return;
@@ -277,8 +592,12 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
             let mut inflight_since = Instant::now();
             let start = |timeout: Duration| -> Probe {
                 let (http, url) = (http.clone(), url.clone());
+                counters.probes.inc();
                 Box::pin(async move { probe(&http, &url, timeout).await })
             };
+            // The indirect confirmation in progress, and the miss it holds.
+            let mut confirming: Option<Confirming> = None;
+            let mut held = String::new();
             loop {
                 let evidence = tokio::select! {
                     _ = ticker.tick() => {
@@ -302,6 +621,18 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
                             inflight.push(start(timeout));
                         }
                         match miss {
+                            Some(e) if tally.missed_in_a_row.saturating_add(1) == lost_after => {
+                                // This miss would lose the peer: ask others first.
+                                if confirming.is_none() {
+                                    held = e;
+                                    let (http, config, helpers, counters) =
+                                        (http.clone(), config.clone(), helpers.clone(), counters.clone());
+                                    confirming = Some(Box::pin(async move {
+                                        confirm(&http, &config, rank, &helpers, &counters).await
+                                    }));
+                                }
+                                continue;
+                            }
                             Some(e) => {
                                 tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
                                 Evidence::Missed(e)
@@ -318,18 +649,45 @@ pub async fn run(config: Config, resolver: Resolver, tx: mpsc::Sender<Observatio
                         }
                         continue;
                     }
+                    verdict = async {
+                        match confirming.as_mut() {
+                            Some(c) => c.await,
+                            None => std::future::pending().await,
+                        }
+                    }, if confirming.is_some() => {
+                        confirming = None;
+                        match verdict {
+                            Verdict::Confirmed(why) => {
+                                tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
+                                Evidence::Missed(format!("{held}; {why}"))
+                            }
+                            Verdict::Reachable { by, detail } => {
+                                tracing::info!(rank, helper = by, "the peer misses beats here but another sidecar reaches it: a partition, not a loss");
+                                Evidence::Suspect(format!(
+                                    "{lost_after} heartbeats missed (last: {held}), but {detail}: a partition between this pod and rank {rank}, not a loss"
+                                ))
+                            }
+                        }
+                    }
                     Some(result) = inflight.next(), if !inflight.is_empty() => {
                         if inflight.is_empty() {
                             inflight_since = Instant::now();
                         }
                         match tally.judge(result) {
-                            Some(e) => e,
+                            Some(e) => {
+                                // It answers: nothing to confirm.
+                                confirming = None;
+                                e
+                            }
                             None => continue,
                         }
                     }
                     Some(result) = searching.next(), if !searching.is_empty() => {
                         match tally.judge(result) {
-                            Some(e) => e,
+                            Some(e) => {
+                                confirming = None;
+                                e
+                            }
                             None => continue,
                         }
                     }
@@ -367,10 +725,25 @@ mod tests {
         std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
         tokio::task::JoinHandle<()>,
     ) {
+        fake_peer_at(ip, 0, answer).await
+    }
+
+    /// [`fake_peer`] on `port` (0: any).
+    async fn fake_peer_at(
+        ip: &str,
+        port: u16,
+        answer: impl Fn() -> Option<Vec<u8>> + Send + Sync + 'static,
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
         use std::sync::{Arc, Mutex};
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let listener = tokio::net::TcpListener::bind((ip, port))
+            .await
+            .expect("bind");
         let port = listener.local_addr().expect("addr").port().to_string();
         let requests: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let seen = requests.clone();
@@ -603,13 +976,262 @@ mod tests {
         assert_eq!(probed("3", "2", "1"), [0, 2, 3, 4]);
     }
 
-    /// In an elastic world, the spares are the pods above MAX: every
-    /// sidecar probes them, and every rank up to MAX.
+    /// In an elastic world, the spares are the pods above MAX: they sit on
+    /// the ring with the others and are probed by their nearest.
     #[test]
     fn an_elastic_world_probes_its_spares_above_max() {
         assert_eq!(probed("1:2", "1", "0"), [1, 2]);
-        assert_eq!(probed("2:4", "2", "0"), [1, 2, 3, 4, 5]);
-        assert_eq!(probed("2:4", "2", "5"), [0, 1, 2, 3, 4]);
+        // 6 pods: rank 0 (the host) probes its two nearest on each side.
+        assert_eq!(probed("2:4", "2", "0"), [1, 2, 4, 5]);
+        // The spare 5 probes 3, 4, 0 (its neighbour and the host) and 1.
+        assert_eq!(probed("2:4", "2", "5"), [0, 1, 3, 4]);
+    }
+
+    /// The probed set is bounded whatever the world's size: two nearest on
+    /// each side and the rendezvous host; with a dedicated store
+    /// (`TRAINWIRE_RDZV_HOST_RANK=none`), no host.
+    #[test]
+    fn the_probed_set_is_bounded() {
+        assert_eq!(probed("128", "0", "64"), [0, 62, 63, 65, 66]);
+        assert_eq!(probed("1024", "0", "0"), [1, 2, 1022, 1023]);
+        assert_eq!(probed("1024", "4", "1027"), [0, 1, 1025, 1026]);
+        let config = Config::from_source(
+            [
+                (env::NNODES, "1024"),
+                (env::NODE_RANK, "500"),
+                (env::RDZV_HOST_RANK, "none"),
+                (env::PEER_HOSTS, "p-{i}.svc"),
+            ]
+            .as_slice(),
+        )
+        .expect("config");
+        assert_eq!(
+            peer_ranks(&config).collect::<Vec<_>>(),
+            [498, 499, 501, 502]
+        );
+        for n in [2u32, 3, 8, 128, 1024, 8192] {
+            for own in [0, 1, n / 2, n - 1] {
+                let c = Config::from_source(
+                    [
+                        (env::NNODES, n.to_string().as_str()),
+                        (env::NODE_RANK, own.to_string().as_str()),
+                        (env::PEER_HOSTS, "p-{i}.svc"),
+                    ]
+                    .as_slice(),
+                )
+                .expect("config");
+                let probed: Vec<u32> = peer_ranks(&c).collect();
+                assert!(probed.len() <= 5, "{n}/{own}: {probed:?}");
+                assert!(!probed.contains(&own));
+                if own != 0 {
+                    assert!(probed.contains(&0), "the host: {n}/{own}: {probed:?}");
+                }
+            }
+        }
+    }
+
+    /// Helpers are the silent peer's other watchers, nearest to it first,
+    /// at most two, never the asker or the peer itself.
+    #[test]
+    fn helpers_are_the_lost_peers_other_watchers() {
+        assert_eq!(helpers(10, 11, 128, Some(0)), [12, 9]);
+        assert_eq!(helpers(9, 11, 128, Some(0)), [10, 12]);
+        // The host is watched by everyone: its nearest on the ring help.
+        assert_eq!(helpers(5, 0, 128, Some(0)), [1, 127]);
+        assert_eq!(helpers(1, 0, 128, Some(0)), [127, 2]);
+        // Small worlds: whoever is left.
+        assert_eq!(helpers(1, 0, 3, Some(0)), [2]);
+        assert_eq!(helpers(1, 0, 2, Some(0)), Vec::<u32>::new());
+        for lost in [0u32, 1, 63, 127] {
+            for own in ring::watchers(lost, 128, Some(0)) {
+                let h = helpers(own, lost, 128, Some(0));
+                assert!(h.len() <= HELPERS);
+                assert!(!h.contains(&own) && !h.contains(&lost));
+                assert!(
+                    h.iter()
+                        .all(|x| ring::watched(*x, 128, Some(0)).contains(&lost))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_verdict_of_the_helpers() {
+        let un = |d: &str| HelperAnswer::Unreached(d.into());
+        let unasked = |d: &str| HelperAnswer::Unasked(d.into());
+        let reached = |d: &str| HelperAnswer::Reached(d.into());
+        // Confirmed when every helper fails to reach it.
+        assert!(matches!(
+            verdict(&[(2, un("timeout")), (3, un("refused"))]),
+            Verdict::Confirmed(_)
+        ));
+        // Not confirmed when one reaches it.
+        assert_eq!(
+            verdict(&[(2, un("timeout")), (3, reached("pod p-0"))]),
+            Verdict::Reachable {
+                by: 3,
+                detail: "rank 3 reaches it (pod p-0)".into()
+            }
+        );
+        // Confirmed when no helper can be asked, or there is none.
+        assert!(matches!(
+            verdict(&[(2, unasked("refused")), (3, unasked("no answer"))]),
+            Verdict::Confirmed(_)
+        ));
+        assert!(matches!(verdict(&[]), Verdict::Confirmed(_)));
+    }
+
+    /// The HTTP answer of a helper asked about rank `rank` (the connection
+    /// is closed after it: the next request gets the fake's answer anew).
+    fn reach_reply(rank: u32, reachable: bool) -> Vec<u8> {
+        let body = format!(r#"{{"rank":{rank},"reachable":{reachable},"detail":"d"}}"#);
+        format!(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    }
+
+    /// Rank 1 of 4 at `127.0.0.<net>{i}` (200 ms interval, 3 misses), port `port`.
+    fn four(net: &str, port: u16) -> Config {
+        let pattern = format!("127.0.0.{net}{{i}}");
+        let port = port.to_string();
+        Config::from_source(
+            [
+                (env::NNODES, "4"),
+                (env::NODE_RANK, "1"),
+                (env::PEER_HOSTS, pattern.as_str()),
+                (env::HEALTH_PORT, port.as_str()),
+                (env::HEARTBEAT_INTERVAL, "200ms"),
+                (env::HEARTBEAT_MISSES, "3"),
+            ]
+            .as_slice(),
+        )
+        .expect("config")
+    }
+
+    /// Indirect confirmation against helpers over real sockets: confirmed
+    /// when all fail to reach the peer, not when one reaches it, confirmed
+    /// when none can be asked; within one interval.
+    #[tokio::test]
+    async fn indirect_confirmation_asks_the_helpers() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let counters = Counters::default();
+        // Helpers 2 and 3 at 127.0.0.52/53, on one port.
+        let (port, _, h2) = fake_peer("127.0.0.52", || Some(reach_reply(0, false))).await;
+        let port: u16 = port.parse().expect("port");
+        let reaches = Arc::new(AtomicBool::new(false));
+        let flag = reaches.clone();
+        let (_, _, h3) = fake_peer_at("127.0.0.53", port, move || {
+            Some(reach_reply(0, flag.load(Ordering::SeqCst)))
+        })
+        .await;
+        let config = four("5", port);
+        let http = client(config.heartbeat.timeout, no_names());
+        let started = Instant::now();
+        let v = confirm(&http, &config, 0, &[2, 3], &counters).await;
+        assert!(matches!(v, Verdict::Confirmed(_)), "{v:?}");
+        // Helper 3 now reaches it.
+        reaches.store(true, Ordering::SeqCst);
+        let v = confirm(&http, &config, 0, &[2, 3], &counters).await;
+        assert!(matches!(v, Verdict::Reachable { by: 3, .. }), "{v:?}");
+        h2.abort();
+        h3.abort();
+        // Nobody listens at 127.0.0.82/83: no helper can be asked.
+        let config = four("8", port);
+        let v = confirm(&http, &config, 0, &[2, 3], &counters).await;
+        assert!(matches!(v, Verdict::Confirmed(_)), "{v:?}");
+        let v = confirm(&http, &config, 0, &[], &counters).await;
+        assert!(matches!(v, Verdict::Confirmed(_)), "{v:?}");
+        assert!(started.elapsed() < Duration::from_secs(4));
+        let reached = counters
+            .indirect
+            .get_or_create(&ResultLabels {
+                result: "reached".into(),
+            })
+            .get();
+        assert_eq!(reached, 1);
+    }
+
+    /// A helper that does not answer is waited for one interval at most.
+    #[tokio::test]
+    async fn a_silent_helper_is_waited_for_one_interval() {
+        let (port, _, h2) = fake_peer("127.0.0.62", || None).await;
+        let config = four("6", port.parse().expect("port"));
+        let http = client(config.heartbeat.timeout, no_names());
+        let started = Instant::now();
+        let v = confirm(&http, &config, 0, &[2], &Counters::default()).await;
+        let took = started.elapsed();
+        h2.abort();
+        assert!(matches!(v, Verdict::Confirmed(_)), "{v:?}");
+        assert!(
+            took >= Duration::from_millis(190) && took < Duration::from_millis(600),
+            "{took:?}"
+        );
+    }
+
+    /// Rank 1 of 4 stops hearing rank 0 while rank 2 (a helper) still
+    /// reaches it: rank 0 is reported suspect (a partition), never lost;
+    /// when rank 2 no longer reaches it either, the loss is reported, within
+    /// the heartbeat budget plus one interval.
+    #[tokio::test]
+    async fn a_peer_another_sidecar_reaches_is_suspect_not_lost() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (port, _, p0) = fake_peer("127.0.0.70", || {
+            Some(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_vec())
+        })
+        .await;
+        let reaches = Arc::new(AtomicBool::new(true));
+        let flag = reaches.clone();
+        let (_, _, p2) = fake_peer_at("127.0.0.72", port.parse().expect("port"), move || {
+            Some(reach_reply(0, flag.load(Ordering::SeqCst)))
+        })
+        .await;
+        let config = four("7", port.parse().expect("port"));
+        let (tx, mut rx) = mpsc::channel(256);
+        let prober = tokio::spawn(run(config, no_names(), tx));
+        // Two misses, then suspect (a helper reaches it), for eight intervals.
+        let mut misses = 0;
+        let mut suspects = 0;
+        let watch = Instant::now();
+        while watch.elapsed() < Duration::from_millis(200 * 8) {
+            let obs = next(&mut rx).await;
+            if obs.rank != 0 {
+                continue;
+            }
+            match obs.evidence {
+                Evidence::Missed(_) => misses += 1,
+                Evidence::Suspect(d) => {
+                    assert!(d.contains("rank 2 reaches it"), "{d}");
+                    suspects += 1;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(misses, 2, "two misses, then the third is held back");
+        assert!(suspects >= 3, "{suspects} suspect reports");
+        // Rank 2 no longer reaches it: the held miss is reported.
+        reaches.store(false, Ordering::SeqCst);
+        let cut = Instant::now();
+        let detail = loop {
+            let obs = next(&mut rx).await;
+            if obs.rank == 0
+                && let Evidence::Missed(d) = obs.evidence
+            {
+                break d;
+            }
+        };
+        let took = cut.elapsed();
+        prober.abort();
+        p0.abort();
+        p2.abort();
+        assert!(
+            detail.contains("rank 2 does not reach it either"),
+            "{detail}"
+        );
+        assert!(took < Duration::from_millis(600), "{took:?}");
     }
 
     /// Without spares the probed set is the world but this rank, as before.

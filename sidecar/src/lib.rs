@@ -213,9 +213,25 @@ pub async fn run(
     let names = dns::Resolver::system(respond::RESOLVE_TIMEOUT);
     let (tx, rx) = mpsc::channel::<Observation>(1024);
     let mut tasks = tokio::task::JoinSet::new();
+    let counters = heartbeat::Counters {
+        probes: shared.metrics.heartbeat_probes.clone(),
+        indirect: shared.metrics.indirect_probes.clone(),
+    };
     if choice.heartbeat {
-        tasks.spawn(heartbeat::run(config.clone(), names.clone(), tx.clone()));
+        tasks.spawn(heartbeat::run_counted(
+            config.clone(),
+            names.clone(),
+            tx.clone(),
+            counters.clone(),
+        ));
     }
+    // Peers ask this sidecar to probe a silent peer for them (whatever this
+    // sidecar's own detection).
+    let prober = config
+        .heartbeat
+        .peer_hosts
+        .is_some()
+        .then(|| heartbeat::Prober::new(config.clone(), names.clone(), counters));
     let events = match &client {
         Some(c) => EventSink::new(
             c.clone(),
@@ -241,10 +257,13 @@ pub async fn run(
     drop(tx);
     tasks.spawn(permission::watch_permission(shared.clone(), events.clone()));
     let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
-    tasks.spawn(coordinate(shared.clone(), rx, responder));
+    // With heartbeats alone, this sidecar watches a bounded set of peers;
+    // the Kubernetes watch sees every pod of the workload.
+    let watched = (!choice.kubernetes).then(|| heartbeat::peer_ranks(&config).collect());
+    tasks.spawn(coordinate(shared.clone(), rx, responder, watched));
 
     shared.set_ready(true);
-    let app = server::router(shared.clone());
+    let app = server::router(shared.clone(), prober);
     use axum::serve::ListenerExt;
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
@@ -265,6 +284,7 @@ async fn coordinate(
     shared: Arc<Shared>,
     mut rx: mpsc::Receiver<Observation>,
     mut responder: Responder,
+    watched: Option<std::collections::BTreeSet<u32>>,
 ) {
     let config = &shared.config;
     let mut peers = Peers::with_spares(
@@ -274,6 +294,9 @@ async fn coordinate(
         config.heartbeat.misses,
         Instant::now(),
     );
+    if let Some(watched) = &watched {
+        peers = peers.watching(watched);
+    }
     shared.publish_peers(&peers);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

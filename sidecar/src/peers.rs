@@ -138,6 +138,10 @@ pub enum State {
     Unknown,
     /// Never seen, and its rank is above the elastic minimum: not expected to exist.
     Absent,
+    /// Not watched by this sidecar (its heartbeats probe a bounded set of
+    /// peers, [`crate::ring::watched`]); the peer's own watchers see its
+    /// loss. Evidence about it, if any source sends some, makes it known.
+    NotWatched,
     Healthy,
     /// Something is off (missed beats below the limit, not Ready within the grace).
     Suspect,
@@ -258,6 +262,29 @@ impl Peers {
         }
     }
 
+    /// The same table, with every rank outside `watched` marked
+    /// [`State::NotWatched`]: a sidecar that probes only its ring
+    /// neighbours (and the rendezvous host) says so for the others instead
+    /// of keeping them `unknown` forever.
+    pub fn watching(mut self, watched: &std::collections::BTreeSet<u32>) -> Self {
+        for peer in self.peers.values_mut() {
+            if !watched.contains(&peer.rank) {
+                peer.state = State::NotWatched;
+            }
+        }
+        self
+    }
+
+    /// The ranks watched (every rank in the table but the
+    /// [`State::NotWatched`] ones).
+    pub fn watched(&self) -> Vec<u32> {
+        self.peers
+            .values()
+            .filter(|p| p.state != State::NotWatched)
+            .map(|p| p.rank)
+            .collect()
+    }
+
     /// The current loss generation (the number of losses seen so far).
     pub fn generation(&self) -> u64 {
         self.generation
@@ -282,7 +309,7 @@ impl Peers {
             Evidence::Alive(identity) => {
                 let known = peer.identity.clone();
                 match (peer.state, known) {
-                    (State::Unknown | State::Absent, _) | (_, None) => {
+                    (State::Unknown | State::Absent | State::NotWatched, _) | (_, None) => {
                         set_state(peer, State::Healthy, at);
                         peer.identity = Some(identity);
                     }
@@ -334,7 +361,7 @@ impl Peers {
                 // Never seen yet: not a miss, but the reason it is not seen
                 // (a name that does not resolve, say) is shown.
                 State::Unknown | State::Absent => peer.detail = detail,
-                State::Lost => {}
+                State::Lost | State::NotWatched => {}
                 State::Healthy | State::Suspect | State::Replaced => {
                     peer.trouble_since.get_or_insert(at);
                     peer.misses += 1;
@@ -355,12 +382,15 @@ impl Peers {
                     set_state(peer, State::Suspect, at);
                     peer.detail = detail;
                 }
+                // Still suspect, for a new reason (missed beats, then a
+                // helper that reaches it: a partition, not a loss).
+                State::Suspect => peer.detail = detail,
                 _ => {}
             },
             Evidence::Lost(reason, detail) => match peer.state {
                 // A peer never seen alive cannot be lost: nothing ran there
                 // that the local trainer could be waiting on.
-                State::Lost | State::Unknown | State::Absent => {}
+                State::Lost | State::Unknown | State::Absent | State::NotWatched => {}
                 _ => lost = Some((reason, detail)),
             },
         }
@@ -563,6 +593,59 @@ mod tests {
         let p = Peers::with_spares(NodeCount::Elastic { min: 1, max: 2 }, 1, 0, 3, t);
         let states: Vec<_> = p.iter().map(|x| (x.rank, x.state)).collect();
         assert_eq!(states, vec![(1, State::Absent), (2, State::Absent)]);
+    }
+
+    /// A sidecar that watches a bounded set says so for the others; they
+    /// are never lost by it, and any evidence of life makes them known.
+    #[test]
+    fn unwatched_peers_are_not_watched() {
+        let t = Instant::now();
+        let watched = std::collections::BTreeSet::from([1, 2, 6, 7]);
+        let mut p = Peers::new(NodeCount::Fixed(8), 0, 3, t).watching(&watched);
+        assert_eq!(p.watched(), vec![1, 2, 6, 7]);
+        assert_eq!(p.get(4).map(|x| x.state), Some(State::NotWatched));
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Unknown));
+        for _ in 0..5 {
+            let miss = obs(4, Source::Heartbeat, Evidence::Missed("x".into()), t);
+            assert!(p.observe(miss).is_none());
+        }
+        let lost = obs(
+            4,
+            Source::Kubernetes,
+            Evidence::Lost(LossReason::Failed, "x".into()),
+            t,
+        );
+        assert!(p.observe(lost).is_none());
+        assert_eq!(p.get(4).map(|x| x.state), Some(State::NotWatched));
+        assert!(
+            p.observe(obs(4, Source::Kubernetes, Evidence::Alive(id("a")), t))
+                .is_none()
+        );
+        assert_eq!(p.get(4).map(|x| x.state), Some(State::Healthy));
+        assert_eq!(p.watched(), vec![1, 2, 4, 6, 7]);
+    }
+
+    /// A suspect peer that a helper still reaches stays suspect, with the
+    /// new reason; it is not lost.
+    #[test]
+    fn a_suspect_keeps_the_latest_reason() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(3), 0, 3, t);
+        p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("a")), t));
+        for _ in 0..2 {
+            p.observe(obs(
+                1,
+                Source::Heartbeat,
+                Evidence::Missed("timeout".into()),
+                t,
+            ));
+        }
+        let partition = Evidence::Suspect("rank 2 reaches it".into());
+        assert!(p.observe(obs(1, Source::Heartbeat, partition, t)).is_none());
+        let peer = p.get(1).expect("rank 1");
+        assert_eq!(peer.state, State::Suspect);
+        assert_eq!(peer.detail, "rank 2 reaches it");
+        assert_eq!(p.generation(), 0);
     }
 
     #[test]

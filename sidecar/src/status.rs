@@ -61,9 +61,18 @@ pub struct StateLabels {
 }
 
 /// The `state` label values of `trainwire_sidecar_peers` ([`State`] in kebab case).
-const PEER_STATES: [&str; 6] = [
-    "unknown", "absent", "healthy", "suspect", "lost", "replaced",
+const PEER_STATES: [&str; 7] = [
+    "unknown",
+    "absent",
+    "not-watched",
+    "healthy",
+    "suspect",
+    "lost",
+    "replaced",
 ];
+
+/// The `result` label values of `trainwire_sidecar_indirect_probes_total`.
+pub const INDIRECT_RESULTS: [&str; 3] = ["reached", "unreached", "unasked"];
 
 /// The `state` label values of `trainwire_sidecar_trainer`.
 pub const TRAINER_STATES: [&str; 3] = ["training", "waiting", "no-trainer"];
@@ -88,6 +97,20 @@ pub struct Metrics {
     pub trainer: Family<StateLabels, Gauge>,
     /// Times this pod waited as a hot spare and then started training.
     pub spare_takeovers: Counter,
+    /// Heartbeat probes this sidecar sent (direct, search and on a peer's
+    /// request).
+    pub heartbeat_probes: Counter,
+    /// `GET /heartbeat` requests this sidecar answered.
+    pub heartbeats_served: Counter,
+    /// Indirect confirmations of a silent peer, per helper asked: `reached`
+    /// (the helper reaches it), `unreached`, `unasked` (the helper could not
+    /// be asked or did not answer in time).
+    pub indirect_probes: Family<ResultLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
 }
 
 impl Metrics {
@@ -111,6 +134,9 @@ impl Metrics {
             losses_confirmed: Family::default(),
             trainer: Family::default(),
             spare_takeovers: Counter::default(),
+            heartbeat_probes: Counter::default(),
+            heartbeats_served: Counter::default(),
+            indirect_probes: Family::default(),
         };
         registry.register(
             "peers_lost",
@@ -175,6 +201,21 @@ impl Metrics {
             "Times this pod waited as a hot spare and then started training after a peer was lost",
             m.spare_takeovers.clone(),
         );
+        registry.register(
+            "heartbeat_probes",
+            "Heartbeat probes sent to peers (a bounded set: the ring neighbours and the rendezvous host), including those made for a peer's indirect confirmation",
+            m.heartbeat_probes.clone(),
+        );
+        registry.register(
+            "heartbeats_served",
+            "Heartbeat requests answered (GET /heartbeat)",
+            m.heartbeats_served.clone(),
+        );
+        registry.register(
+            "indirect_probes",
+            "Helpers asked to probe a silent peer before it is declared lost, by what they said: reached, unreached, unasked (could not be asked, or no answer within one interval)",
+            m.indirect_probes.clone(),
+        );
         m.signal_permission
             .get_or_create(&StateLabels {
                 state: "unknown".into(),
@@ -230,6 +271,11 @@ impl Metrics {
         }
         for state in TRAINER_STATES {
             let _ = self.trainer.get_or_create(&label(state));
+        }
+        for result in INDIRECT_RESULTS {
+            let _ = self.indirect_probes.get_or_create(&ResultLabels {
+                result: result.into(),
+            });
         }
     }
 }
@@ -345,6 +391,10 @@ pub struct StatusDoc {
     pub detection: DetectionStatus,
     pub generation: u64,
     pub world: WorldStatus,
+    /// The ranks this sidecar watches (in heartbeat mode a bounded set: its
+    /// ring neighbours and the rendezvous host); the others' state is
+    /// `not-watched`.
+    pub watched: Vec<u32>,
     pub peers: Vec<PeerStatus>,
     /// The last loss: suspicion, confirmation, what is waited for.
     pub last_loss: Option<EpisodeStatus>,
@@ -391,6 +441,7 @@ impl Shared {
             detection: DetectionStatus::default(),
             generation: 0,
             world: WorldStatus::default(),
+            watched: Vec::new(),
             peers: Vec::new(),
             last_loss: None,
             last_action: None,
@@ -492,6 +543,7 @@ impl Shared {
             down,
         };
         s.peers = list;
+        s.watched = peers.watched();
         s.generation = peers.generation();
     }
 

@@ -16,6 +16,7 @@ pub mod mock_api;
 pub mod netns;
 pub mod recorded_api;
 pub mod rendered;
+pub mod scale;
 pub mod tensorflow;
 pub mod torch;
 

@@ -44,7 +44,14 @@ pub(super) fn situation(ep: &Episode, config: &Config, peers: &Peers, now: Insta
     let rank = ep.rank;
     let survivors = 1 + peers
         .iter()
-        .filter(|p| matches!(p.state, State::Healthy | State::Suspect | State::Replaced))
+        // A peer this sidecar does not watch is presumed up: its own
+        // neighbours see its loss.
+        .filter(|p| {
+            matches!(
+                p.state,
+                State::Healthy | State::Suspect | State::Replaced | State::NotWatched
+            )
+        })
         .filter(|p| p.rank != rank)
         .count() as u32;
     Situation {

@@ -1,0 +1,106 @@
+//! Heartbeats at a scale the unit tests do not reach: 12 real sidecars,
+//! each in its own network namespace on one bridge, with the env the
+//! webhook renders (heartbeat detection, 1 s × 3, pod 0 the rendezvous
+//! host) and no trainer ([`trainwire_tests::scale`]).
+//!
+//! - Each sidecar probes a bounded set (its ring neighbours and the host):
+//!   at most 8 probes a second, and every peer it watches is healthy.
+//! - A pod cut off silently is lost for its watchers (after they asked its
+//!   other watchers, who cannot reach it either) within the heartbeat
+//!   budget plus one interval; a sidecar that does not watch it says so.
+//!
+//! Needs root and `ip netns`; skips with a message otherwise (fails under
+//! `CI=true`).
+
+use std::time::{Duration, Instant};
+
+use trainwire_tests::netns;
+use trainwire_tests::scale::Sim;
+
+const N: u32 = 12;
+
+#[test]
+fn twelve_sidecars_probe_a_bounded_set_and_confirm_a_silent_cut() {
+    if !netns::require_netns("sidecar_scale") {
+        return;
+    }
+    let sim = Sim::start(N).unwrap_or_else(|e| panic!("{e}"));
+    let report = sim
+        .measure(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("SCALE {}", report.summary());
+    assert!(
+        report.max_sent() <= 8.0,
+        "a sidecar sent {:.1} probes/s (bound 8): {}",
+        report.max_sent(),
+        report.summary()
+    );
+    for s in &report.sidecars {
+        assert!(
+            !s.watched.is_empty() && s.watched.len() <= 5,
+            "rank {} watches {:?}",
+            s.rank,
+            s.watched
+        );
+        assert_eq!(
+            s.watched_healthy,
+            s.watched.len(),
+            "rank {} sees {} of its watched peers {:?} healthy",
+            s.rank,
+            s.watched_healthy,
+            s.watched
+        );
+    }
+
+    // Rank 6 is watched by 4, 5, 7 and 8 only.
+    let lost = 6;
+    let status = sim.status(0).unwrap_or_else(|e| panic!("{e}"));
+    let state = status["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["rank"] == lost))
+        .map(|p| p["state"].clone());
+    assert_eq!(
+        state,
+        Some(serde_json::json!("not-watched")),
+        "rank 0 does not watch rank {lost}: {status:#}"
+    );
+    sim.cut(lost).unwrap_or_else(|e| panic!("{e}"));
+    let cut = Instant::now();
+    // interval × misses, one interval for the helpers, a margin for a busy machine.
+    let bound = Duration::from_secs(3 + 1 + 3);
+    let mut seen: Vec<(u32, Duration)> = Vec::new();
+    while seen.len() < 4 && cut.elapsed() < bound {
+        for watcher in [4u32, 5, 7, 8] {
+            if seen.iter().any(|(w, _)| *w == watcher) {
+                continue;
+            }
+            let lost_here = sim.status(watcher).ok().is_some_and(|s| {
+                s["peers"]
+                    .as_array()
+                    .is_some_and(|p| p.iter().any(|p| p["rank"] == lost && p["state"] == "lost"))
+            });
+            if lost_here {
+                seen.push((watcher, cut.elapsed()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!("LOST rank {lost} seen by {seen:?}");
+    assert_eq!(
+        seen.len(),
+        4,
+        "rank {lost}'s watchers that saw it lost within {bound:?}: {seen:?}\n{}",
+        sim.log.tail(40)
+    );
+    let status = sim.status(5).unwrap_or_else(|e| panic!("{e}"));
+    let detail = status["peers"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["rank"] == lost))
+        .and_then(|p| p["detail"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        detail.contains("does not reach it either") || detail.contains("could not be asked"),
+        "the loss names the helpers' answers: {detail}"
+    );
+}
