@@ -77,7 +77,7 @@ pub fn url_of(config: &Config, rank: u32) -> Option<String> {
 
 /// The ranks this sidecar probes: [`ring::watched`] over every pod of the
 /// workload (the world's largest size plus the hot spares,
-/// [`Config::pods`]): its two nearest on each side of the ring, and the
+/// [`Config::pods`]): its nearest on each side of the ring, and the
 /// rendezvous host when a training pod hosts the store. At most five,
 /// whatever the world's size; every pod, spares included, is probed by its
 /// nearest on the ring.
@@ -510,6 +510,24 @@ impl Tally {
     }
 }
 
+/// The last miss before a loss, with what the helpers said: confirmed, it
+/// counts (the peer is lost); reached by a helper, a partition between this
+/// pod and the peer, reported suspect.
+fn judged(verdict: Verdict, held: String, tally: &mut Tally, lost_after: u32, rank: u32) -> Evidence {
+    match verdict {
+        Verdict::Confirmed(why) => {
+            tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
+            Evidence::Missed(format!("{held}; {why}"))
+        }
+        Verdict::Reachable { by, detail } => {
+            tracing::info!(rank, helper = by, "the peer misses beats here but another sidecar reaches it: a partition, not a loss");
+            Evidence::Suspect(format!(
+                "{lost_after} heartbeats missed (last: {held}), but {detail}: a partition between this pod and rank {rank}, not a loss"
+            ))
+        }
+    }
+}
+
 /// Probes every watched peer ([`peer_ranks`]) forever, sending observations to `tx`; returns when
 /// `tx` is closed.
 ///
@@ -595,9 +613,13 @@ pub async fn run_counted(
                 counters.probes.inc();
                 Box::pin(async move { probe(&http, &url, timeout).await })
             };
-            // The indirect confirmation in progress, and the miss it holds.
+            // The indirect confirmation in progress (started one miss
+            // before the one that would lose the peer, so that its answer is
+            // there when that miss comes), its verdict if it came first, and
+            // the miss it holds (when the last miss came first).
             let mut confirming: Option<Confirming> = None;
-            let mut held = String::new();
+            let mut early: Option<Verdict> = None;
+            let mut held: Option<String> = None;
             loop {
                 let evidence = tokio::select! {
                     _ = ticker.tick() => {
@@ -620,21 +642,37 @@ pub async fn run_counted(
                             }
                             inflight.push(start(timeout));
                         }
+                        let ask = || {
+                            let (http, config, helpers, counters) =
+                                (http.clone(), config.clone(), helpers.clone(), counters.clone());
+                            Box::pin(async move {
+                                confirm(&http, &config, rank, &helpers, &counters).await
+                            }) as Confirming
+                        };
                         match miss {
                             Some(e) if tally.missed_in_a_row.saturating_add(1) == lost_after => {
-                                // This miss would lose the peer: ask others first.
-                                if confirming.is_none() {
-                                    held = e;
-                                    let (http, config, helpers, counters) =
-                                        (http.clone(), config.clone(), helpers.clone(), counters.clone());
-                                    confirming = Some(Box::pin(async move {
-                                        confirm(&http, &config, rank, &helpers, &counters).await
-                                    }));
+                                // This miss would lose the peer: what the
+                                // others say decides (asked now if not yet).
+                                match early.take() {
+                                    Some(verdict) => judged(verdict, e, &mut tally, lost_after, rank),
+                                    None => {
+                                        if confirming.is_none() {
+                                            confirming = Some(ask());
+                                        }
+                                        held = Some(e);
+                                        continue;
+                                    }
                                 }
-                                continue;
                             }
                             Some(e) => {
                                 tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
+                                // One miss before the last: ask the others now.
+                                if tally.missed_in_a_row.saturating_add(1) == lost_after
+                                    && confirming.is_none()
+                                    && early.is_none()
+                                {
+                                    confirming = Some(ask());
+                                }
                                 Evidence::Missed(e)
                             }
                             None => {
@@ -656,16 +694,12 @@ pub async fn run_counted(
                         }
                     }, if confirming.is_some() => {
                         confirming = None;
-                        match verdict {
-                            Verdict::Confirmed(why) => {
-                                tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
-                                Evidence::Missed(format!("{held}; {why}"))
-                            }
-                            Verdict::Reachable { by, detail } => {
-                                tracing::info!(rank, helper = by, "the peer misses beats here but another sidecar reaches it: a partition, not a loss");
-                                Evidence::Suspect(format!(
-                                    "{lost_after} heartbeats missed (last: {held}), but {detail}: a partition between this pod and rank {rank}, not a loss"
-                                ))
+                        match held.take() {
+                            Some(e) => judged(verdict, e, &mut tally, lost_after, rank),
+                            None => {
+                                // Before the last miss: kept for it.
+                                early = Some(verdict);
+                                continue;
                             }
                         }
                     }
@@ -676,7 +710,7 @@ pub async fn run_counted(
                         match tally.judge(result) {
                             Some(e) => {
                                 // It answers: nothing to confirm.
-                                confirming = None;
+                                (confirming, early, held) = (None, None, None);
                                 e
                             }
                             None => continue,
@@ -685,7 +719,7 @@ pub async fn run_counted(
                     Some(result) = searching.next(), if !searching.is_empty() => {
                         match tally.judge(result) {
                             Some(e) => {
-                                confirming = None;
+                                (confirming, early, held) = (None, None, None);
                                 e
                             }
                             None => continue,
@@ -965,15 +999,15 @@ mod tests {
         peer_ranks(&config).collect()
     }
 
-    /// In a fixed world with a spare, every sidecar probes every other pod,
-    /// the spare included: rank 0 of nnodes 2 + 1 spare probes 1 and 2 (a
-    /// spare that trains after a take-over, or is lost, is seen by all).
+    /// In a fixed world with a spare, the spares sit on the ring with the
+    /// others: rank 0 of nnodes 2 + 1 spare probes 1 and 2 (a spare that
+    /// trains after a take-over, or is lost, is seen by its neighbours).
     #[test]
     fn a_fixed_world_probes_its_spares() {
         assert_eq!(probed("2", "1", "0"), [1, 2]);
         assert_eq!(probed("2", "1", "1"), [0, 2]);
         assert_eq!(probed("2", "1", "2"), [0, 1]);
-        assert_eq!(probed("3", "2", "1"), [0, 2, 3, 4]);
+        assert_eq!(probed("3", "2", "1"), [0, 2]);
     }
 
     /// In an elastic world, the spares are the pods above MAX: they sit on
@@ -981,20 +1015,20 @@ mod tests {
     #[test]
     fn an_elastic_world_probes_its_spares_above_max() {
         assert_eq!(probed("1:2", "1", "0"), [1, 2]);
-        // 6 pods: rank 0 (the host) probes its two nearest on each side.
-        assert_eq!(probed("2:4", "2", "0"), [1, 2, 4, 5]);
-        // The spare 5 probes 3, 4, 0 (its neighbour and the host) and 1.
-        assert_eq!(probed("2:4", "2", "5"), [0, 1, 3, 4]);
+        // 6 pods: rank 0 (the host) probes its nearest on each side.
+        assert_eq!(probed("2:4", "2", "0"), [1, 5]);
+        // The spare 5 probes 4 and 0 (its neighbours; 0 is also the host).
+        assert_eq!(probed("2:4", "2", "5"), [0, 4]);
     }
 
-    /// The probed set is bounded whatever the world's size: two nearest on
+    /// The probed set is bounded whatever the world's size: the nearest on
     /// each side and the rendezvous host; with a dedicated store
     /// (`TRAINWIRE_RDZV_HOST_RANK=none`), no host.
     #[test]
     fn the_probed_set_is_bounded() {
-        assert_eq!(probed("128", "0", "64"), [0, 62, 63, 65, 66]);
-        assert_eq!(probed("1024", "0", "0"), [1, 2, 1022, 1023]);
-        assert_eq!(probed("1024", "4", "1027"), [0, 1, 1025, 1026]);
+        assert_eq!(probed("128", "0", "64"), [0, 63, 65]);
+        assert_eq!(probed("1024", "0", "0"), [1, 1023]);
+        assert_eq!(probed("1024", "4", "1027"), [0, 1026]);
         let config = Config::from_source(
             [
                 (env::NNODES, "1024"),
@@ -1007,7 +1041,7 @@ mod tests {
         .expect("config");
         assert_eq!(
             peer_ranks(&config).collect::<Vec<_>>(),
-            [498, 499, 501, 502]
+            [499, 501]
         );
         for n in [2u32, 3, 8, 128, 1024, 8192] {
             for own in [0, 1, n / 2, n - 1] {
@@ -1021,7 +1055,7 @@ mod tests {
                 )
                 .expect("config");
                 let probed: Vec<u32> = peer_ranks(&c).collect();
-                assert!(probed.len() <= 5, "{n}/{own}: {probed:?}");
+                assert!(probed.len() <= 3, "{n}/{own}: {probed:?}");
                 assert!(!probed.contains(&own));
                 if own != 0 {
                     assert!(probed.contains(&0), "the host: {n}/{own}: {probed:?}");
@@ -1034,7 +1068,7 @@ mod tests {
     /// at most two, never the asker or the peer itself.
     #[test]
     fn helpers_are_the_lost_peers_other_watchers() {
-        assert_eq!(helpers(10, 11, 128, Some(0)), [12, 9]);
+        assert_eq!(helpers(10, 11, 128, Some(0)), [12]);
         assert_eq!(helpers(9, 11, 128, Some(0)), [10, 12]);
         // The host is watched by everyone: its nearest on the ring help.
         assert_eq!(helpers(5, 0, 128, Some(0)), [1, 127]);

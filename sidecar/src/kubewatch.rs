@@ -869,17 +869,17 @@ mod tests {
     #[test]
     fn the_watch_is_narrowed_to_the_ring_and_the_host() {
         let set = WatchSet::of(&config(&[])).expect("set").expect("peers");
-        assert_eq!(set.indices, BTreeSet::from([0, 3, 4, 6, 7]));
+        assert_eq!(set.indices, BTreeSet::from([0, 4, 6]));
         assert_eq!(set.index_label, POD_INDEX_LABEL);
         assert_eq!(
             set.selector,
-            "app=train,apps.kubernetes.io/pod-index in (0,3,4,6,7)"
+            "app=train,apps.kubernetes.io/pod-index in (0,4,6)"
         );
         // The store outside the world: the ring alone.
         let set = WatchSet::of(&config(&[(crate::env::RDZV_HOST_RANK, "none")]))
             .expect("set")
             .expect("peers");
-        assert_eq!(set.indices, BTreeSet::from([3, 4, 6, 7]));
+        assert_eq!(set.indices, BTreeSet::from([4, 6]));
         // Spares are on the ring too: rank 0 of 4 + 2 spares.
         let set = WatchSet::of(&config(&[
             (crate::env::NNODES, "4"),
@@ -888,7 +888,7 @@ mod tests {
         ]))
         .expect("set")
         .expect("peers");
-        assert_eq!(set.indices, BTreeSet::from([1, 2, 4, 5]));
+        assert_eq!(set.indices, BTreeSet::from([1, 5]));
         // A world of one pod has no peer to watch.
         let one = config(&[(crate::env::NNODES, "1"), (crate::env::NODE_RANK, "0")]);
         assert_eq!(WatchSet::of(&one), Ok(None));
@@ -904,7 +904,7 @@ mod tests {
         .expect("peers");
         assert_eq!(
             set.selector,
-            "batch.kubernetes.io/job-name=llama,batch.kubernetes.io/job-completion-index in (0,3,4,6,7)"
+            "batch.kubernetes.io/job-name=llama,batch.kubernetes.io/job-completion-index in (0,4,6)"
         );
         // A StatefulSet's selector, set-based parts included.
         assert_eq!(
