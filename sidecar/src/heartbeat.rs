@@ -513,14 +513,24 @@ impl Tally {
 /// The last miss before a loss, with what the helpers said: confirmed, it
 /// counts (the peer is lost); reached by a helper, a partition between this
 /// pod and the peer, reported suspect.
-fn judged(verdict: Verdict, held: String, tally: &mut Tally, lost_after: u32, rank: u32) -> Evidence {
+fn judged(
+    verdict: Verdict,
+    held: String,
+    tally: &mut Tally,
+    lost_after: u32,
+    rank: u32,
+) -> Evidence {
     match verdict {
         Verdict::Confirmed(why) => {
             tally.missed_in_a_row = tally.missed_in_a_row.saturating_add(1);
             Evidence::Missed(format!("{held}; {why}"))
         }
         Verdict::Reachable { by, detail } => {
-            tracing::info!(rank, helper = by, "the peer misses beats here but another sidecar reaches it: a partition, not a loss");
+            tracing::info!(
+                rank,
+                helper = by,
+                "the peer misses beats here but another sidecar reaches it: a partition, not a loss"
+            );
             Evidence::Suspect(format!(
                 "{lost_after} heartbeats missed (last: {held}), but {detail}: a partition between this pod and rank {rank}, not a loss"
             ))
@@ -1039,10 +1049,7 @@ mod tests {
             .as_slice(),
         )
         .expect("config");
-        assert_eq!(
-            peer_ranks(&config).collect::<Vec<_>>(),
-            [499, 501]
-        );
+        assert_eq!(peer_ranks(&config).collect::<Vec<_>>(), [499, 501]);
         for n in [2u32, 3, 8, 128, 1024, 8192] {
             for own in [0, 1, n / 2, n - 1] {
                 let c = Config::from_source(

@@ -70,18 +70,9 @@ mod tests {
 
     #[test]
     fn a_large_world_watches_the_nearest_and_the_host() {
-        assert_eq!(
-            watched(500, 1024, Some(0)),
-            BTreeSet::from([0, 499, 501])
-        );
-        assert_eq!(
-            watched(0, 1024, Some(0)),
-            BTreeSet::from([1, 1023])
-        );
-        assert_eq!(
-            watched(1023, 1024, None),
-            BTreeSet::from([0, 1022])
-        );
+        assert_eq!(watched(500, 1024, Some(0)), BTreeSet::from([0, 499, 501]));
+        assert_eq!(watched(0, 1024, Some(0)), BTreeSet::from([1, 1023]));
+        assert_eq!(watched(1023, 1024, None), BTreeSet::from([0, 1022]));
     }
 
     proptest! {
