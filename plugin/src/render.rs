@@ -219,7 +219,14 @@ pub fn world(w: &World, now: Timestamp) -> String {
             let (peers, action) = match &r.peer_loss {
                 None => ("-".to_string(), "-".to_string()),
                 Some(p) => (
-                    format!("lost rank {} (gen {})", p.lost_rank, p.generation),
+                    match p.action.as_str() {
+                        // Its own trainer came back: no peer lost.
+                        trainwire_contract::peer_loss::TRAINER_RESTARTED => "-".to_string(),
+                        trainwire_contract::peer_loss::SPARE_TOOK_OVER => {
+                            format!("took over rank {} (gen {})", p.lost_rank, p.generation)
+                        }
+                        _ => format!("lost rank {} (gen {})", p.lost_rank, p.generation),
+                    },
                     format!("{} {} {} ago", p.action, p.result, age_of(&p.at, now)),
                 ),
             };
