@@ -685,6 +685,11 @@ fn a_store_loss_resumes_from_the_trainers_restarted_records() {
     assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
     assert_eq!(l.recovery_seconds, Some(7));
     assert!(
+        !l.actions.iter().any(|a| a.contains("trainer-restarted")),
+        "{:?}",
+        l.actions
+    );
+    assert!(
         s[3].waiting_for
             .as_deref()
             .is_some_and(|w| w.starts_with("training to be seen running")),
