@@ -136,9 +136,10 @@ pub fn world(w: &World, now: Timestamp) -> String {
     }
     field(
         "Nodes:",
-        match s.nodes.spares {
-            0 => format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
-            n => format!(
+        match (s.nodes.spares, s.nodes.expected) {
+            // A paused world trains with nothing: no spares to speak of.
+            (0, _) | (_, 0) => format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
+            (n, _) => format!(
                 "{}/{} ready ({n} of them hot spares: trains with {})",
                 s.nodes.ready,
                 s.nodes.expected,
