@@ -19,6 +19,15 @@ pub const ANNOTATION: &str = crate::annotations::PEER_LOSS;
 /// readiness does not show (the spare was Ready all along).
 pub const SPARE_TOOK_OVER: &str = "spare-took-over";
 
+/// The `action` of the record a sidecar writes when its own pod's trainer
+/// was restarted (its agent replaced by a new one, as when every agent
+/// exits because the rendezvous store went away) and the new agent's
+/// workers run: `at` is when the new agent started, `trainingSince` when
+/// its workers did, `lostRank` this pod's own rank. Not a loss of a peer
+/// (the loss is the world controller's to see: the trainer container's
+/// exit, the store's pod), only the moment this pod trains again after it.
+pub const TRAINER_RESTARTED: &str = "trainer-restarted";
+
 /// The sidecar's last action on a lost peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +68,13 @@ pub const TRAINING_SETTLE: std::time::Duration = std::time::Duration::from_secs(
 pub const MAX_RECORD_BYTES: usize = 4 * 1024;
 
 impl PeerLossRecord {
+    /// Whether the record tells of a lost peer (to count as a loss):
+    /// not a spare's take-over nor this pod's own trainer restarted, which
+    /// only say when training runs again.
+    pub fn is_loss(&self) -> bool {
+        self.action != SPARE_TOOK_OVER && self.action != TRAINER_RESTARTED
+    }
+
     /// The annotation's value; `None` only if serialisation fails.
     pub fn to_annotation(&self) -> Option<String> {
         serde_json::to_string(self).ok()
@@ -111,5 +127,17 @@ mod tests {
             PeerLossRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)),
             None
         );
+    }
+
+    #[test]
+    fn a_take_over_and_an_own_restart_are_not_losses() {
+        let record = |action: &str| PeerLossRecord {
+            action: action.into(),
+            ..PeerLossRecord::default()
+        };
+        assert!(record("restart-workers").is_loss());
+        assert!(record("report").is_loss());
+        assert!(!record(SPARE_TOOK_OVER).is_loss());
+        assert!(!record(TRAINER_RESTARTED).is_loss());
     }
 }

@@ -496,8 +496,9 @@ impl Memory {
         }
         for p in pods {
             let Some(r) = &p.peer_loss else { continue };
-            if r.action == peer_loss::SPARE_TOOK_OVER {
-                // Not a loss: when the world trains again (see `observe`).
+            if !r.is_loss() {
+                // A spare's take-over, this pod's own trainer restarted:
+                // not a loss, when the world trains again (see `observe`).
                 continue;
             }
             if self.records.insert((p.uid.clone(), r.generation)) && count {
@@ -695,6 +696,8 @@ fn training_seen(
     let mut seen: Vec<(Timestamp, &'static str)> = Vec::new();
     for p in pods.iter().filter(|p| p.up()) {
         if let Some(r) = &p.peer_loss {
+            // Any record's `trainingSince`: a loss's, or a `trainer-restarted`
+            // one (the pod's trainer came back, after a store loss too).
             if let Some(t) = r.training_since.as_deref().and_then(parse_time) {
                 seen.push((t, "workers-started"));
             }

@@ -136,9 +136,10 @@ pub fn world(w: &World, now: Timestamp) -> String {
     }
     field(
         "Nodes:",
-        match s.nodes.spares {
-            0 => format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
-            n => format!(
+        match (s.nodes.spares, s.nodes.expected) {
+            // A paused world trains with nothing: no spares to speak of.
+            (0, _) | (_, 0) => format!("{}/{} ready", s.nodes.ready, s.nodes.expected),
+            (n, _) => format!(
                 "{}/{} ready ({n} of them hot spares: trains with {})",
                 s.nodes.ready,
                 s.nodes.expected,
@@ -219,7 +220,14 @@ pub fn world(w: &World, now: Timestamp) -> String {
             let (peers, action) = match &r.peer_loss {
                 None => ("-".to_string(), "-".to_string()),
                 Some(p) => (
-                    format!("lost rank {} (gen {})", p.lost_rank, p.generation),
+                    match p.action.as_str() {
+                        // Its own trainer came back: no peer lost.
+                        trainwire_contract::peer_loss::TRAINER_RESTARTED => "-".to_string(),
+                        trainwire_contract::peer_loss::SPARE_TOOK_OVER => {
+                            format!("took over rank {} (gen {})", p.lost_rank, p.generation)
+                        }
+                        _ => format!("lost rank {} (gen {})", p.lost_rank, p.generation),
+                    },
                     format!("{} {} {} ago", p.action, p.result, age_of(&p.at, now)),
                 ),
             };

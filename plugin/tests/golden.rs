@@ -32,6 +32,49 @@ const CASES: &[(&str, &[&str])] = &[
     ("status-unknown-context", &["--context", "nope", "status"]),
     ("status-not-found", &["status", "nope"]),
     ("status-bad-kind", &["status", "deployment/web"]),
+    ("worlds-list", &["-n", "worlds", "status"]),
+    (
+        "worlds-list-json",
+        &["-n", "worlds", "status", "-o", "json"],
+    ),
+    ("worlds-forming", &["-n", "worlds", "status", "forming"]),
+    ("worlds-running", &["-n", "worlds", "status", "running"]),
+    ("worlds-lost-pod", &["-n", "worlds", "status", "lost-pod"]),
+    (
+        "worlds-lost-store",
+        &["-n", "worlds", "status", "lost-store"],
+    ),
+    ("worlds-not-seen", &["-n", "worlds", "status", "not-seen"]),
+    (
+        "worlds-resumed-workers",
+        &["-n", "worlds", "status", "resumed-workers"],
+    ),
+    (
+        "worlds-resumed-spare",
+        &["-n", "worlds", "status", "resumed-spare"],
+    ),
+    (
+        "worlds-resumed-checkpoint",
+        &["-n", "worlds", "status", "resumed-checkpoint"],
+    ),
+    (
+        "worlds-resumed-restart",
+        &["-n", "worlds", "status", "resumed-restart"],
+    ),
+    ("worlds-paused", &["-n", "worlds", "status", "paused"]),
+    ("worlds-stopped", &["-n", "worlds", "status", "stopped"]),
+    (
+        "worlds-running-json",
+        &["-n", "worlds", "status", "running", "-o", "json"],
+    ),
+    (
+        "worlds-lost-store-json",
+        &["-n", "worlds", "status", "lost-store", "-o", "json"],
+    ),
+    (
+        "worlds-resumed-spare-json",
+        &["-n", "worlds", "status", "resumed-spare", "-o", "json"],
+    ),
     ("check-inject-injected", &["check-inject", "llama-ft"]),
     (
         "check-inject-injected-json",

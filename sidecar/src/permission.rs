@@ -41,7 +41,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     } else {
         PERMISSION_CHECK_INTERVAL
     });
-    type Found = (Permission, signal::Activity, Option<WorkersUp>);
+    type Found = (Permission, signal::Activity, TrainerSeen);
     let mut running: Option<tokio::sync::oneshot::Receiver<Found>> = None;
     loop {
         tick.tick().await;
@@ -53,13 +53,8 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                     let root = std::path::Path::new("/proc");
                     let procs = signal::scan(root);
                     let trainers = signal::find_trainers(&procs, &matcher, self_pid);
-                    let up = match (
-                        signal::newest_worker_start(&trainers),
-                        signal::uptime_ticks(root),
-                    ) {
-                        (Some(start), Some(uptime)) => Some(WorkersUp::at(start, uptime)),
-                        _ => None,
-                    };
+                    let up =
+                        TrainerSeen::of(&trainers, signal::uptime_ticks(root), SystemTime::now());
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
@@ -84,9 +79,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
         if let Ok(Ok((_, activity, up))) = &found {
             role.observe(&shared, &events, *activity);
-            if let Some(up) = up {
-                resumed.observe(&shared, &events, *up, SystemTime::now());
-            }
+            resumed.observe(&shared, &events, up, SystemTime::now());
         }
         let found = found.map(|r| r.map(|(permission, _, _)| permission));
         let (state, text) = match found {
@@ -124,58 +117,64 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     }
 }
 
-/// The trainer's newest worker: how long ago it started.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WorkersUp {
-    /// Its age, from `/proc` (start ticks against the uptime).
-    pub age: Duration,
+/// What one `/proc` scan shows of the trainer, for [`Resumed`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TrainerSeen {
+    /// The agents: (pid, start in clock ticks since boot), sorted. A
+    /// different set than before is a new trainer.
+    pub agents: Vec<(i32, u64)>,
+    /// When the newest of the agents started.
+    pub agent_started: Option<SystemTime>,
+    /// When the newest worker started.
+    pub workers_started: Option<SystemTime>,
 }
 
-impl WorkersUp {
-    fn at(start_ticks: u64, uptime_ticks: u64) -> WorkersUp {
-        let ticks = uptime_ticks.saturating_sub(start_ticks);
-        WorkersUp {
-            age: Duration::from_millis(ticks.saturating_mul(1000) / signal::TICKS_PER_SECOND),
+impl TrainerSeen {
+    /// From the trainers found and the uptime (both in ticks), at `now`.
+    fn of(trainers: &[signal::Trainer], uptime_ticks: Option<u64>, now: SystemTime) -> TrainerSeen {
+        let mut agents: Vec<(i32, u64)> = trainers
+            .iter()
+            .map(|t| (t.agent.pid, t.agent.start_ticks))
+            .collect();
+        agents.sort_unstable();
+        let at = |start: u64| {
+            let ticks = uptime_ticks?.saturating_sub(start);
+            now.checked_sub(Duration::from_millis(
+                ticks.saturating_mul(1000) / signal::TICKS_PER_SECOND,
+            ))
+        };
+        TrainerSeen {
+            agent_started: agents.iter().map(|(_, s)| *s).max().and_then(at),
+            workers_started: signal::newest_worker_start(trainers).and_then(at),
+            agents,
         }
     }
 }
 
-/// After a loss this sidecar recorded, the first time the trainer's
-/// workers started after it and are still there a settle time later: adds
-/// their start time as `trainingSince` to the record on this pod, from
-/// which the world controller takes `resumedAt`. Once per loss generation.
-#[derive(Debug, Default)]
-pub struct Resumed {
-    /// The generation whose resumption was recorded.
-    recorded: u64,
+/// A loss this sidecar recorded (its last action and episode in `/status`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedLoss {
+    pub generation: u64,
+    pub lost_rank: u32,
+    pub confirmed_by: String,
+    pub action: String,
+    pub result: String,
+    /// When it acted, RFC 3339 (the record's `at`).
+    pub at: String,
+    /// When the loss was first suspected.
+    pub suspected_at: SystemTime,
 }
 
-impl Resumed {
-    /// The record to write, if the workers show training again.
-    pub fn observe(
-        &mut self,
-        shared: &Shared,
-        events: &EventSink,
-        up: WorkersUp,
-        now: SystemTime,
-    ) -> Option<trainwire_contract::peer_loss::PeerLossRecord> {
-        use trainwire_contract::peer_loss::{PeerLossRecord, TRAINING_SETTLE};
-        let status = shared.status();
+impl RecordedLoss {
+    /// The loss of the last action, when its episode says when it began.
+    fn of(status: &crate::status::StatusDoc) -> Option<RecordedLoss> {
         let action = status.last_action.as_ref()?;
-        if action.generation <= self.recorded || up.age < TRAINING_SETTLE {
-            return None;
-        }
-        let loss = status
+        let suspected = status
             .last_loss
             .as_ref()
             .filter(|l| l.generation == action.generation)
             .and_then(|l| l.suspected_at.parse::<k8s_openapi::jiff::Timestamp>().ok())?;
-        let started = now.checked_sub(up.age)?;
-        let started_at = k8s_openapi::jiff::Timestamp::try_from(started).ok()?;
-        if started_at < loss {
-            return None;
-        }
-        let record = PeerLossRecord {
+        Some(RecordedLoss {
             generation: action.generation,
             lost_rank: action.lost_rank,
             confirmed_by: action
@@ -186,17 +185,112 @@ impl Resumed {
             action: action.action.to_string(),
             result: action.result.to_string(),
             at: action.at.clone(),
+            suspected_at: SystemTime::from(suspected),
+        })
+    }
+}
+
+/// When training runs again on this pod, for the world controller's
+/// `resumedAt`: the `trainingSince` of the record on this pod.
+///
+/// - After a loss this sidecar recorded, the first time the trainer's
+///   workers started after it and are still there a settle time
+///   ([`TRAINING_SETTLE`](trainwire_contract::peer_loss::TRAINING_SETTLE))
+///   later: that loss's record with their start time. Once per loss
+///   generation.
+/// - After this pod's own trainer restarted (a new agent where another one
+///   ran before: its container exited and came back, as every agent does
+///   when the rendezvous store goes away), which no recorded loss covers:
+///   a [`TRAINER_RESTARTED`](trainwire_contract::peer_loss::TRAINER_RESTARTED)
+///   record once the new agent's workers are up a settle time. Once per
+///   restart.
+#[derive(Debug, Default)]
+pub struct Resumed {
+    /// The generation whose resumption was recorded.
+    recorded: u64,
+    /// The agents seen last (kept while no trainer runs).
+    agents: Vec<(i32, u64)>,
+    /// A restart seen and not yet resumed: when the new agent started.
+    restarted: Option<SystemTime>,
+}
+
+impl Resumed {
+    /// The record to write after this scan, if any. Pure: `loss` is the
+    /// sidecar's last recorded loss, `own` its (generation, node rank).
+    pub fn next(
+        &mut self,
+        loss: Option<&RecordedLoss>,
+        seen: &TrainerSeen,
+        own: (u64, u32),
+        now: SystemTime,
+    ) -> Option<trainwire_contract::peer_loss::PeerLossRecord> {
+        use trainwire_contract::peer_loss::{PeerLossRecord, TRAINER_RESTARTED, TRAINING_SETTLE};
+        if !seen.agents.is_empty() {
+            if !self.agents.is_empty() && self.agents != seen.agents {
+                self.restarted = Some(seen.agent_started.unwrap_or(now));
+            }
+            self.agents = seen.agents.clone();
+        }
+        let started = seen.workers_started.filter(|s| {
+            now.duration_since(*s)
+                .is_ok_and(|age| age >= TRAINING_SETTLE)
+        })?;
+        if let Some(loss) = loss
+            && loss.generation > self.recorded
+            && started >= loss.suspected_at
+        {
+            self.recorded = loss.generation;
+            if self.restarted.is_some_and(|r| started >= r) {
+                // The restart was part of this loss.
+                self.restarted = None;
+            }
+            return Some(PeerLossRecord {
+                generation: loss.generation,
+                lost_rank: loss.lost_rank,
+                confirmed_by: loss.confirmed_by.clone(),
+                action: loss.action.clone(),
+                result: loss.result.clone(),
+                at: loss.at.clone(),
+                training_since: Some(rfc3339(started)),
+                torch_rank: None,
+            });
+        }
+        let restarted = self.restarted?;
+        if started < restarted {
+            return None;
+        }
+        self.restarted = None;
+        Some(PeerLossRecord {
+            generation: own.0,
+            lost_rank: own.1,
+            confirmed_by: String::new(),
+            action: TRAINER_RESTARTED.to_string(),
+            result: "training".to_string(),
+            at: rfc3339(restarted),
             training_since: Some(rfc3339(started)),
             torch_rank: None,
-        };
-        drop(status);
+        })
+    }
+
+    /// [`Resumed::next`] on this sidecar's state; writes the record on the
+    /// pod (`trainwire.dev/peer-loss`).
+    pub fn observe(
+        &mut self,
+        shared: &Shared,
+        events: &EventSink,
+        seen: &TrainerSeen,
+        now: SystemTime,
+    ) -> Option<trainwire_contract::peer_loss::PeerLossRecord> {
+        let loss = RecordedLoss::of(&shared.status());
+        let own = (shared.generation(), shared.config.node_rank);
+        let record = self.next(loss.as_ref(), seen, own, now)?;
         tracing::info!(
             generation = record.generation,
+            action = record.action,
             since = record.training_since.as_deref().unwrap_or_default(),
             "training runs again: the trainer's workers started after the loss and stayed up"
         );
         events.record_peer_loss(&record);
-        self.recorded = record.generation;
         Some(record)
     }
 }
@@ -389,5 +483,143 @@ mod tests {
             metrics.contains(r#"trainwire_sidecar_trainer{state="training"} 1"#),
             "{metrics}"
         );
+    }
+
+    mod resumed {
+        use super::super::{RecordedLoss, Resumed, TrainerSeen};
+        use std::time::{Duration, SystemTime};
+        use trainwire_contract::peer_loss::{TRAINER_RESTARTED, TRAINING_SETTLE};
+
+        fn t(secs: u64) -> SystemTime {
+            // 2026-11-19T10:00:00Z + secs
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_795_082_400 + secs)
+        }
+
+        fn text(secs: u64) -> String {
+            crate::status::rfc3339(t(secs))
+        }
+
+        fn loss(generation: u64, suspected: u64) -> RecordedLoss {
+            RecordedLoss {
+                generation,
+                lost_rank: 1,
+                confirmed_by: "pod-deleted".into(),
+                action: "restart-workers".into(),
+                result: "signalled".into(),
+                at: text(suspected + 1),
+                suspected_at: t(suspected),
+            }
+        }
+
+        /// Agent `pid` (started at `agent`), its workers started at `workers`.
+        fn up(pid: i32, agent: u64, workers: Option<u64>) -> TrainerSeen {
+            TrainerSeen {
+                agents: vec![(pid, agent * 100)],
+                agent_started: Some(t(agent)),
+                workers_started: workers.map(t),
+            }
+        }
+
+        const OWN: (u64, u32) = (0, 2);
+
+        #[test]
+        fn workers_started_after_the_loss_and_still_up_resume_it_once() {
+            let mut r = Resumed::default();
+            let l = loss(1, 100);
+            // Training before the loss: nothing.
+            assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
+            // The loss; the workers are those from before it: nothing.
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(10)), OWN, t(101)), None);
+            // New workers at 105, not yet a settle time old: nothing.
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(105)), OWN, t(105)), None);
+            let settled = t(105) + TRAINING_SETTLE;
+            let record = r
+                .next(Some(&l), &up(7, 0, Some(105)), OWN, settled)
+                .expect("the record");
+            assert_eq!(record.generation, 1);
+            assert_eq!(record.lost_rank, 1);
+            assert_eq!(record.action, "restart-workers");
+            assert_eq!(record.result, "signalled");
+            assert_eq!(record.confirmed_by, "pod-deleted");
+            assert_eq!(record.at, text(101));
+            assert_eq!(record.training_since, Some(text(105)));
+            // One write per loss generation.
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(105)), OWN, t(120)), None);
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(115)), OWN, t(130)), None);
+            // The next loss gets its own.
+            let l2 = loss(2, 200);
+            assert_eq!(r.next(Some(&l2), &up(7, 0, Some(115)), OWN, t(210)), None);
+            let record = r
+                .next(Some(&l2), &up(7, 0, Some(220)), OWN, t(230))
+                .expect("the second record");
+            assert_eq!(record.generation, 2);
+            assert_eq!(record.training_since, Some(text(220)));
+        }
+
+        #[test]
+        fn workers_that_vanish_within_the_settle_time_are_not_training() {
+            let mut r = Resumed::default();
+            let l = loss(1, 100);
+            // Up at 105, gone before a settle time passed (a failed
+            // rendezvous), then none, then new ones that die young too.
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(105)), OWN, t(105)), None);
+            assert_eq!(r.next(Some(&l), &up(7, 0, None), OWN, t(107)), None);
+            let young = t(110) + TRAINING_SETTLE - Duration::from_millis(1);
+            assert_eq!(r.next(Some(&l), &up(7, 0, Some(110)), OWN, young), None);
+            assert_eq!(r.next(Some(&l), &up(7, 0, None), OWN, t(112)), None);
+            // No trainer at all: nothing.
+            assert_eq!(r.next(Some(&l), &TrainerSeen::default(), OWN, t(113)), None);
+            // Those that stay: the record, with their start.
+            let record = r
+                .next(Some(&l), &up(7, 0, Some(114)), OWN, t(116))
+                .expect("the record");
+            assert_eq!(record.training_since, Some(text(114)));
+        }
+
+        #[test]
+        fn an_own_trainer_restart_without_a_recorded_loss_is_told_once() {
+            let mut r = Resumed::default();
+            // The trainer as the sidecar first finds it: not a restart.
+            assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
+            // The store goes: the agent exits (no trainer), a new one starts
+            // at 100, its workers at 103.
+            assert_eq!(r.next(None, &TrainerSeen::default(), OWN, t(99)), None);
+            assert_eq!(r.next(None, &up(9, 100, None), OWN, t(101)), None);
+            assert_eq!(r.next(None, &up(9, 100, Some(103)), OWN, t(103)), None);
+            let record = r
+                .next(None, &up(9, 100, Some(103)), OWN, t(105))
+                .expect("the record");
+            assert_eq!(record.action, TRAINER_RESTARTED);
+            assert!(!record.is_loss());
+            assert_eq!(record.generation, 0);
+            assert_eq!(record.lost_rank, 2);
+            assert_eq!(record.at, text(100));
+            assert_eq!(record.training_since, Some(text(103)));
+            // Once per restart.
+            assert_eq!(r.next(None, &up(9, 100, Some(103)), OWN, t(120)), None);
+            // Replaced between two scans (never seen without a trainer):
+            // a restart too.
+            assert_eq!(r.next(None, &up(11, 130, Some(131)), OWN, t(131)), None);
+            let record = r
+                .next(None, &up(11, 130, Some(131)), OWN, t(133))
+                .expect("the second record");
+            assert_eq!(record.at, text(130));
+            assert_eq!(record.training_since, Some(text(131)));
+        }
+
+        #[test]
+        fn a_restart_within_a_recorded_loss_is_that_loss_resumed() {
+            let mut r = Resumed::default();
+            let l = loss(3, 100);
+            assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
+            // The sidecar restarted the agent for the loss.
+            let record = r
+                .next(Some(&l), &up(8, 102, Some(104)), OWN, t(106))
+                .expect("the loss's record");
+            assert_eq!(record.generation, 3);
+            assert_eq!(record.action, "restart-workers");
+            // No second record for the same restart.
+            assert_eq!(r.next(Some(&l), &up(8, 102, Some(104)), OWN, t(110)), None);
+        }
     }
 }

@@ -359,6 +359,54 @@ async fn the_sidecars_own_record_explains_the_exit_it_caused() -> Result<()> {
     Ok(())
 }
 
+/// A hot spare's take-over record and a sidecar's record of its own
+/// trainer restarted say when training runs again: neither is a loss (no
+/// `PeerLost` Event, no request), so neither explains a script failure
+/// beside it (limit 1: the exit stops the world).
+#[tokio::test]
+async fn a_take_over_or_an_own_restart_record_is_not_a_loss() -> Result<()> {
+    use trainwire_contract::peer_loss::{
+        ANNOTATION, PeerLossRecord, SPARE_TOOK_OVER, TRAINER_RESTARTED,
+    };
+    for action in [SPARE_TOOK_OVER, TRAINER_RESTARTED] {
+        let mut w = world(RECLAIM)?;
+        w.node("True", 0)?;
+        w.statefulset(json!({"trainwire.dev/max-failures": "1/1h"}))?;
+        w.set_time(300);
+        let record = PeerLossRecord {
+            generation: 1,
+            lost_rank: 0,
+            action: action.into(),
+            result: "training".into(),
+            at: at(295).to_string(),
+            training_since: Some(at(296).to_string()),
+            ..Default::default()
+        };
+        let with_record = |mut p: Pod| -> Result<Pod> {
+            p.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    ANNOTATION.to_string(),
+                    record.to_annotation().context("json")?,
+                );
+            Ok(p)
+        };
+        // No Event: the reconcile would wait for its answer and hang.
+        w.reconcile(&with_record(pod("llama-3", "u3", running())?)?)
+            .await
+            .with_context(|| format!("{action}: counted as a loss"))?;
+        let (patch, _) = w
+            .reconcile_to_a_stop(with_record(pod("llama-3", "u3", exited(2, 1, 297))?)?)
+            .await?;
+        ensure!(
+            patch["metadata"]["annotations"]["trainwire.dev/stopped-exit-code"] == "2",
+            "{action}: {patch}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn resuming_restores_the_replicas_and_clears_the_evidence() {
     let a: BTreeMap<String, String> = [

@@ -177,6 +177,159 @@ impl Cluster {
     }
 }
 
+/// The captured StatefulSet with a dedicated store, and a controller that
+/// watches the store's pods.
+fn with_store() -> (Cluster, Writer<Pod>) {
+    let (client, api) = mock_api::pair();
+    let (store, pods) = reflector::store::<Pod>();
+    let (store_pods, store_writer) = reflector::store::<Pod>();
+    let clock = Arc::new(Mutex::new(at(0)));
+    let c = clock.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client,
+            store,
+            Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
+        )
+        .with_store_pods(store_pods),
+    );
+    let (mut sts, namespace) = captured_statefulset();
+    sts["spec"]["template"]["metadata"]["annotations"] =
+        json!({"trainwire.dev/status": r#"{"rdzvStore":"llama-ft-rdzv"}"#});
+    (
+        Cluster {
+            ctx,
+            api,
+            clock,
+            pods,
+            sts,
+            namespace,
+        },
+        store_writer,
+    )
+}
+
+/// The store's pod `uid`, Ready since `ready` (or not Ready), deleted at
+/// `deleted`.
+fn store_pod(namespace: &str, uid: &str, ready: Option<i64>, deleted: Option<i64>) -> Result<Pod> {
+    let (status, since) = match ready {
+        Some(t) => ("True", at(t)),
+        None => ("False", at(0)),
+    };
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("llama-ft-rdzv-6b8f9c7d54-{uid}"), "namespace": namespace,
+                     "uid": uid, "labels": {"trainwire.dev/rdzv-store": "llama-ft"}},
+        "spec": {"containers": [{"name": "store", "image": "ghcr.io/trainwire/sidecar:0.2.0"}]},
+        "status": {"phase": "Running",
+                   "conditions": [{"type": "Ready", "status": status, "lastTransitionTime": since.to_string()}]},
+    });
+    if let Some(t) = deleted {
+        pod["metadata"]["deletionTimestamp"] = json!(at(t).to_string());
+    }
+    Ok(serde_json::from_value(pod)?)
+}
+
+/// A training pod whose trainer container exited at `exited` and runs
+/// again (restarted by the kubelet), with its sidecar's
+/// `trainer-restarted` record when `record` gives (agent start, workers'
+/// start).
+fn restarted_pod(rank: u32, uid: &str, exited: i64, record: Option<(i64, i64)>) -> Value {
+    let mut pod = captured_pod(rank, uid, Some(5));
+    pod["status"]["containerStatuses"] = json!([{
+        "name": "trainer", "image": "t", "imageID": "", "ready": true, "restartCount": 1,
+        "state": {"running": {"startedAt": at(exited + 1).to_string()}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+            "startedAt": at(0).to_string(), "finishedAt": at(exited).to_string()}},
+    }]);
+    if let Some((agent, workers)) = record {
+        pod["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(
+            json!({"generation": 0, "lostRank": rank, "confirmedBy": "",
+                   "action": "trainer-restarted", "result": "training",
+                   "at": at(agent).to_string(), "trainingSince": at(workers).to_string()})
+            .to_string()
+        );
+    }
+    pod
+}
+
+/// A first store loss in a world whose sidecars never recorded a loss:
+/// their `trainer-restarted` records (not losses) give `resumedAt`, the
+/// new workers' start, without a checkpoint.
+#[tokio::test]
+async fn a_store_loss_resumes_from_the_sidecars_trainer_restarted_records() -> Result<()> {
+    let (mut c, mut stores) = with_store();
+    let ns = c.namespace.clone();
+    c.pod(captured_pod(0, "pod-0-a", Some(5)))?;
+    c.pod(captured_pod(1, "pod-1-a", Some(5)))?;
+    stores.apply_watcher_event(&watcher::Event::Apply(store_pod(&ns, "s1", Some(2), None)?));
+    c.set_time(10);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running && s.generation == 0, "{s:?}");
+    ensure!(s.store.as_ref().is_some_and(|st| st.available), "{s:?}");
+
+    // The store's pod is deleted at 100; every trainer exits at 101.
+    stores.apply_watcher_event(&watcher::Event::Apply(store_pod(
+        &ns,
+        "s1",
+        Some(2),
+        Some(100),
+    )?));
+    c.set_time(100);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.store.is_some() && loss.detected_by == "store-deleted",
+        "{loss:?}"
+    );
+
+    // The new store is Ready at 104, the trainers restarted at 102: whole,
+    // training not seen yet.
+    let old = store_pod(&ns, "s1", Some(2), Some(100))?;
+    stores.apply_watcher_event(&watcher::Event::Delete(old));
+    stores.apply_watcher_event(&watcher::Event::Apply(store_pod(
+        &ns,
+        "s2",
+        Some(104),
+        None,
+    )?));
+    c.pod(restarted_pod(0, "pod-0-a", 101, None))?;
+    c.pod(restarted_pod(1, "pod-1-a", 101, None))?;
+    c.set_time(110);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    ensure!(
+        s.waiting_for
+            .as_deref()
+            .is_some_and(|w| w.starts_with("training to be seen running")),
+        "{s:?}"
+    );
+
+    // The sidecars' records: new workers at 106 and 107, up since.
+    c.pod(restarted_pod(0, "pod-0-a", 101, Some((102, 106))))?;
+    c.pod(restarted_pod(1, "pod-1-a", 101, Some((102, 107))))?;
+    c.set_time(120);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running, "{s:?}");
+    ensure!(s.generation == 1, "the records are not losses: {s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.resumed_at == Some(at(106).to_string())
+            && loss.resumed_by.as_deref() == Some("workers-started")
+            && loss.recovery_seconds == Some(6),
+        "{loss:?}"
+    );
+    ensure!(
+        !loss.actions.iter().any(|a| a.contains("trainer-restarted")),
+        "{loss:?}"
+    );
+    // Seen again with the loss closed: no new loss, no write.
+    c.set_time(140);
+    c.reconcile_quietly().await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
     let mut c = Cluster::new();

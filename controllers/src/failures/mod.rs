@@ -538,6 +538,9 @@ async fn sidecar_loss(ctx: &Context, pod: &Pod, owner: &Owner, now: Timestamp) {
         .as_ref()
         .and_then(|a| a.get(ANNOTATION))
         .and_then(|v| PeerLossRecord::from_annotation(v))
+        // A spare's take-over and the sidecar's own trainer restarted are
+        // not losses: they say when training runs again.
+        .filter(PeerLossRecord::is_loss)
     else {
         return;
     };

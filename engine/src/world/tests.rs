@@ -605,6 +605,126 @@ fn a_lost_store_is_one_loss_of_its_own() {
     assert_eq!(s[4].store.as_ref().map(|st| st.available), Some(true));
 }
 
+/// A pod's sidecar saw its own trainer restarted: the new agent started at
+/// `agent`, its workers at `workers` (a `trainer-restarted` record).
+fn restarted(mut p: PodView, agent: i64, workers: i64) -> PodView {
+    p.peer_loss = Some(PeerLossRecord {
+        generation: 0,
+        lost_rank: p.rank,
+        action: peer_loss::TRAINER_RESTARTED.into(),
+        result: "training".into(),
+        at: at(agent).to_string(),
+        training_since: Some(at(workers).to_string()),
+        ..PeerLossRecord::default()
+    });
+    p
+}
+
+/// A first store loss, no sidecar ever recorded a loss: the trainers exit
+/// and come back; the sidecars' `trainer-restarted` records (not losses)
+/// give `resumedAt` as their workers' start, no checkpoint needed.
+#[test]
+fn a_store_loss_resumes_from_the_trainers_restarted_records() {
+    let w = with_store(2, 0);
+    let up = || vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))];
+    let down = |p: PodView| PodView {
+        trainer_exit: Some(at(101)),
+        trainer_down: true,
+        ready: false,
+        ..p
+    };
+    let back = |p: PodView| PodView {
+        trainer_exit: Some(at(101)),
+        ..p
+    };
+    let s = run_with_store(
+        &w,
+        vec![
+            (0, up(), vec![store_pod("s1", true, None)]),
+            (
+                100,
+                up(),
+                vec![store_pod("s1", false, Some((100, "store-deleted")))],
+            ),
+            (
+                102,
+                up().into_iter().map(down).collect(),
+                vec![store_pod("s2", false, None)],
+            ),
+            (
+                106,
+                up().into_iter().map(back).collect(),
+                vec![store_pod("s2", true, None)],
+            ),
+            (
+                110,
+                vec![
+                    back(restarted(pod(0, "a", Some(1)), 104, 107)),
+                    back(restarted(pod(1, "b", Some(1)), 104, 108)),
+                ],
+                vec![store_pod("s2", true, None)],
+            ),
+        ],
+    );
+    let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Running,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Recovering,
+            Phase::Running
+        ]
+    );
+    // One loss: the records are not losses.
+    assert_eq!(s[4].generation, 1);
+    let l = s[4].last_loss.clone().unwrap_or_default();
+    assert_eq!(l.store.as_deref(), Some("llama-rdzv-s1"));
+    assert_eq!(l.resumed_at, Some(at(107).to_string()));
+    assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
+    assert_eq!(l.recovery_seconds, Some(7));
+    assert!(
+        !l.actions.iter().any(|a| a.contains("trainer-restarted")),
+        "{:?}",
+        l.actions
+    );
+    assert!(
+        s[3].waiting_for
+            .as_deref()
+            .is_some_and(|w| w.starts_with("training to be seen running")),
+        "{:?}",
+        s[3].waiting_for
+    );
+    // A record of a restart before the trainers' last exit is not training.
+    let early = run_with_store(
+        &w,
+        vec![
+            (0, up(), vec![store_pod("s1", true, None)]),
+            (
+                100,
+                up(),
+                vec![store_pod("s1", false, Some((100, "store-deleted")))],
+            ),
+            (
+                102,
+                up().into_iter().map(down).collect(),
+                vec![store_pod("s2", true, None)],
+            ),
+            (
+                110,
+                vec![
+                    back(restarted(pod(0, "a", Some(1)), 40, 50)),
+                    back(restarted(pod(1, "b", Some(1)), 40, 50)),
+                ],
+                vec![store_pod("s2", true, None)],
+            ),
+        ],
+    );
+    assert_eq!(early[3].phase, Phase::Recovering);
+    assert_eq!(early[3].generation, 1);
+}
+
 /// A store pod that vanishes between two looks is a loss too.
 #[test]
 fn a_store_gone_unseen_is_a_loss() {
