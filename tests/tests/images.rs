@@ -198,7 +198,20 @@ fn each_image_is_the_binary_a_numeric_non_root_user_and_oci_labels() -> Result<(
             .iter()
             .filter(|f| f.contains("/bin/") && !f.ends_with('/'))
             .collect();
-        assert_eq!(binaries, [&format!("./usr/local/bin/{bin}")], "{bin}");
+        // The webhook's image also ships the controllers' program, which
+        // their Deployment runs with `command:` (images/build).
+        let expected: Vec<String> = match bin {
+            "trainwire-webhook" => vec![
+                "./usr/local/bin/trainwire-controllers".to_string(),
+                "./usr/local/bin/trainwire-webhook".to_string(),
+            ],
+            _ => vec![format!("./usr/local/bin/{bin}")],
+        };
+        assert_eq!(
+            binaries.iter().map(|b| b.as_str()).collect::<Vec<_>>(),
+            expected.iter().map(String::as_str).collect::<Vec<_>>(),
+            "{bin}"
+        );
     }
     Ok(())
 }
@@ -207,11 +220,15 @@ fn each_image_is_the_binary_a_numeric_non_root_user_and_oci_labels() -> Result<(
 fn building_twice_from_the_same_binaries_gives_the_same_digests() -> Result<()> {
     let release = trainwire_tests::repo_root().join("target/release");
     let binaries = Prerequisite::from_missing(
-        ["trainwire-webhook", "trainwire-sidecar"]
-            .iter()
-            .map(|b| release.join(b))
-            .find(|b| !b.is_file())
-            .map(|b| format!("{} is missing: run images/build", b.display())),
+        [
+            "trainwire-webhook",
+            "trainwire-controllers",
+            "trainwire-sidecar",
+        ]
+        .iter()
+        .map(|b| release.join(b))
+        .find(|b| !b.is_file())
+        .map(|b| format!("{} is missing: run images/build", b.display())),
     );
     if !trainwire_tests::require::require_all(
         "building_twice_from_the_same_binaries_gives_the_same_digests",
