@@ -14,6 +14,8 @@
 //! - [`dns`]: the peers' names against this pod's DNS configuration;
 //! - [`kubewatch`]: the Kubernetes watch of the watched peers' pods and its
 //!   pure decision logic;
+//! - [`world`]: the controllers' view of the whole world (every pod's
+//!   role), read on demand from the workload's `trainwire.dev/world`;
 //! - [`decide`]: the pure decision of one loss episode's next step;
 //! - [`signal`]: finding torchrun in `/proc`, signal plans and the storm
 //!   guard, the signal permission;
@@ -51,6 +53,7 @@ pub mod ring;
 pub mod server;
 pub mod signal;
 pub mod status;
+pub mod world;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -66,6 +69,28 @@ use crate::events::EventSink;
 use crate::peers::{Observation, Peers};
 use crate::respond::Responder;
 use crate::status::{DetectionStatus, Shared};
+
+/// Every Kubernetes API call the sidecar makes, as `(API group, resource,
+/// verb)`; `tests/tests/manifests.rs` holds the `trainwire-sidecar`
+/// ClusterRole and docs/deploy.md's table to it.
+pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
+    // The watched peers' pods ([`kubewatch`]), and its own pod's owner
+    // ([`world`]).
+    ("", "pods", "get"),
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    // Its own pod's records (`trainwire.dev/peer-loss`, `trainwire.dev/checkpoint`).
+    ("", "pods", "patch"),
+    // The controllers' view of the world: the workload's metadata ([`world`]).
+    ("apps", "statefulsets", "get"),
+    ("batch", "jobs", "get"),
+    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+    // Not called: the marker that puts every pod write of its holder under
+    // the ValidatingAdmissionPolicy trainwire-sidecar-own-pod.
+    ("trainwire.dev", "sidecar-records", "write"),
+];
 
 /// Errors that stop the sidecar (everything else degrades and retries).
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +196,20 @@ pub async fn run(
         shared.status().kubernetes_api = Some("reachable; pods may be listed and watched".into());
     }
     let choice = choose_detection(&config, kube_allowed);
+    // The controllers' view: read once now, then on demand (a loss in an
+    // elastic world, `/status`).
+    let world = world::Reader::new(client.clone(), &config.namespace, &config.pod_name);
+    shared.set_world_reader(world.clone());
+    if client.is_some() {
+        tokio::spawn(async move {
+            world
+                .refresh(
+                    std::time::Duration::ZERO,
+                    std::time::Duration::from_secs(30),
+                )
+                .await
+        });
+    }
     if !choice.heartbeat && !choice.kubernetes {
         tracing::error!("{}", choice.why);
     } else {
@@ -257,9 +296,9 @@ pub async fn run(
     drop(tx);
     tasks.spawn(permission::watch_permission(shared.clone(), events.clone()));
     let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
-    // With heartbeats alone, this sidecar watches a bounded set of peers;
-    // the Kubernetes watch sees every pod of the workload.
-    let watched = (!choice.kubernetes).then(|| heartbeat::peer_ranks(&config).collect());
+    // Heartbeats and the Kubernetes watch follow the same bounded set of
+    // peers (`ring::watched`); the others are `not-watched`.
+    let watched = heartbeat::peer_ranks(&config).collect();
     tasks.spawn(coordinate(shared.clone(), rx, responder, watched));
 
     shared.set_ready(true);
@@ -284,7 +323,7 @@ async fn coordinate(
     shared: Arc<Shared>,
     mut rx: mpsc::Receiver<Observation>,
     mut responder: Responder,
-    watched: Option<std::collections::BTreeSet<u32>>,
+    watched: std::collections::BTreeSet<u32>,
 ) {
     let config = &shared.config;
     let mut peers = Peers::with_spares(
@@ -293,10 +332,8 @@ async fn coordinate(
         config.node_rank,
         config.heartbeat.misses,
         Instant::now(),
-    );
-    if let Some(watched) = &watched {
-        peers = peers.watching(watched);
-    }
+    )
+    .watching(&watched);
     shared.publish_peers(&peers);
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

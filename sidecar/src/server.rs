@@ -54,7 +54,17 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn status(State(shared): State<Arc<Shared>>) -> Response {
-    let doc = shared.status().clone();
+    let controllers = match shared.world_reader() {
+        Some(reader) => {
+            reader
+                .refresh(crate::world::STATUS_MAX_AGE, crate::world::STATUS_WAIT)
+                .await;
+            Some(reader.seen())
+        }
+        None => None,
+    };
+    let mut doc = shared.status().clone();
+    doc.world.controllers = controllers;
     Json(doc).into_response()
 }
 

@@ -347,6 +347,10 @@ pub struct WorldStatus {
     pub up: Vec<u32>,
     /// Ranks suspect or lost.
     pub down: Vec<u32>,
+    /// The controllers' view of the whole world (every pod's role, the
+    /// phase, the last loss), as last read from the workload's
+    /// `trainwire.dev/world` ([`crate::world`]); `null` without an API.
+    pub controllers: Option<crate::world::Seen>,
 }
 
 /// Which detection sources run, and why.
@@ -421,6 +425,7 @@ pub struct Shared {
     status: Mutex<StatusDoc>,
     generation: AtomicU64,
     ready: AtomicBool,
+    world: std::sync::OnceLock<crate::world::Reader>,
 }
 
 impl Shared {
@@ -461,7 +466,18 @@ impl Shared {
             status: Mutex::new(status),
             generation: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            world: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Reads the controllers' view through `reader` from now on (set once).
+    pub fn set_world_reader(&self, reader: crate::world::Reader) {
+        let _ = self.world.set(reader);
+    }
+
+    /// The reader of the controllers' view, once set.
+    pub fn world_reader(&self) -> Option<&crate::world::Reader> {
+        self.world.get()
     }
 
     /// The status document, for reading or updating.
@@ -541,6 +557,7 @@ impl Shared {
             nnodes: self.config.nnodes.to_string(),
             up,
             down,
+            controllers: None,
         };
         s.peers = list;
         s.watched = peers.watched();

@@ -1,8 +1,8 @@
 //! A fake kube-apiserver over plain HTTP on loopback, for tests that start
 //! the real `trainwire-sidecar` binary with Kubernetes detection: it answers
 //! what the sidecar asks (access reviews, a list and a watch of one
-//! namespace's pods, Events, the patch of its own pod) from pod objects the
-//! test sets, and streams every change the test makes as a watch event, as
+//! namespace's pods, Events, the patch of its own pod, a GET of its
+//! StatefulSet or Job) from pod and workload objects the test sets, and streams every change the test makes as a watch event, as
 //! the kubelet's status updates reach a real watch.
 //!
 //! Not a general API server: one namespace, `resourceVersion` a counter, a
@@ -71,6 +71,8 @@ struct Shared {
     requests: Mutex<Vec<String>>,
     /// The bodies of the pod patches, with the pod's name.
     patches: Mutex<Vec<(String, Value)>>,
+    /// The StatefulSets and Jobs a GET may read, by `(resource, name)`.
+    workloads: Mutex<BTreeMap<(String, String), Value>>,
 }
 
 /// The fake API server; stops with the runtime it was started on.
@@ -91,6 +93,7 @@ impl FakeApiServer {
             nodes_allowed: false,
             requests: Mutex::new(Vec::new()),
             patches: Mutex::new(Vec::new()),
+            workloads: Mutex::new(BTreeMap::new()),
         });
         let app = Router::new()
             .route(
@@ -101,6 +104,22 @@ impl FakeApiServer {
             .route(
                 "/api/v1/namespaces/{ns}/pods/{name}",
                 get(one_pod).patch(patch_pod),
+            )
+            .route(
+                "/apis/apps/v1/namespaces/{ns}/statefulsets/{name}",
+                get(
+                    |s: State<Arc<Shared>>, p: axum::extract::Path<(String, String)>| {
+                        one_workload(s, p, "statefulsets")
+                    },
+                ),
+            )
+            .route(
+                "/apis/batch/v1/namespaces/{ns}/jobs/{name}",
+                get(
+                    |s: State<Arc<Shared>>, p: axum::extract::Path<(String, String)>| {
+                        one_workload(s, p, "jobs")
+                    },
+                ),
             )
             .route("/api/v1/namespaces/{ns}/events", post(created))
             .route(
@@ -159,6 +178,24 @@ impl FakeApiServer {
             kind,
             pod,
         });
+    }
+
+    /// Sets the StatefulSet or Job a GET of `resource` (`statefulsets`,
+    /// `jobs`) named `metadata.name` answers with (not watched).
+    pub fn set_workload(&self, resource: &str, object: Value) {
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        if let Ok(mut w) = self.shared.workloads.lock() {
+            w.insert((resource.to_string(), name.to_string()), object);
+        }
+    }
+
+    /// Every request so far, as `METHOD path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        self.shared
+            .requests
+            .lock()
+            .map(|r| r.clone())
+            .unwrap_or_default()
     }
 
     /// Removes a pod and streams `DELETED`.
@@ -315,9 +352,14 @@ fn selected(query: &BTreeMap<String, String>, pod: &Value) -> bool {
 }
 
 /// A running pod of a StatefulSet: `name` with its index label, `uid`, at
-/// `ip`, Ready or not, its trainer container restarted `restarts` times.
+/// `ip`, Ready or not, its trainer container restarted `restarts` times;
+/// its controller is the StatefulSet `name` without its `-<index>`.
 pub fn pod(name: &str, index: u32, uid: &str, ip: &str, ready: bool, restarts: i32) -> Value {
     let status = if ready { "True" } else { "False" };
+    let set = name
+        .strip_suffix(&format!("-{index}"))
+        .unwrap_or(name)
+        .to_string();
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -326,7 +368,9 @@ pub fn pod(name: &str, index: u32, uid: &str, ip: &str, ready: bool, restarts: i
             "namespace": "e2e",
             "uid": uid,
             "creationTimestamp": "2026-11-25T08:00:00Z",
-            "labels": {"app": "train", "apps.kubernetes.io/pod-index": index.to_string()}
+            "labels": {"app": "train", "apps.kubernetes.io/pod-index": index.to_string()},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "name": set, "uid": format!("uid-{set}"), "controller": true}]
         },
         "spec": {"nodeName": "node-a", "containers": [{"name": "trainer", "image": "t"}]},
         "status": {
@@ -450,6 +494,22 @@ async fn one_pod(
         .cloned();
     match found {
         Some(pod) => axum::Json(pod).into_response(),
+        None => not_found().await,
+    }
+}
+
+async fn one_workload(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path((_, name)): axum::extract::Path<(String, String)>,
+    resource: &'static str,
+) -> Response {
+    let found = shared
+        .workloads
+        .lock()
+        .ok()
+        .and_then(|w| w.get(&(resource.to_string(), name)).cloned());
+    match found {
+        Some(object) => axum::Json(object).into_response(),
         None => not_found().await,
     }
 }

@@ -36,23 +36,6 @@ const TLS_SECRET: &str = "trainwire-webhook-tls";
 const INJECT: &str = "inject.trainwire.dev";
 const SCALE: &str = "scale.trainwire.dev";
 
-/// What the sidecar calls in its Kubernetes-watch mode (sidecar/src/kubewatch.rs:
-/// a pod watcher, a SelfSubjectAccessReview; sidecar/src/events.rs: kube-rs's
-/// event recorder). `get` pods is the contract, for `kubectl`-style reads.
-const SIDECAR_PERMISSIONS: &[(&str, &str, &str)] = &[
-    ("", "pods", "get"),
-    ("", "pods", "list"),
-    ("", "pods", "watch"),
-    // The peer-loss record on its own pod (trainwire_contract::peer_loss).
-    ("", "pods", "patch"),
-    ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
-    ("events.k8s.io", "events", "create"),
-    ("events.k8s.io", "events", "patch"),
-    // Not called: the marker that puts every pod write of its holder under
-    // the ValidatingAdmissionPolicy trainwire-sidecar-own-pod.
-    ("trainwire.dev", "sidecar-records", "write"),
-];
-
 fn manifests_dir() -> PathBuf {
     trainwire_tests::repo_root().join("manifests")
 }
@@ -1253,7 +1236,7 @@ fn rbac_per_service_account_is_the_documented_table_and_what_the_code_calls() ->
             );
             assert_eq!(
                 sidecar_rules,
-                owned(&[SIDECAR_PERMISSIONS]),
+                owned(&[trainwire_sidecar::API_PERMISSIONS]),
                 "sidecar ClusterRole"
             );
             combinations += 1;

@@ -83,8 +83,29 @@ fn ready_pod(index: u32) -> Value {
     )
 }
 
+/// The StatefulSet with the world controller's `trainwire.dev/world`: pod 3
+/// lost, the others training.
+fn statefulset() -> Value {
+    let ranks: Vec<Value> = (0..N)
+        .map(|i| {
+            json!({"index": i, "pod": format!("{SET}-{i}"),
+                "role": if i == 3 { "lost" } else { "training" }, "from": "pod"})
+        })
+        .collect();
+    let world = json!({"version": 1, "phase": "Recovering",
+        "nodes": {"ready": N - 1, "expected": N}, "generation": 1,
+        "ranks": ranks, "updatedAt": "2026-11-28T10:00:00Z"});
+    json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": SET, "namespace": NAMESPACE, "uid": format!("uid-{SET}"),
+            "annotations": {"trainwire.dev/world": world.to_string()}},
+        "spec": {"replicas": N, "serviceName": SET, "selector": {"matchLabels": {"app": "train"}},
+            "template": {"metadata": {"labels": {"app": "train"}}, "spec": {"containers": []}}}})
+}
+
 struct World {
     api: FakeApiServer,
+    /// When the sidecars were started.
+    since: Instant,
     dir: tempfile::TempDir,
     port: u16,
     _sidecars: Vec<KillOnDrop>,
@@ -105,6 +126,7 @@ impl World {
         for index in 0..N {
             api.set_pod(ready_pod(index));
         }
+        api.set_workload("statefulsets", statefulset());
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let objects = rendered::inject(&manifest()).expect("inject");
@@ -117,6 +139,7 @@ impl World {
         let entries = rendered::entries(sidecar);
         let bin = trainwire_tests::sidecar_binary().expect("the sidecar binary");
         let mut sidecars = Vec::new();
+        let since = Instant::now();
         for index in 0..N {
             let fields = rendered::pod_fields(SET, index, NAMESPACE, &uid(index));
             let env = resolve(&entries, &fields).expect("the rendered env");
@@ -142,6 +165,7 @@ impl World {
         }
         World {
             api,
+            since,
             dir,
             port,
             _sidecars: sidecars,
@@ -243,6 +267,34 @@ fn a_pod_change_reaches_only_the_sidecars_that_watch_it() {
     );
     for me in 0..N {
         let s = status(&loopback_addr(me, w.port));
+        // The controllers' view, read from the StatefulSet: every pod's role.
+        let view = &s["world"]["controllers"];
+        assert_eq!(
+            view["workload"], "statefulset/train",
+            "sidecar {me}: {view:#}"
+        );
+        assert_eq!(view["error"], Value::Null, "sidecar {me}: {view:#}");
+        let roles: Vec<&str> = view["status"]["ranks"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x["role"].as_str()).collect())
+            .unwrap_or_default();
+        assert_eq!(roles.len(), N as usize, "sidecar {me}: {view:#}");
+        assert_eq!(roles[3], "lost", "sidecar {me}");
+        // The unwatched peers are not-watched (not unknown) in this mode too.
+        let watched = ring::watched(me, pods, Some(HOST));
+        let not_watched = s["peers"]
+            .as_array()
+            .map(|ps| {
+                ps.iter()
+                    .filter(|p| p["state"] == "not-watched")
+                    .filter_map(|p| p["rank"].as_u64())
+                    .collect::<BTreeSet<u64>>()
+            })
+            .unwrap_or_default();
+        let expected: BTreeSet<u64> = (0..u64::from(N))
+            .filter(|r| *r != u64::from(me) && !watched.contains(&(*r as u32)))
+            .collect();
+        assert_eq!(not_watched, expected, "sidecar {me}");
         let list: Vec<String> = ring::watched(me, pods, Some(HOST))
             .iter()
             .map(u32::to_string)
@@ -291,6 +343,29 @@ fn a_pod_change_reaches_only_the_sidecars_that_watch_it() {
     }
     let average = non_host_events as f64 / non_host_changes as f64;
     println!("FANOUT n={N} non-host average watch_events_per_change={average:.2}");
+    // The view is read on demand: each sidecar read its own pod's owner
+    // once, and its StatefulSet at start and when /status was asked more
+    // than 10 s after the last read; nothing watches it.
+    let requests = w.api.requests();
+    // Requests for `path`, with or without a query.
+    let count = |path: &str| {
+        requests
+            .iter()
+            .filter(|r| r.split('?').next() == Some(path))
+            .count()
+    };
+    let owner_reads = (0..N)
+        .map(|i| count(&format!("GET /api/v1/namespaces/e2e/pods/{SET}-{i}")))
+        .collect::<Vec<_>>();
+    assert!(owner_reads.iter().all(|&n| n == 1), "{owner_reads:?}");
+    let view_reads = count("GET /apis/apps/v1/namespaces/e2e/statefulsets/train");
+    let bound = N as usize * (2 + w.since.elapsed().as_secs() as usize / 10);
+    println!("FANOUT n={N} world_view_reads={view_reads} (bound {bound})");
+    assert!(
+        (N as usize..=bound).contains(&view_reads),
+        "{view_reads} reads of the StatefulSet, expected {N}..={bound}"
+    );
+    assert_eq!(count("GET /apis/apps/v1/namespaces/e2e/statefulsets"), 0);
     assert!(
         average <= f64::from(2 * ring::NEIGHBOURS),
         "{average} events per change of a pod that is not the host"

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::config::NodeCount;
 use crate::decide::{self, Action, Confirmation};
 use crate::dns::Resolver;
 use crate::events::EventSink;
@@ -186,6 +187,15 @@ impl Responder {
             self.confirm(loss.rank, c, now);
         }
         self.check_replacement(loss.rank).await;
+        // An elastic world's decision counts the survivors: the peers this
+        // sidecar does not watch by the controllers' view, read now.
+        if matches!(self.shared.config.nnodes, NodeCount::Elastic { .. })
+            && let Some(reader) = self.shared.world_reader()
+        {
+            reader
+                .refresh(Duration::ZERO, crate::world::DECISION_WAIT)
+                .await;
+        }
         self.step(loss.rank, peers).await;
     }
 
@@ -430,7 +440,11 @@ impl Responder {
                 break;
             }
             let now = Instant::now();
-            let situation = policy::situation(ep, &self.shared.config, peers, now);
+            let seen = matches!(self.shared.config.nnodes, NodeCount::Elastic { .. })
+                .then(|| self.shared.world_reader().map(|r| r.seen()))
+                .flatten();
+            let view = seen.as_ref().and_then(|s| s.fresh_since(ep.suspected_at));
+            let situation = policy::situation(ep, &self.shared.config, peers, view, now);
             let d = decide::decide(&situation);
             let changed = ep.decision != d.why || ep.waiting_for != d.waiting_for;
             if let Some(ep) = self.episodes.get_mut(&rank) {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::decide::Situation;
-use crate::peers::{Peers, State};
+use crate::peers::Peers;
 use crate::signal::{Outcome, Plan, Sent};
 
 use super::episode::Episode;
@@ -39,21 +39,17 @@ pub(super) fn goal_reached(plan: Plan, outcome: Outcome, signals: &[Sent]) -> bo
 }
 
 /// What [`crate::decide::decide`] looks at for `ep` now: the episode, the
-/// configuration and the peers still up.
-pub(super) fn situation(ep: &Episode, config: &Config, peers: &Peers, now: Instant) -> Situation {
+/// configuration and the peers still up (those this sidecar does not watch
+/// by the controllers' `view`, when one was read since the loss).
+pub(super) fn situation(
+    ep: &Episode,
+    config: &Config,
+    peers: &Peers,
+    view: Option<&trainwire_contract::world::WorldStatus>,
+    now: Instant,
+) -> Situation {
     let rank = ep.rank;
-    let survivors = 1 + peers
-        .iter()
-        // A peer this sidecar does not watch is presumed up: its own
-        // neighbours see its loss.
-        .filter(|p| {
-            matches!(
-                p.state,
-                State::Healthy | State::Suspect | State::Replaced | State::NotWatched
-            )
-        })
-        .filter(|p| p.rank != rank)
-        .count() as u32;
+    let survivors = crate::world::survivors(rank, peers, view);
     Situation {
         mode: config.on_peer_loss,
         lost_rank: rank,
