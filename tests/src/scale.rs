@@ -87,6 +87,9 @@ pub struct Sidecar {
     /// The ranks it watches, and how many of them it sees healthy.
     pub watched: Vec<u32>,
     pub watched_healthy: usize,
+    /// Losses it declared (its `/status` generation): a false loss, since
+    /// no peer is cut while measuring.
+    pub losses: u64,
 }
 
 /// The simulation's result.
@@ -94,6 +97,8 @@ pub struct Sidecar {
 pub struct Report {
     pub n: u32,
     pub window: Duration,
+    /// Busy processes spinning on the machine while measuring.
+    pub busy: u32,
     pub sidecars: Vec<Sidecar>,
 }
 
@@ -137,6 +142,10 @@ impl Report {
     pub fn rank(&self, rank: u32) -> Option<&Sidecar> {
         self.sidecars.iter().find(|s| s.rank == rank)
     }
+    /// Losses declared by all the sidecars together.
+    pub fn losses(&self) -> u64 {
+        self.sidecars.iter().map(|s| s.losses).sum()
+    }
     /// Sidecars that see every peer they watch healthy.
     pub fn all_watched_healthy(&self) -> usize {
         self.sidecars
@@ -149,9 +158,11 @@ impl Report {
     pub fn summary(&self) -> String {
         let host = self.rank(0);
         format!(
-            "N={} window={}s cpu_mean={:.3}% cpu_max={:.3}% (rank {}) rss_mean={:.1}MiB rss_max={:.1}MiB probes_sent_per_s mean={:.2} max={:.2} served_per_s max_non_host={:.2} host={:.2} rank0_watched_healthy={}/{} sidecars_all_watched_healthy={}/{}",
+            "N={} window={}s busy_cores={} losses={} cpu_mean={:.3}% cpu_max={:.3}% (rank {}) rss_mean={:.1}MiB rss_max={:.1}MiB probes_sent_per_s mean={:.2} max={:.2} served_per_s max_non_host={:.2} host={:.2} rank0_watched_healthy={}/{} sidecars_all_watched_healthy={}/{}",
             self.n,
             self.window.as_secs(),
+            self.busy,
+            self.losses(),
             self.mean_cpu(),
             self.max_cpu(),
             self.sidecars
@@ -169,6 +180,32 @@ impl Report {
             self.all_watched_healthy(),
             self.sidecars.len(),
         )
+    }
+}
+
+/// Processes that keep CPUs busy (`sh` spinning) until dropped.
+struct Busy(Vec<std::process::Child>);
+
+impl Busy {
+    fn start(n: u32) -> Result<Busy, String> {
+        let mut spinning = Busy(Vec::new());
+        for _ in 0..n {
+            let child = std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .map_err(|e| format!("start a busy process: {e}"))?;
+            spinning.0.push(child);
+        }
+        Ok(spinning)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -347,8 +384,10 @@ impl Sim {
         Ok((at, ticks, sent, served))
     }
 
-    /// Measures every sidecar over `window`.
-    pub fn measure(&self, window: Duration) -> Result<Report, String> {
+    /// Measures every sidecar over `window`, with `busy` processes spinning
+    /// on the CPUs meanwhile (a `stress --cpu <busy>` load).
+    pub fn measure(&self, window: Duration, busy: u32) -> Result<Report, String> {
+        let _load = Busy::start(busy)?;
         let before = self
             .pods
             .iter()
@@ -364,6 +403,11 @@ impl Sim {
                 .watched_health(pod.rank)
                 .ok_or_else(|| format!("no /status from rank {}", pod.rank))?;
             let rss_kib = crate::process::status_kib(pod.sidecar.pid(), "VmRSS").unwrap_or(0);
+            let losses = self
+                .status(pod.rank)
+                .ok()
+                .and_then(|s| s["generation"].as_u64())
+                .unwrap_or(0);
             sidecars.push(Sidecar {
                 rank: pod.rank,
                 cpu_percent: (c1.saturating_sub(c0)) as f64 / tick / secs * 100.0,
@@ -372,11 +416,13 @@ impl Sim {
                 probes_served: (r1 - r0) / secs,
                 watched,
                 watched_healthy,
+                losses,
             });
         }
         Ok(Report {
             n: u32::try_from(self.pods.len()).unwrap_or(u32::MAX),
             window,
+            busy,
             sidecars,
         })
     }

@@ -26,9 +26,15 @@ fn twelve_sidecars_probe_a_bounded_set_and_confirm_a_silent_cut() {
     }
     let sim = Sim::start(N).unwrap_or_else(|e| panic!("{e}"));
     let report = sim
-        .measure(Duration::from_secs(5))
+        .measure(Duration::from_secs(5), 0)
         .unwrap_or_else(|e| panic!("{e}"));
     println!("SCALE {}", report.summary());
+    assert_eq!(
+        report.losses(),
+        0,
+        "a loss with nothing cut: {}",
+        report.summary()
+    );
     assert!(
         report.max_sent() <= 8.0,
         "a sidecar sent {:.1} probes/s (bound 8): {}",
@@ -52,7 +58,7 @@ fn twelve_sidecars_probe_a_bounded_set_and_confirm_a_silent_cut() {
         );
     }
 
-    // Rank 6 is watched by 4, 5, 7 and 8 only.
+    // Rank 6 is watched by its ring neighbours 5 and 7 only.
     let lost = 6;
     let status = sim.status(0).unwrap_or_else(|e| panic!("{e}"));
     let state = status["peers"]
