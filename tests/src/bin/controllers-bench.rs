@@ -1,5 +1,5 @@
-//! Controllers' memory benchmark (not a test): the real `trainwire-webhook
-//! controllers` (every feature on: `--node-failure --crash-loop`) against a
+//! Controllers' memory benchmark (not a test): the real
+//! `trainwire-controllers` (every feature on: `--node-failure --crash-loop`) against a
 //! generated cluster served over HTTP by this program, a fake apiserver that
 //! answers list (paginated), watch, get, create and patch as the real one
 //! does, label selectors included, and keeps the controllers' Lease.
@@ -13,7 +13,7 @@
 //! controllers open is open and the process has made no request for 3 s.
 //!
 //! ```text
-//! cargo build --release -p trainwire-webhook -p trainwire-tests
+//! cargo build --release -p trainwire-controllers -p trainwire-tests
 //! target/release/controllers-bench                 # 10000 and 50000 pods
 //! target/release/controllers-bench 50000 --ignore-selectors
 //! target/release/controllers-bench 10000 50000 --base   # without the components
