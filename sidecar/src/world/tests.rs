@@ -144,7 +144,7 @@ fn metadata(kind: &str, name: &str, meta: serde_json::Value) -> serde_json::Valu
 }
 
 async fn next(
-    handle: &mut tower_test::mock::Handle<Request<Body>, Response<Body>>,
+    handle: &mut Handle,
 ) -> (
     Request<Body>,
     tower_test::mock::SendResponse<Response<Body>>,
@@ -156,21 +156,31 @@ async fn next(
         .expect("a request")
 }
 
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// A reader for pod `pod` of namespace `ml` whose API is the test's.
+fn mocked(pod: &str) -> (Reader, Handle) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "ml");
+    (
+        Reader::build(Some(client), "ml", pod, Duration::ZERO),
+        handle,
+    )
+}
+
+/// A read asked in the background (the test answers its requests).
+fn ask(reader: &Reader) -> tokio::task::JoinHandle<()> {
+    let r = reader.clone();
+    tokio::spawn(async move { r.refresh(Duration::ZERO, Duration::from_secs(10)).await })
+}
+
 /// The first read asks for the pod's owner, then the StatefulSet's metadata
 /// only; the second asks for the StatefulSet alone; a read younger than the
 /// asked age makes no request.
 #[tokio::test]
 async fn reads_the_owner_once_then_the_workloads_metadata() {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let reader = Reader::build(
-        Some(kube::Client::new(service, "ml")),
-        "ml",
-        "sd-1",
-        Duration::ZERO,
-    );
-    let r = reader.clone();
-    let asked =
-        tokio::spawn(async move { r.refresh(Duration::ZERO, Duration::from_secs(10)).await });
+    let (reader, mut handle) = mocked("sd-1");
+    let asked = ask(&reader);
     let (req, send) = next(&mut handle).await;
     assert_eq!(req.uri().path(), "/api/v1/namespaces/ml/pods/sd-1");
     let accept = req
@@ -214,9 +224,7 @@ async fn reads_the_owner_once_then_the_workloads_metadata() {
         .await;
     assert_eq!(reader.seen().reads, 1);
     // Older than asked: the workload only.
-    let r = reader.clone();
-    let asked =
-        tokio::spawn(async move { r.refresh(Duration::ZERO, Duration::from_secs(10)).await });
+    let asked = ask(&reader);
     let (req, send) = next(&mut handle).await;
     assert_eq!(
         req.uri().path(),
@@ -242,16 +250,8 @@ async fn reads_the_owner_once_then_the_workloads_metadata() {
 /// refused back-off.
 #[tokio::test]
 async fn a_refused_read_says_which_right_is_missing_and_backs_off() {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let reader = Reader::build(
-        Some(kube::Client::new(service, "ml")),
-        "ml",
-        "j-0",
-        Duration::ZERO,
-    );
-    let r = reader.clone();
-    let asked =
-        tokio::spawn(async move { r.refresh(Duration::ZERO, Duration::from_secs(10)).await });
+    let (reader, mut handle) = mocked("j-0");
+    let asked = ask(&reader);
     let (_, send) = next(&mut handle).await;
     send.send_response(json(
         http::StatusCode::OK,
