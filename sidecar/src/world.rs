@@ -26,7 +26,7 @@
 //! watches (unwatched peers presumed up).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -261,7 +261,7 @@ impl Reader {
                 seen.workload = Some(owner.reference());
                 seen.status = Some(status);
                 seen.read_instant = Some(Instant::now());
-                seen.read_at = Some(crate::status::rfc3339(SystemTime::now()));
+                seen.read_at = Some(k8s_openapi::jiff::Timestamp::now().to_string());
                 seen.error = None;
                 seen.refused = false;
             }
