@@ -46,11 +46,17 @@ pub struct PeerLossRecord {
     pub result: String,
     /// When, RFC 3339.
     pub at: String,
-    /// When this pod's trainer workers started after this loss, RFC 3339
-    /// (the start time of the newest of them, from `/proc`), written once
-    /// they are still running a settle time later
-    /// ([`TRAINING_SETTLE`](crate::peer_loss::TRAINING_SETTLE)): training runs
-    /// again. Absent until then.
+    /// When the sidecar first suspected the loss (a missed heartbeat, the
+    /// pod's event), RFC 3339: the loss's time, which `at` (the action, at
+    /// the confirmation) can follow by up to the confirmation limit.
+    /// Absent in records of older sidecars and in take-over records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspected_at: Option<String>,
+    /// When this pod trains again after this loss, RFC 3339: the first
+    /// `/proc` scan that saw its new workers (started after the loss, up a
+    /// settle time, [`TRAINING_SETTLE`](crate::peer_loss::TRAINING_SETTLE))
+    /// hold a connection to a peer (their collective formed); their start
+    /// time when the sidecar cannot read their sockets. Absent until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub training_since: Option<String>,
     /// torch's node rank (`GROUP_RANK`) of those workers, when the sidecar
@@ -102,6 +108,7 @@ mod tests {
             action: "restart-agent".into(),
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
+            suspected_at: Some("2026-11-23T17:59:57Z".into()),
             training_since: None,
             torch_rank: None,
         };

@@ -502,8 +502,15 @@ impl Memory {
                 continue;
             }
             if self.records.insert((p.uid.clone(), r.generation)) && count {
-                // The sidecar's clock, but never in the future of ours.
-                let at = parse_time(&r.at).filter(|t| *t <= now).unwrap_or(now);
+                // When the sidecar first suspected it (its action comes at
+                // the confirmation); the sidecar's clock, but never in the
+                // future of ours.
+                let acted = parse_time(&r.at).filter(|t| *t <= now).unwrap_or(now);
+                let at = r
+                    .suspected_at
+                    .as_deref()
+                    .and_then(parse_time)
+                    .map_or(acted, |s| s.min(acted));
                 out.push(Seen {
                     subject: Subject::Rank(r.lost_rank),
                     at,

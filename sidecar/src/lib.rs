@@ -23,6 +23,8 @@
 //!   `policy`: what is decided and when a step is done; `effects`: carrying
 //!   a step out and recording it);
 //! - [`permission`]: the signal-permission and trainer-activity watch;
+//! - [`collective`]: whether the trainer's workers have formed their
+//!   collective (a TCP connection to a peer), when training runs again;
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
 //! - [`events`]: Kubernetes Events on the sidecar's pod;
 //! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
@@ -39,6 +41,7 @@
 //! `decide.rs`.
 
 pub mod checkpoint;
+pub mod collective;
 pub mod config;
 pub mod decide;
 pub mod dns;

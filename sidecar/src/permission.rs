@@ -19,6 +19,13 @@ pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// How often, in a world with hot spares (whether this pod trains or waits
 /// as a spare is shown within this).
 pub const SPARE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often while training is awaited after a loss or a restart of the
+/// trainer (so that `trainingSince` is recorded within this of the workers
+/// settling, ahead of the next checkpoint), for at most
+/// [`RESUMPTION_WATCH`] after the loss.
+pub const RESUMPTION_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+/// How long after a loss training is awaited at the faster pace.
+pub const RESUMPTION_WATCH: Duration = Duration::from_secs(300);
 /// A `/proc` scan that takes longer than this is abandoned (and reported).
 const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -33,28 +40,48 @@ const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let matcher = AgentMatcher::new(shared.config.agent_match.clone());
     let self_pid = std::process::id() as i32;
+    let store_ports: Vec<u16> = shared.config.rdzv_port.into_iter().collect();
     let mut last: Option<PermissionState> = None;
     let mut role = Role::default();
     let mut resumed = Resumed::default();
-    let mut tick = tokio::time::interval(if shared.config.spares > 0 {
+    let every = if shared.config.spares > 0 {
         SPARE_CHECK_INTERVAL
     } else {
         PERMISSION_CHECK_INTERVAL
-    });
+    };
     type Found = (Permission, signal::Activity, TrainerSeen);
     let mut running: Option<tokio::sync::oneshot::Receiver<Found>> = None;
+    let mut first = true;
     loop {
-        tick.tick().await;
+        if !first {
+            let loss = RecordedLoss::of(&shared.status());
+            let next = if resumed.awaits(loss.as_ref(), SystemTime::now()) || role.starting {
+                RESUMPTION_CHECK_INTERVAL.min(every)
+            } else {
+                every
+            };
+            tokio::time::sleep(next).await;
+        }
+        first = false;
         let pending = match running.take() {
             Some(pending) => pending,
             None => {
                 let matcher = matcher.clone();
+                let store_ports = store_ports.clone();
                 match signal::on_own_thread("trainwire-check", move || {
                     let root = std::path::Path::new("/proc");
                     let procs = signal::scan(root);
                     let trainers = signal::find_trainers(&procs, &matcher, self_pid);
-                    let up =
+                    let mut up =
                         TrainerSeen::of(&trainers, signal::uptime_ticks(root), SystemTime::now());
+                    let workers: Vec<i32> = trainers
+                        .iter()
+                        .flat_map(|t| t.workers.iter().map(|w| w.pid))
+                        .collect();
+                    if !workers.is_empty() {
+                        up.workers_connected =
+                            crate::collective::workers_connected(root, &workers, &store_ports);
+                    }
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
@@ -78,7 +105,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         let mut pending = pending;
         let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
         if let Ok(Ok((_, activity, up))) = &found {
-            role.observe(&shared, &events, *activity);
+            role.observe(&shared, &events, *activity, up.workers_connected);
             resumed.observe(&shared, &events, up, SystemTime::now());
         }
         let found = found.map(|r| r.map(|(permission, _, _)| permission));
@@ -127,6 +154,10 @@ pub struct TrainerSeen {
     pub agent_started: Option<SystemTime>,
     /// When the newest worker started.
     pub workers_started: Option<SystemTime>,
+    /// Whether the workers have formed their collective (a connection to a
+    /// peer, [`crate::collective`]); `None` when their sockets cannot be
+    /// read (then their start, settled, stands for it) or no worker runs.
+    pub workers_connected: Option<bool>,
 }
 
 impl TrainerSeen {
@@ -146,6 +177,7 @@ impl TrainerSeen {
         TrainerSeen {
             agent_started: agents.iter().map(|(_, s)| *s).max().and_then(at),
             workers_started: signal::newest_worker_start(trainers).and_then(at),
+            workers_connected: None,
             agents,
         }
     }
@@ -194,10 +226,11 @@ impl RecordedLoss {
 /// `resumedAt`: the `trainingSince` of the record on this pod.
 ///
 /// - After a loss this sidecar recorded, the first time the trainer's
-///   workers started after it and are still there a settle time
+///   workers started after it, are still there a settle time
 ///   ([`TRAINING_SETTLE`](trainwire_contract::peer_loss::TRAINING_SETTLE))
-///   later: that loss's record with their start time. Once per loss
-///   generation.
+///   later and have formed their collective ([`crate::collective`]): that
+///   loss's record with the time of the scan that saw it (their start when
+///   their sockets cannot be read). Once per loss generation.
 /// - After this pod's own trainer restarted (a new agent where another one
 ///   ran before: its container exited and came back, as every agent does
 ///   when the rendezvous store goes away), which no recorded loss covers:
@@ -212,9 +245,24 @@ pub struct Resumed {
     agents: Vec<(i32, u64)>,
     /// A restart seen and not yet resumed: when the new agent started.
     restarted: Option<SystemTime>,
+    /// The newest workers' start and the first scan that saw them hold a
+    /// connection to a peer.
+    connected: Option<(SystemTime, SystemTime)>,
 }
 
 impl Resumed {
+    /// Whether training is awaited: a loss recorded (`loss`, the last)
+    /// whose resumption is not, suspected less than [`RESUMPTION_WATCH`]
+    /// before `now`, or a restart of the trainer not yet resumed.
+    pub fn awaits(&self, loss: Option<&RecordedLoss>, now: SystemTime) -> bool {
+        let recent = |since: SystemTime| {
+            now.duration_since(since)
+                .map_or(true, |age| age < RESUMPTION_WATCH)
+        };
+        loss.is_some_and(|l| l.generation > self.recorded && recent(l.suspected_at))
+            || self.restarted.is_some_and(recent)
+    }
+
     /// The record to write after this scan, if any. Pure: `loss` is the
     /// sidecar's last recorded loss, `own` its (generation, node rank).
     pub fn next(
@@ -231,10 +279,28 @@ impl Resumed {
             }
             self.agents = seen.agents.clone();
         }
+        if let (Some(w), Some(true)) = (seen.workers_started, seen.workers_connected)
+            && self.connected.is_none_or(|(known, _)| known != w)
+        {
+            self.connected = Some((w, now));
+        }
         let started = seen.workers_started.filter(|s| {
             now.duration_since(*s)
                 .is_ok_and(|age| age >= TRAINING_SETTLE)
         })?;
+        // Training is seen when the workers have formed their collective:
+        // the first scan that saw it (scans run every
+        // RESUMPTION_CHECK_INTERVAL while it is awaited), kept for these
+        // workers even when the loss is recorded later (at its
+        // confirmation). Without their sockets to read, their start.
+        let since = match seen.workers_connected {
+            Some(true) => self
+                .connected
+                .filter(|(w, _)| *w == started)
+                .map_or(now, |(_, c)| c),
+            Some(false) => return None,
+            None => started,
+        };
         if let Some(loss) = loss
             && loss.generation > self.recorded
             && started >= loss.suspected_at
@@ -251,7 +317,8 @@ impl Resumed {
                 action: loss.action.clone(),
                 result: loss.result.clone(),
                 at: loss.at.clone(),
-                training_since: Some(rfc3339(started)),
+                suspected_at: Some(rfc3339(loss.suspected_at)),
+                training_since: Some(rfc3339(since)),
                 torch_rank: None,
             });
         }
@@ -267,7 +334,8 @@ impl Resumed {
             action: TRAINER_RESTARTED.to_string(),
             result: "training".to_string(),
             at: rfc3339(restarted),
-            training_since: Some(rfc3339(started)),
+            suspected_at: None,
+            training_since: Some(rfc3339(since)),
             torch_rank: None,
         })
     }
@@ -302,10 +370,19 @@ struct Role {
     last: Option<signal::Activity>,
     /// The loss generation whose take-over was already said.
     took_over: u64,
+    /// A spare's workers started after a loss: its take-over is said once
+    /// they have formed their collective.
+    starting: bool,
 }
 
 impl Role {
-    fn observe(&mut self, shared: &Shared, events: &EventSink, now: signal::Activity) {
+    fn observe(
+        &mut self,
+        shared: &Shared,
+        events: &EventSink,
+        now: signal::Activity,
+        connected: Option<bool>,
+    ) {
         let spares = shared.config.spares;
         let text = match now {
             signal::Activity::Training { workers } => {
@@ -334,10 +411,20 @@ impl Role {
                 .set(i64::from(state == label));
         }
         let generation = shared.generation();
-        let took_over = spares > 0
+        let training = matches!(now, signal::Activity::Training { .. });
+        if spares > 0
             && self.last == Some(signal::Activity::Waiting)
-            && matches!(now, signal::Activity::Training { .. })
-            && generation > self.took_over;
+            && training
+            && generation > self.took_over
+        {
+            self.starting = true;
+        }
+        self.starting &= training;
+        // Said when the collective is formed: the spare trains from then.
+        let took_over = self.starting && connected != Some(false);
+        if took_over {
+            self.starting = false;
+        }
         let mut status = shared.status();
         status.trainer = Some(text);
         if took_over {
@@ -443,11 +530,11 @@ mod tests {
         let mut role = Role::default();
         let training = signal::Activity::Training { workers: 2 };
         // The world forms with this pod waiting, then training: no loss yet.
-        role.observe(&shared, &events, signal::Activity::Waiting);
-        role.observe(&shared, &events, training);
+        role.observe(&shared, &events, signal::Activity::Waiting, None);
+        role.observe(&shared, &events, training, Some(true));
         assert_eq!(shared.metrics.spare_takeovers.get(), 0);
         // It waits as the spare; a peer is lost; it trains.
-        role.observe(&shared, &events, signal::Activity::Waiting);
+        role.observe(&shared, &events, signal::Activity::Waiting, None);
         let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
         let at = Instant::now();
         for evidence in [
@@ -468,8 +555,12 @@ mod tests {
             });
         }
         shared.publish_peers(&peers);
-        role.observe(&shared, &events, training);
-        role.observe(&shared, &events, training);
+        // Its workers start but have not formed their collective yet: not
+        // training yet.
+        role.observe(&shared, &events, training, Some(false));
+        assert_eq!(shared.metrics.spare_takeovers.get(), 0);
+        role.observe(&shared, &events, training, Some(true));
+        role.observe(&shared, &events, training, Some(true));
         assert_eq!(shared.metrics.spare_takeovers.get(), 1);
         assert!(
             shared
@@ -517,6 +608,7 @@ mod tests {
                 agents: vec![(pid, agent * 100)],
                 agent_started: Some(t(agent)),
                 workers_started: workers.map(t),
+                workers_connected: None,
             }
         }
 
@@ -554,6 +646,59 @@ mod tests {
                 .expect("the second record");
             assert_eq!(record.generation, 2);
             assert_eq!(record.training_since, Some(text(220)));
+        }
+
+        /// With their sockets readable, the workers train once they have
+        /// formed their collective: the record says when that was seen.
+        #[test]
+        fn the_collective_formed_is_when_training_runs_again() {
+            let mut r = Resumed::default();
+            let l = loss(1, 100);
+            let mut seen = up(7, 0, Some(105));
+            seen.workers_connected = Some(false);
+            // Started and settled, still importing or waiting for peers.
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(108)), None);
+            seen.workers_connected = Some(true);
+            let record = r.next(Some(&l), &seen, OWN, t(109)).expect("the record");
+            assert_eq!(record.training_since, Some(text(109)));
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(110)), None);
+            // Training seen before the loss is recorded (at its
+            // confirmation, later): the record says when it was seen.
+            let mut r = Resumed::default();
+            let mut seen = up(7, 0, Some(105));
+            seen.workers_connected = Some(true);
+            assert_eq!(r.next(None, &seen, OWN, t(107)), None);
+            let record = r.next(Some(&l), &seen, OWN, t(130)).expect("the record");
+            assert_eq!(record.training_since, Some(text(107)));
+            assert_eq!(record.suspected_at, Some(text(100)));
+        }
+
+        /// Training is awaited (the scan runs faster) from a recorded loss
+        /// until its resumption is recorded, or for at most the watch.
+        #[test]
+        fn training_is_awaited_until_the_resumption_is_recorded() {
+            use super::super::RESUMPTION_WATCH;
+            let mut r = Resumed::default();
+            assert!(!r.awaits(None, t(50)));
+            let l = loss(1, 100);
+            assert!(r.awaits(Some(&l), t(101)));
+            // Given up after the watch.
+            assert!(!r.awaits(Some(&l), t(100) + RESUMPTION_WATCH));
+            let settled = t(105) + TRAINING_SETTLE;
+            assert!(
+                r.next(Some(&l), &up(7, 0, Some(105)), OWN, settled)
+                    .is_some()
+            );
+            assert!(!r.awaits(Some(&l), settled));
+            // A restart of the trainer no loss covers is awaited too.
+            assert_eq!(r.next(Some(&l), &up(8, 200, None), OWN, t(200)), None);
+            assert!(r.awaits(Some(&l), t(201)));
+            assert!(
+                r.next(Some(&l), &up(8, 200, Some(202)), OWN, t(204))
+                    .is_some()
+            );
+            assert!(!r.awaits(Some(&l), t(204)));
         }
 
         #[test]

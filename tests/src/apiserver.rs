@@ -73,6 +73,9 @@ struct Shared {
     patches: Mutex<Vec<(String, Value)>>,
     /// The StatefulSets and Jobs a GET may read, by `(resource, name)`.
     workloads: Mutex<BTreeMap<(String, String), Value>>,
+    /// Whether a pod patch changes the pod (a JSON merge patch, streamed
+    /// as `MODIFIED`), as the apiserver does; off, patches are only recorded.
+    apply_patches: std::sync::atomic::AtomicBool,
 }
 
 /// The fake API server; stops with the runtime it was started on.
@@ -85,6 +88,13 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Starts on `127.0.0.1:0` on the current tokio runtime.
     pub async fn start() -> std::io::Result<FakeApiServer> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        Self::start_on(listener).await
+    }
+
+    /// Starts on `listener` (one made in a network namespace, say) on the
+    /// current tokio runtime.
+    pub async fn start_on(listener: std::net::TcpListener) -> std::io::Result<FakeApiServer> {
         let (events, _) = broadcast::channel(1024);
         let shared = Arc::new(Shared {
             pods: Mutex::new(Pods::default()),
@@ -94,6 +104,7 @@ impl FakeApiServer {
             requests: Mutex::new(Vec::new()),
             patches: Mutex::new(Vec::new()),
             workloads: Mutex::new(BTreeMap::new()),
+            apply_patches: std::sync::atomic::AtomicBool::new(false),
         });
         let app = Router::new()
             .route(
@@ -129,7 +140,8 @@ impl FakeApiServer {
             .fallback(not_found)
             .layer(axum::middleware::from_fn_with_state(shared.clone(), record))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -178,6 +190,20 @@ impl FakeApiServer {
             kind,
             pod,
         });
+    }
+
+    /// From now on a pod patch changes the pod as the apiserver would (a
+    /// JSON merge patch, a new `resourceVersion`, `MODIFIED` to the
+    /// watches), so the sidecars' records can be read back from the pods.
+    pub fn apply_patches(&self) {
+        self.shared
+            .apply_patches
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Every pod, as the server holds it now.
+    pub fn pods(&self) -> Vec<Value> {
+        self.lock().items.values().cloned().collect()
     }
 
     /// Sets the StatefulSet or Job a GET of `resource` (`statefulsets`,
@@ -521,7 +547,24 @@ async fn patch_pod(
 ) -> Response {
     let patch: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if let Ok(mut p) = shared.patches.lock() {
-        p.push((name.clone(), patch));
+        p.push((name.clone(), patch.clone()));
+    }
+    if shared
+        .apply_patches
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        let mut pods = shared.pods.lock().unwrap_or_else(|p| p.into_inner());
+        pods.version += 1;
+        let version = pods.version;
+        if let Some(pod) = pods.items.get_mut(&name) {
+            json_patch::merge(pod, &patch);
+            pod["metadata"]["resourceVersion"] = json!(version.to_string());
+            let _ = shared.events.send(Change {
+                version,
+                kind: "MODIFIED",
+                pod: pod.clone(),
+            });
+        }
     }
     one_pod(State(shared), axum::extract::Path((ns, name))).await
 }

@@ -19,6 +19,7 @@ pub mod rendered;
 pub mod scale;
 pub mod tensorflow;
 pub mod torch;
+pub mod world_status;
 
 /// The `trainwire-sidecar` binary of this build (`target/<profile>/`).
 ///

@@ -390,6 +390,22 @@ pub fn connect_in(
     .map_err(|_| "the namespace thread panicked".to_string())?
 }
 
+/// A TCP listener on `addr` made inside namespace `ns` (as
+/// [`connect_in`]: only a short-lived thread switches namespace).
+pub fn listen_in(ns: &str, addr: std::net::SocketAddr) -> Result<std::net::TcpListener, String> {
+    let path = PathBuf::from("/run/netns").join(ns);
+    std::thread::spawn(move || {
+        let file =
+            std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("setns {}: {e}", path.display()))?;
+        std::net::TcpListener::bind(addr)
+            .map_err(|e| format!("listen on {addr} in {}: {e}", path.display()))
+    })
+    .join()
+    .map_err(|_| "the namespace thread panicked".to_string())?
+}
+
 /// `GET path` over HTTP/1.0 from inside namespace `ns`; the response body.
 pub fn http_get(ns: &str, addr: std::net::SocketAddr, path: &str) -> Result<String, String> {
     use std::io::{Read, Write};

@@ -15,6 +15,12 @@
 //!   workers, the "kubelet" (this harness) restarts the trainer container, and
 //!   training resumes once the replacement host is up.
 //!
+//! With the real sidecar, the pods also stand in a fake apiserver on the
+//! bridge that the sidecars write their records to; the world controller's
+//! view computed from them ([`trainwire_tests::world_status`]) must record
+//! the loss and put `resumedAt` within 2 s of the first training step after
+//! the replacement joins.
+//!
 //! Each run prints one `RECOVERY ...` line with the measured times
 //! (`docs/benchmarks.md`, "Recovery end to end"). Skips with a clear message
 //! when PyTorch is missing, when not root, or when `ip netns` does not work.
@@ -28,10 +34,12 @@ use nix::sys::signal::Signal;
 use tempfile::TempDir;
 use trainwire_engine::mutation::rendezvous;
 use trainwire_sidecar::env as tw;
+use trainwire_tests::apiserver::{self, FakeApiServer};
 use trainwire_tests::kubelet::Kubelet;
 use trainwire_tests::netns::{self, Network, Node};
 use trainwire_tests::process::{Line, Log, Proc, Tag, descendants, signal_all, unique_name};
 use trainwire_tests::torch::{self, TrainEvent};
+use trainwire_tests::world_status::{WorldController, api_in, check_resumed, wall};
 
 /// Bound of every wait for the trainers (imports and rendezvous are slow on a busy 2-core machine).
 const WAIT: Duration = Duration::from_secs(180);
@@ -99,6 +107,30 @@ struct Cluster {
     ckpt_dir: Option<PathBuf>,
     /// More env for every sidecar.
     sidecar_env: Vec<(String, String)>,
+    /// With the real sidecar: the apiserver holding the pods and the
+    /// sidecars' records, the injected StatefulSet (its template's
+    /// annotations go on every pod), and the kubeconfig.
+    api: Option<Api>,
+}
+
+struct Api {
+    server: FakeApiServer,
+    sts: serde_json::Value,
+    kubeconfig: PathBuf,
+    _dir: TempDir,
+    /// Serves `server`; dropped after the sidecars (declared after them).
+    _runtime: tokio::runtime::Runtime,
+}
+
+/// The StatefulSet the pods of these tests would come from, injected by the
+/// real CLI: its template's annotations are what the world controller reads
+/// on each pod.
+fn injected_statefulset() -> Result<serde_json::Value, String> {
+    let manifest = format!(
+        "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: node\n  namespace: {NAMESPACE}\n  annotations:\n    trainwire.dev/inject: \"true\"\n    trainwire.dev/nnodes: \"2\"\nspec:\n  serviceName: {SERVICE}\n  replicas: 2\n  selector:\n    matchLabels: {{app: llm}}\n  template:\n    metadata:\n      labels: {{app: llm}}\n    spec:\n      containers:\n      - name: trainer\n        image: pytorch\n        command: [\"torchrun\", \"/app/train.py\"]\n"
+    );
+    let objects = trainwire_tests::rendered::inject(&manifest)?;
+    trainwire_tests::rendered::find(&objects, "StatefulSet", "node").cloned()
 }
 
 impl Cluster {
@@ -107,18 +139,33 @@ impl Cluster {
             Responder::Sidecar => Some(trainwire_tests::sidecar_binary()?),
             Responder::Harness | Responder::Nobody => None,
         };
+        let mut net = Network::create("twe")?;
+        let domain = pod_host("0");
+        let domain = domain
+            .strip_prefix("node-0.")
+            .ok_or_else(|| format!("pod 0's name {domain} is not node-0.<domain>"))?;
+        net.set_domain(domain);
+        let api = match responder {
+            Responder::Sidecar => {
+                let (server, runtime) = api_in(&mut net, 60)?;
+                let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+                let kubeconfig = server
+                    .kubeconfig(dir.path(), NAMESPACE)
+                    .map_err(|e| format!("kubeconfig: {e}"))?;
+                Some(Api {
+                    server,
+                    sts: injected_statefulset()?,
+                    kubeconfig,
+                    _dir: dir,
+                    _runtime: runtime,
+                })
+            }
+            Responder::Harness | Responder::Nobody => None,
+        };
         Ok(Cluster {
             trainers: Vec::new(),
             tag: Tag::new("twe2e"),
-            net: {
-                let mut net = Network::create("twe")?;
-                let domain = pod_host("0");
-                let domain = domain
-                    .strip_prefix("node-0.")
-                    .ok_or_else(|| format!("pod 0's name {domain} is not node-0.<domain>"))?;
-                net.set_domain(domain);
-                net
-            },
+            net,
             ckpt: tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?,
             log: Log::new("e2e"),
             run: unique_name("run"),
@@ -127,6 +174,7 @@ impl Cluster {
             nnodes: "2".to_string(),
             ckpt_dir: None,
             sidecar_env: Vec::new(),
+            api,
         })
     }
 
@@ -162,13 +210,24 @@ impl Cluster {
             .net
             .add_node_named(label, &hostname, addr, point_name)?;
         let agent_token = format!("trainwire_agent={label}.{}", self.run);
+        let uid = format!("{label}-{}", self.run);
+        if let Some(api) = &self.api {
+            // The pod object, Ready, replacing the one of its name.
+            let mut pod = apiserver::pod(&hostname, rank, &uid, &addr.to_string(), true, 0);
+            pod["metadata"]["annotations"] =
+                api.sts["spec"]["template"]["metadata"]["annotations"].clone();
+            api.server.set_pod(pod);
+        }
         let sidecar = match &self.sidecar_bin {
             Some(bin) => {
                 let mut cmd = self.net.command(&node, &bin.to_string_lossy());
+                if let Some(api) = &self.api {
+                    cmd.env("KUBECONFIG", &api.kubeconfig);
+                }
                 cmd.envs([
                     (tw::POD_NAME, hostname.clone()),
                     (tw::POD_NAMESPACE, NAMESPACE.to_string()),
-                    (tw::POD_UID, format!("{label}-{}", self.run)),
+                    (tw::POD_UID, uid.clone()),
                     (tw::NODE_RANK, rank.to_string()),
                     (tw::NNODES, self.nnodes.clone()),
                     (tw::PEER_HOSTS, pod_host("{i}")),
@@ -309,6 +368,9 @@ fn secs(d: Duration) -> f64 {
 }
 
 struct Measured {
+    /// The world status' `resumedAt` minus the first training step after
+    /// the loss (with the real sidecar).
+    resumed_gap: Option<f64>,
     resumed_from: u64,
     cold_start: Duration,
     cut_to_detect: Option<Duration>,
@@ -346,6 +408,11 @@ fn scenario(
     c.wait("the third checkpoint", |l| {
         is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
     })?;
+    // The world controller has seen the world whole before the loss.
+    let controller = match &c.api {
+        Some(api) => Some(WorldController::new(&api.sts, NAMESPACE)?.watch(&api.server)?),
+        None => None,
+    };
 
     let (lost, survivor, rank) = if lose_host {
         ("n0", "n1", 0)
@@ -469,6 +536,7 @@ fn scenario(
             "no resume within {window:?} of the replacement, as DESIGN.md measured"
         ));
         return Ok(Measured {
+            resumed_gap: None,
             resumed_from: at_cut,
             cold_start,
             cut_to_detect: None,
@@ -552,10 +620,21 @@ fn scenario(
             c.log.tail(250)
         ));
     }
+    // The world status: the loss recorded, resumed when training ran again.
+    let resumed_gap = match &controller {
+        Some(controller) => {
+            let fail = |e: String| format!("{e}\n{}", c.log.tail(250));
+            let status = controller.until_resumed().map_err(fail)?;
+            c.note(format!("world status: {}", status.to_annotation()));
+            Some(check_resumed(&status, wall(cut)?, wall(resumed.at)?).map_err(fail)?)
+        }
+        None => None,
+    };
     if std::env::var_os("TRAINWIRE_E2E_DUMP").is_some() {
         eprintln!("{}", c.log.tail(100_000));
     }
     Ok(Measured {
+        resumed_gap,
         resumed_from: from,
         cold_start,
         cut_to_detect: detected,
@@ -574,13 +653,16 @@ fn run(test: &str, lose_host: bool, old_published: Option<Duration>) {
     let started = Instant::now();
     match scenario(lose_host, responder, old_published) {
         Ok(m) => println!(
-            "RECOVERY scenario={} responder={responder:?} resumed_from={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
+            "RECOVERY scenario={} responder={responder:?} resumed_from={} resumed_at_minus_first_step_s={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
             match (lose_host, old_published) {
                 (false, _) => "A-lose-other-node".to_string(),
                 (true, None) => "B-lose-rendezvous-host".to_string(),
                 (true, Some(d)) => format!("B-lose-rendezvous-host-old-published-{}s", d.as_secs()),
             },
             m.resumed_from,
+            m.resumed_gap
+                .map(|g| format!("{g:.2}"))
+                .unwrap_or_else(|| "-".into()),
             m.cut_to_detect
                 .map(|d| secs(d).to_string())
                 .unwrap_or_else(|| "-".into()),

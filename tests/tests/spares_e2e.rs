@@ -19,6 +19,12 @@
 //! - The store is killed and started again (a Deployment's new pod): the
 //!   agents fail, their containers restart, and the world resumes by itself.
 //!
+//! - The world controller's view, computed by the engine's `observe` from
+//!   the pods as a fake apiserver (reached from the pods' network) holds
+//!   them with the sidecars' real records patched in: the loss is recorded
+//!   from the survivors' reports, and `resumedAt` lies within 2 s of the
+//!   first training step after the cut, never before the loss.
+//!
 //! Each run prints one `SPARES ...` line with the measured times
 //! (docs/benchmarks.md, "Hot spares and a dedicated store end to end").
 //! Skips with a clear message when PyTorch is missing, when not root, or
@@ -28,15 +34,18 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 use tempfile::TempDir;
 use trainwire_sidecar::env as tw;
+use trainwire_tests::apiserver::{self, FakeApiServer};
 use trainwire_tests::kubelet::Kubelet;
 use trainwire_tests::netns::{self, Network, Node};
 use trainwire_tests::process::{Log, Proc, Tag, descendants, signal_all, unique_name};
 use trainwire_tests::rendered::{self, Entry, resolve};
 use trainwire_tests::torch::{self, TrainEvent};
+use trainwire_tests::world_status::{WorldController, api_in, check_resumed, wall};
 
 /// Bound of every wait (imports and rendezvous are slow on a busy 2-core machine).
 const WAIT: Duration = Duration::from_secs(180);
@@ -83,6 +92,8 @@ spec:
 /// What the real CLI rendered: the pods' env, the store's command and env,
 /// and the store's name and port from the trainers' endpoint.
 struct Rendered {
+    /// The injected StatefulSet.
+    sts: Value,
     trainer: Vec<(String, Entry)>,
     sidecar: Vec<(String, Entry)>,
     store_command: Vec<String>,
@@ -117,6 +128,7 @@ fn render() -> Result<Rendered, String> {
         .rsplit_once(':')
         .ok_or_else(|| format!("PET_RDZV_ENDPOINT {endpoint} has no port"))?;
     Ok(Rendered {
+        sts: sts.clone(),
         sidecar: rendered::entries(&spec["initContainers"][0]),
         trainer,
         store_command,
@@ -148,6 +160,12 @@ struct World {
     /// lines about membership (who joins the participants, the wait list,
     /// the redundancy list) on stderr, which torch sends nowhere.
     site: TempDir,
+    /// The pods as an apiserver holds them, with the sidecars' records
+    /// patched in (it listens in its own namespace on the bridge).
+    api: FakeApiServer,
+    kubeconfig: std::path::PathBuf,
+    /// Serves `api`; last, so that it stops after the sidecars.
+    _runtime: tokio::runtime::Runtime,
 }
 
 const SITECUSTOMIZE: &str = r#"import logging, sys
@@ -171,6 +189,13 @@ impl World {
             .strip_prefix(&format!("{SET}-0."))
             .ok_or_else(|| format!("pod 0's name {host0} is not {SET}-0.<domain>"))?;
         net.set_domain(domain);
+        let (api, runtime) = api_in(&mut net, 60)?;
+        let site = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        std::fs::write(site.path().join("sitecustomize.py"), SITECUSTOMIZE)
+            .map_err(|e| format!("write sitecustomize.py: {e}"))?;
+        let kubeconfig = api
+            .kubeconfig(site.path(), NAMESPACE)
+            .map_err(|e| format!("kubeconfig: {e}"))?;
         Ok(World {
             pods: Vec::new(),
             store: None,
@@ -181,12 +206,10 @@ impl World {
             run: unique_name("run"),
             rendered: render()?,
             sidecar_bin: trainwire_tests::sidecar_binary()?,
-            site: {
-                let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
-                std::fs::write(dir.path().join("sitecustomize.py"), SITECUSTOMIZE)
-                    .map_err(|e| format!("write sitecustomize.py: {e}"))?;
-                dir
-            },
+            site,
+            api,
+            kubeconfig,
+            _runtime: runtime,
         })
     }
 
@@ -246,7 +269,14 @@ impl World {
     fn start_pod(&mut self, label: &str, index: u32, addr: Ipv4Addr) -> Result<(), String> {
         let hostname = format!("{SET}-{index}");
         let node = self.net.add_node_named(label, &hostname, addr, true)?;
-        let fields = rendered::pod_fields(SET, index, NAMESPACE, &format!("{label}-{}", self.run));
+        let uid = format!("{label}-{}", self.run);
+        let fields = rendered::pod_fields(SET, index, NAMESPACE, &uid);
+        // The pod object: Ready, with the template's annotations (the
+        // injected `trainwire.dev/status`), replacing the one of its name.
+        let mut object = apiserver::pod(&hostname, index, &uid, &addr.to_string(), true, 0);
+        object["metadata"]["annotations"] =
+            self.rendered.sts["spec"]["template"]["metadata"]["annotations"].clone();
+        self.api.set_pod(object);
         let ckpt = self.ckpt.path().to_string_lossy().into_owned();
         let at_ckpt = |(k, v): (String, String)| {
             if k == "CHECKPOINT_DIR" || k == tw::CHECKPOINT_DIR {
@@ -274,6 +304,11 @@ impl World {
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),
         );
+        // Its records go to the fake apiserver, as to a real one.
+        sidecar_env.push((
+            "KUBECONFIG".into(),
+            self.kubeconfig.to_string_lossy().into_owned(),
+        ));
         let mut cmd = self.net.command(&node, &self.sidecar_bin.to_string_lossy());
         cmd.envs(sidecar_env);
         let sidecar = Proc::spawn_as(
@@ -506,6 +541,9 @@ fn form(w: &mut World) -> Result<Duration, String> {
 }
 
 struct Measured {
+    /// `resumedAt` minus the first training step, for the cut and the store loss.
+    resumed_gap: f64,
+    store_resumed_gap: Option<f64>,
     cut_to_resume: Duration,
     resumed_from: u64,
     replacement_joined: Duration,
@@ -518,6 +556,8 @@ struct Measured {
 fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
     let mut w = World::new()?;
     form(&mut w)?;
+    // The controller has seen the world whole before the loss.
+    let controller = WorldController::new(&w.rendered.sts, NAMESPACE)?.watch(&w.api)?;
     let (lost, survivor) = if index == 0 {
         ("p0", "p1")
     } else {
@@ -570,6 +610,13 @@ fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
         "resumed from step {from} {:.1}s after the cut, no replacement",
         cut_to_resume.as_secs_f64()
     ));
+    let status = controller.until_resumed().map_err(|e| w.fail(e))?;
+    let resumed_gap =
+        check_resumed(&status, wall(cut)?, wall(resumed_at)?).map_err(|e| w.fail(e))?;
+    w.note(format!(
+        "world status after the cut: {}",
+        status.to_annotation()
+    ));
 
     // The replacement of the lost pod, a new address under its name.
     let replacement = format!("{lost}b");
@@ -579,6 +626,7 @@ fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
     let replacement_joined = w.joins_as_spare(&replacement, &training)?;
 
     let mut store_back_to_resume = None;
+    let mut store_resumed_gap = None;
     if kill_store {
         let store = w.store.as_ref().ok_or("no store")?;
         let pid = store.pid().ok_or("the store is not running")?;
@@ -587,6 +635,8 @@ fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
         let mut pids = descendants(pid);
         pids.push(pid);
         signal_all(&pids, Signal::SIGKILL);
+        let killed = Timestamp::now();
+        controller.with(WorldController::store_exits)?;
         w.note("killed the store".into());
         let deadline = Instant::now() + WAIT;
         let back = loop {
@@ -598,14 +648,36 @@ fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
+        let back_at = wall(back)?;
+        controller.with(|c| c.store_back(back_at))?;
         let (resumed_at, _) = w.resumed(mark)?;
         store_back_to_resume = Some(resumed_at.saturating_duration_since(back));
         w.note("the world resumed after the store came back".into());
+        let status = controller.until_resumed().map_err(|e| w.fail(e))?;
+        if status
+            .last_loss
+            .as_ref()
+            .and_then(|l| l.store.as_ref())
+            .is_none()
+        {
+            return Err(w.fail(format!(
+                "the store's loss is not the last loss: {}",
+                status.to_annotation()
+            )));
+        }
+        store_resumed_gap =
+            Some(check_resumed(&status, killed, wall(resumed_at)?).map_err(|e| w.fail(e))?);
+        w.note(format!(
+            "world status after the store: {}",
+            status.to_annotation()
+        ));
     }
     if std::env::var_os("TRAINWIRE_E2E_DUMP").is_some() {
         eprintln!("{}", w.log.tail(100_000));
     }
     Ok(Measured {
+        resumed_gap,
+        store_resumed_gap,
         cut_to_resume,
         resumed_from: from,
         replacement_joined,
@@ -620,8 +692,12 @@ fn run(test: &str, index: u32, kill_store: bool) {
     let started = Instant::now();
     match scenario(index, kill_store) {
         Ok(m) => println!(
-            "SPARES lost_index={index} resumed_from={} cut_to_resume_s={} replacement_joined_s={} store_back_to_resume_s={} total_s={}",
+            "SPARES lost_index={index} resumed_from={} resumed_at_minus_first_step_s={:.2} store_resumed_at_minus_first_step_s={} cut_to_resume_s={} replacement_joined_s={} store_back_to_resume_s={} total_s={}",
             m.resumed_from,
+            m.resumed_gap,
+            m.store_resumed_gap
+                .map(|g| format!("{g:.2}"))
+                .unwrap_or_else(|| "-".into()),
             secs(m.cut_to_resume),
             secs(m.replacement_joined),
             m.store_back_to_resume

@@ -172,6 +172,68 @@ fn a_spare_taking_over_resumes_the_world_before_the_replacement() {
     assert_eq!(s[5].generation, 3);
 }
 
+/// A silent loss (a node that lost power: its pod stays Ready): rank 0
+/// goes quiet at 100, the spare (rank 2) trains in its place from 108, and
+/// the survivors' sidecars report the loss only at their confirmation
+/// (130), saying when they first suspected it. The loss is at 100 and
+/// resumed at 108 by the take-over, not at the report.
+#[test]
+fn a_loss_reported_at_its_confirmation_dates_from_its_suspicion() {
+    let w = WorldOf {
+        expected: 3,
+        spares: 1,
+        ..WorldOf::default()
+    };
+    let (a, b, c) = (
+        || pod(0, "a", Some(1)),
+        || pod(1, "b", Some(1)),
+        || pod(2, "c", Some(1)),
+    );
+    let suspected = |mut p: PodView| {
+        if let Some(r) = p.peer_loss.as_mut() {
+            r.suspected_at = Some(at(100).to_string());
+        }
+        p
+    };
+    let s = run(
+        &w,
+        vec![
+            (0, vec![a(), b(), c()]),
+            (109, vec![a(), b(), took_over(c(), 1, 0, 108)]),
+            (
+                131,
+                vec![
+                    a(),
+                    suspected(reported(b(), 1, 0, 130)),
+                    took_over(c(), 1, 0, 108),
+                ],
+            ),
+        ],
+    );
+    let loss = s[2].last_loss.clone().unwrap_or_default();
+    assert_eq!(
+        (loss.rank, loss.at.as_str()),
+        (0, at(100).to_string().as_str())
+    );
+    assert_eq!(loss.resumed_at, Some(at(108).to_string()));
+    assert_eq!(loss.resumed_by.as_deref(), Some("spare-took-over"));
+    assert_eq!(s[2].phase, Phase::Running);
+    // Without the suspicion time, the take-over before the report would
+    // not count: the loss would date from the report.
+    let s = run(
+        &w,
+        vec![
+            (0, vec![a(), b(), c()]),
+            (
+                131,
+                vec![a(), reported(b(), 1, 0, 130), took_over(c(), 1, 0, 108)],
+            ),
+        ],
+    );
+    let loss = s[1].last_loss.clone().unwrap_or_default();
+    assert_eq!(loss.at, at(130).to_string());
+}
+
 /// Rank 1 deleted at 100; both sidecars' records and the deletion are one
 /// loss; the replacement Ready at 160 resumes it (60 s).
 #[test]

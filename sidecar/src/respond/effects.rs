@@ -286,6 +286,7 @@ impl Effects {
                 action: plan.as_str().to_string(),
                 result: outcome.as_str().to_string(),
                 at: rfc3339(SystemTime::now()),
+                suspected_at: Some(rfc3339(ep.suspected_wall)),
                 ..Default::default()
             });
         let warning = !matches!(outcome, Outcome::Reported);
