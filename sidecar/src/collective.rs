@@ -130,6 +130,21 @@ pub fn workers_connected(proc_root: &Path, workers: &[i32], store_ports: &[u16])
     readable.then_some(false)
 }
 
+/// torch's node rank of a worker: `GROUP_RANK` in its environment (torchrun
+/// sets it for every worker of a node); `None` when it cannot be read.
+pub fn group_rank(proc_root: &Path, pid: i32) -> Option<u32> {
+    let file = std::fs::File::open(proc_root.join(pid.to_string()).join("environ")).ok()?;
+    let mut bytes = Vec::new();
+    use std::io::Read;
+    // A process environment is bounded by the kernel's ARG_MAX; read 1 MiB.
+    file.take(1 << 20).read_to_end(&mut bytes).ok()?;
+    bytes
+        .split(|b| *b == 0)
+        .find_map(|var| var.strip_prefix(b"GROUP_RANK="))
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +204,21 @@ mod tests {
             workers_connected(Path::new("/proc"), &[i32::MAX], &[]),
             None
         );
+    }
+
+    #[test]
+    fn the_group_rank_comes_from_the_workers_environment() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("42");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(
+            dir.join("environ"),
+            b"PATH=/bin\0GROUP_RANK=3\0LOCAL_RANK=0\0",
+        )
+        .expect("write");
+        assert_eq!(group_rank(root.path(), 42), Some(3));
+        std::fs::write(dir.join("environ"), b"GROUP_RANK=x\0").expect("write");
+        assert_eq!(group_rank(root.path(), 42), None);
+        assert_eq!(group_rank(root.path(), 43), None);
     }
 }

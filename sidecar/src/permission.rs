@@ -55,7 +55,8 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     loop {
         if !first {
             let loss = RecordedLoss::of(&shared.status());
-            let next = if resumed.awaits(loss.as_ref(), SystemTime::now()) || role.starting {
+            let next = if resumed.awaits(loss.as_ref(), SystemTime::now()) || role.switch.is_some()
+            {
                 RESUMPTION_CHECK_INTERVAL.min(every)
             } else {
                 every
@@ -81,6 +82,9 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                     if !workers.is_empty() {
                         up.workers_connected =
                             crate::collective::workers_connected(root, &workers, &store_ports);
+                        up.torch_rank = workers
+                            .iter()
+                            .find_map(|&w| crate::collective::group_rank(root, w));
                     }
                     (
                         signal::check_permission(&trainers),
@@ -105,7 +109,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         let mut pending = pending;
         let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
         if let Ok(Ok((_, activity, up))) = &found {
-            role.observe(&shared, &events, *activity, up.workers_connected);
+            role.observe(&shared, &events, *activity, up);
             resumed.observe(&shared, &events, up, SystemTime::now());
         }
         let found = found.map(|r| r.map(|(permission, _, _)| permission));
@@ -154,10 +158,16 @@ pub struct TrainerSeen {
     pub agent_started: Option<SystemTime>,
     /// When the newest worker started.
     pub workers_started: Option<SystemTime>,
+    /// The newest worker's start in clock ticks since boot: the same
+    /// workers from one scan to the next (their wall-clock start, derived
+    /// from the uptime at each scan, moves by milliseconds).
+    pub workers_ticks: Option<u64>,
     /// Whether the workers have formed their collective (a connection to a
     /// peer, [`crate::collective`]); `None` when their sockets cannot be
     /// read (then their start, settled, stands for it) or no worker runs.
     pub workers_connected: Option<bool>,
+    /// torch's node rank of the workers (`GROUP_RANK`), when readable.
+    pub torch_rank: Option<u32>,
 }
 
 impl TrainerSeen {
@@ -177,7 +187,9 @@ impl TrainerSeen {
         TrainerSeen {
             agent_started: agents.iter().map(|(_, s)| *s).max().and_then(at),
             workers_started: signal::newest_worker_start(trainers).and_then(at),
+            workers_ticks: signal::newest_worker_start(trainers),
             workers_connected: None,
+            torch_rank: None,
             agents,
         }
     }
@@ -245,9 +257,9 @@ pub struct Resumed {
     agents: Vec<(i32, u64)>,
     /// A restart seen and not yet resumed: when the new agent started.
     restarted: Option<SystemTime>,
-    /// The newest workers' start and the first scan that saw them hold a
-    /// connection to a peer.
-    connected: Option<(SystemTime, SystemTime)>,
+    /// The newest workers (their start in ticks) and the first scan that
+    /// saw them hold a connection to a peer.
+    connected: Option<(u64, SystemTime)>,
 }
 
 impl Resumed {
@@ -279,7 +291,7 @@ impl Resumed {
             }
             self.agents = seen.agents.clone();
         }
-        if let (Some(w), Some(true)) = (seen.workers_started, seen.workers_connected)
+        if let (Some(w), Some(true)) = (seen.workers_ticks, seen.workers_connected)
             && self.connected.is_none_or(|(known, _)| known != w)
         {
             self.connected = Some((w, now));
@@ -296,7 +308,7 @@ impl Resumed {
         let since = match seen.workers_connected {
             Some(true) => self
                 .connected
-                .filter(|(w, _)| *w == started)
+                .filter(|(w, _)| Some(*w) == seen.workers_ticks)
                 .map_or(now, |(_, c)| c),
             Some(false) => return None,
             None => started,
@@ -319,7 +331,7 @@ impl Resumed {
                 at: loss.at.clone(),
                 suspected_at: Some(rfc3339(loss.suspected_at)),
                 training_since: Some(rfc3339(since)),
-                torch_rank: None,
+                torch_rank: seen.torch_rank,
             });
         }
         let restarted = self.restarted?;
@@ -336,7 +348,7 @@ impl Resumed {
             at: rfc3339(restarted),
             suspected_at: None,
             training_since: Some(rfc3339(since)),
-            torch_rank: None,
+            torch_rank: seen.torch_rank,
         })
     }
 
@@ -370,10 +382,22 @@ struct Role {
     last: Option<signal::Activity>,
     /// The loss generation whose take-over was already said.
     took_over: u64,
-    /// A spare's workers started after a loss: its take-over is said once
-    /// they have formed their collective.
-    starting: bool,
+    /// A spare whose trainer went from waiting to training: when that was
+    /// seen, and when its workers were first seen in their collective. Its
+    /// take-over is said once both that and the loss are known (its
+    /// sidecar may count the loss after torchrun took the spare in).
+    switch: Option<Switch>,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Switch {
+    seen: std::time::Instant,
+    connected_at: Option<SystemTime>,
+}
+
+/// How long a spare's switch to training waits for its sidecar to count
+/// the loss it answers (a switch with no loss is the world forming).
+const TAKEOVER_WINDOW: Duration = Duration::from_secs(60);
 
 impl Role {
     fn observe(
@@ -381,8 +405,9 @@ impl Role {
         shared: &Shared,
         events: &EventSink,
         now: signal::Activity,
-        connected: Option<bool>,
+        seen: &TrainerSeen,
     ) {
+        let connected = seen.workers_connected;
         let spares = shared.config.spares;
         let text = match now {
             signal::Activity::Training { workers } => {
@@ -412,22 +437,36 @@ impl Role {
         }
         let generation = shared.generation();
         let training = matches!(now, signal::Activity::Training { .. });
-        if spares > 0
-            && self.last == Some(signal::Activity::Waiting)
-            && training
-            && generation > self.took_over
-        {
-            self.starting = true;
+        if spares > 0 && self.last == Some(signal::Activity::Waiting) && training {
+            self.switch = Some(Switch {
+                seen: std::time::Instant::now(),
+                connected_at: None,
+            });
         }
-        self.starting &= training;
-        // Said when the collective is formed: the spare trains from then.
-        let took_over = self.starting && connected != Some(false);
-        if took_over {
-            self.starting = false;
+        if !training
+            || self
+                .switch
+                .is_some_and(|s| s.seen.elapsed() > TAKEOVER_WINDOW)
+        {
+            self.switch = None;
+        }
+        // The spare trains from when its collective formed.
+        if let Some(sw) = self.switch.as_mut()
+            && sw.connected_at.is_none()
+            && connected != Some(false)
+        {
+            sw.connected_at = Some(SystemTime::now());
+        }
+        let took_over = self
+            .switch
+            .and_then(|s| s.connected_at)
+            .filter(|_| generation > self.took_over);
+        if took_over.is_some() {
+            self.switch = None;
         }
         let mut status = shared.status();
         status.trainer = Some(text);
-        if took_over {
+        if let Some(took_over_at) = took_over {
             let lost_rank = status.last_loss.as_ref().map(|l| l.rank);
             let lost = status
                 .last_loss
@@ -444,7 +483,8 @@ impl Role {
                     confirmed_by: String::new(),
                     action: trainwire_contract::peer_loss::SPARE_TOOK_OVER.to_string(),
                     result: "training".to_string(),
-                    at: rfc3339(SystemTime::now()),
+                    at: rfc3339(took_over_at),
+                    torch_rank: seen.torch_rank,
                     ..Default::default()
                 });
             }
@@ -519,6 +559,29 @@ mod tests {
         .expect("config")
     }
 
+    /// Rank 0, seen once, is lost (pod deleted): the sidecar's generation 1.
+    fn lose_rank_0(shared: &Shared, config: &crate::config::Config) {
+        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
+        for evidence in [
+            Evidence::Alive(Identity {
+                pod: "train-0".into(),
+                uid: "a".into(),
+                address: Some("10.0.0.1".parse().expect("ip")),
+                ready: true,
+                ..Identity::default()
+            }),
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+        ] {
+            peers.observe(Observation {
+                rank: 0,
+                source: Source::Kubernetes,
+                evidence,
+                at: Instant::now(),
+            });
+        }
+        shared.publish_peers(&peers);
+    }
+
     /// A spare's sidecar: waiting, then training after a loss, is one
     /// take-over (counted and said once per loss); training before any loss
     /// (the world forming) is none.
@@ -530,37 +593,22 @@ mod tests {
         let mut role = Role::default();
         let training = signal::Activity::Training { workers: 2 };
         // The world forms with this pod waiting, then training: no loss yet.
-        role.observe(&shared, &events, signal::Activity::Waiting, None);
-        role.observe(&shared, &events, training, Some(true));
+        let seen = |connected: Option<bool>| TrainerSeen {
+            workers_connected: connected,
+            ..TrainerSeen::default()
+        };
+        role.observe(&shared, &events, signal::Activity::Waiting, &seen(None));
+        role.observe(&shared, &events, training, &seen(Some(true)));
         assert_eq!(shared.metrics.spare_takeovers.get(), 0);
         // It waits as the spare; a peer is lost; it trains.
-        role.observe(&shared, &events, signal::Activity::Waiting, None);
-        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
-        let at = Instant::now();
-        for evidence in [
-            Evidence::Alive(Identity {
-                pod: "train-0".into(),
-                uid: "new".into(),
-                address: Some("10.0.0.1".parse().expect("ip")),
-                ready: true,
-                ..Identity::default()
-            }),
-            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
-        ] {
-            peers.observe(Observation {
-                rank: 0,
-                source: Source::Kubernetes,
-                evidence,
-                at,
-            });
-        }
-        shared.publish_peers(&peers);
+        role.observe(&shared, &events, signal::Activity::Waiting, &seen(None));
+        lose_rank_0(&shared, &config);
         // Its workers start but have not formed their collective yet: not
         // training yet.
-        role.observe(&shared, &events, training, Some(false));
+        role.observe(&shared, &events, training, &seen(Some(false)));
         assert_eq!(shared.metrics.spare_takeovers.get(), 0);
-        role.observe(&shared, &events, training, Some(true));
-        role.observe(&shared, &events, training, Some(true));
+        role.observe(&shared, &events, training, &seen(Some(true)));
+        role.observe(&shared, &events, training, &seen(Some(true)));
         assert_eq!(shared.metrics.spare_takeovers.get(), 1);
         assert!(
             shared
@@ -574,6 +622,29 @@ mod tests {
             metrics.contains(r#"trainwire_sidecar_trainer{state="training"} 1"#),
             "{metrics}"
         );
+    }
+
+    /// torchrun may take the spare in before its sidecar counts the loss
+    /// (the keep-alive expires before the missed heartbeats add up): the
+    /// take-over is said once the loss is counted, still within the window.
+    #[test]
+    fn a_spare_that_trains_before_its_sidecar_counts_the_loss_took_over() {
+        let config = spare_config();
+        let shared = Shared::new(config.clone());
+        let events = EventSink::disabled();
+        let mut role = Role::default();
+        let training = signal::Activity::Training { workers: 2 };
+        let connected = TrainerSeen {
+            workers_connected: Some(true),
+            ..TrainerSeen::default()
+        };
+        role.observe(&shared, &events, signal::Activity::Waiting, &connected);
+        role.observe(&shared, &events, training, &connected);
+        assert_eq!(shared.metrics.spare_takeovers.get(), 0);
+        lose_rank_0(&shared, &config);
+        assert_eq!(shared.generation(), 1);
+        role.observe(&shared, &events, training, &connected);
+        assert_eq!(shared.metrics.spare_takeovers.get(), 1);
     }
 
     mod resumed {
@@ -608,7 +679,9 @@ mod tests {
                 agents: vec![(pid, agent * 100)],
                 agent_started: Some(t(agent)),
                 workers_started: workers.map(t),
+                workers_ticks: workers.map(|w| w * 100),
                 workers_connected: None,
+                torch_rank: None,
             }
         }
 
@@ -660,8 +733,10 @@ mod tests {
             assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
             assert_eq!(r.next(Some(&l), &seen, OWN, t(108)), None);
             seen.workers_connected = Some(true);
+            seen.torch_rank = Some(1);
             let record = r.next(Some(&l), &seen, OWN, t(109)).expect("the record");
             assert_eq!(record.training_since, Some(text(109)));
+            assert_eq!(record.torch_rank, Some(1));
             assert_eq!(r.next(Some(&l), &seen, OWN, t(110)), None);
             // Training seen before the loss is recorded (at its
             // confirmation, later): the record says when it was seen.

@@ -184,20 +184,28 @@ impl Watching {
 
     /// Reconciles until the last loss is resumed; that status.
     pub fn until_resumed(&self) -> Result<WorldStatus, String> {
+        self.until("a resumption", |s| {
+            s.last_loss.as_ref().is_some_and(|l| l.resumed_at.is_some())
+        })
+    }
+
+    /// Reconciles until `done` holds of the status (at most
+    /// [`VIEW_WAIT`]); that status.
+    pub fn until(
+        &self,
+        what: &str,
+        done: impl Fn(&WorldStatus) -> bool,
+    ) -> Result<WorldStatus, String> {
         let api = self.api.clone();
         let deadline = Instant::now() + VIEW_WAIT;
         loop {
             let status = self.with(|c| c.observe(&api))??;
-            if status
-                .last_loss
-                .as_ref()
-                .is_some_and(|l| l.resumed_at.is_some())
-            {
+            if done(&status) {
                 return Ok(status);
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "the world status shows no resumption within {VIEW_WAIT:?}: {}",
+                    "the world status shows no {what} within {VIEW_WAIT:?}: {}",
                     status.to_annotation()
                 ));
             }

@@ -613,6 +613,22 @@ fn scenario(index: u32, kill_store: bool) -> Result<Measured, String> {
     let status = controller.until_resumed().map_err(|e| w.fail(e))?;
     let resumed_gap =
         check_resumed(&status, wall(cut)?, wall(resumed_at)?).map_err(|e| w.fail(e))?;
+    // The spare trains now, with torch's node rank its workers were given.
+    let spare_rank = |s: &trainwire_contract::world::WorldStatus| {
+        s.ranks
+            .iter()
+            .find(|r| r.index == 2)
+            .and_then(|r| r.torch_rank)
+    };
+    let ranked = controller
+        .until("the spare's torch rank", |s| spare_rank(s).is_some())
+        .map_err(|e| w.fail(e))?;
+    if spare_rank(&ranked).is_none_or(|t| t >= 2) {
+        return Err(w.fail(format!(
+            "the spare's torch rank is not below 2: {}",
+            ranked.to_annotation()
+        )));
+    }
     w.note(format!(
         "world status after the cut: {}",
         status.to_annotation()
