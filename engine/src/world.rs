@@ -699,6 +699,7 @@ fn training_seen(
     pods: &[PodView],
     since: Timestamp,
     now: Timestamp,
+    checkpoints: bool,
 ) -> Option<(Timestamp, &'static str)> {
     let mut seen: Vec<(Timestamp, &'static str)> = Vec::new();
     for p in pods.iter().filter(|p| p.up()) {
@@ -714,7 +715,12 @@ fn training_seen(
                 seen.push((t, "spare-took-over"));
             }
         }
-        if let Some(t) = p.checkpoint.as_ref().and_then(|c| parse_time(&c.at)) {
+        if let Some(t) = p
+            .checkpoint
+            .as_ref()
+            .and_then(|c| parse_time(&c.at))
+            .filter(|_| checkpoints)
+        {
             seen.push((t, "checkpoint"));
         }
     }
@@ -868,8 +874,13 @@ pub fn observe(
     {
         let loss_at = parse_time(&l.at).unwrap_or(now);
         let since = memory.disrupted_until.map_or(loss_at, |d| d.max(loss_at));
-        let seen = training_seen(pods, since, now);
         let observable = pods.iter().any(|p| p.sidecar);
+        // Every agent exits when its store goes, and a step in flight can
+        // still end in a checkpoint after the store is gone: after a store
+        // loss, training is seen from the sidecars' records only (when
+        // there are sidecars to write them).
+        let checkpoints = l.store.is_none() || !observable;
+        let seen = training_seen(pods, since, now, checkpoints);
         if let Some(why) = ended {
             l.closed_by = Some(why.to_string());
         } else if let Some(why) = &missing {

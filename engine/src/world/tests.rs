@@ -685,6 +685,53 @@ fn restarted(mut p: PodView, agent: i64, workers: i64) -> PodView {
 /// A first store loss, no sidecar ever recorded a loss: the trainers exit
 /// and come back; the sidecars' `trainer-restarted` records (not losses)
 /// give `resumedAt` as their workers' start, no checkpoint needed.
+/// The store is lost at 100 while a step is in flight: rank 0 still writes
+/// its checkpoint at 100.8 (the step needs no store), then every agent
+/// exits. That checkpoint does not resume the store's loss; the trainers'
+/// records (workers in their collective again at 109) do.
+#[test]
+fn a_checkpoint_in_flight_does_not_resume_a_store_loss() {
+    let w = with_store(2, 0);
+    let checkpointed = |mut p: PodView| {
+        p.checkpoint = Some(CheckpointRecord {
+            name: "step-330".into(),
+            at: "2027-01-15T08:01:40.8Z".into(),
+        });
+        p
+    };
+    assert_eq!(
+        parse_time("2027-01-15T08:01:40.8Z").map(|t| t.as_second()),
+        Some(at(100).as_second())
+    );
+    let s = run_with_store(
+        &w,
+        vec![
+            (
+                0,
+                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
+                vec![store_pod("s1", true, None)],
+            ),
+            (
+                101,
+                vec![checkpointed(pod(0, "a", Some(1))), pod(1, "b", Some(1))],
+                vec![store_pod("s1", false, Some((100, "store-exited")))],
+            ),
+            (
+                110,
+                vec![
+                    checkpointed(restarted(pod(0, "a", Some(1)), 104, 109)),
+                    restarted(pod(1, "b", Some(1)), 104, 109),
+                ],
+                vec![store_pod("s1", true, None)],
+            ),
+        ],
+    );
+    assert_eq!(s[1].phase, Phase::Recovering, "{:?}", s[1].last_loss);
+    let l = s[2].last_loss.clone().unwrap_or_default();
+    assert_eq!(l.resumed_at, Some(at(109).to_string()));
+    assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
+}
+
 #[test]
 fn a_store_loss_resumes_from_the_trainers_restarted_records() {
     let w = with_store(2, 0);
