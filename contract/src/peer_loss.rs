@@ -63,7 +63,75 @@ pub struct PeerLossRecord {
     /// could read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub torch_rank: Option<u32>,
+    /// What `trainingSince` (or a take-over's `at`) was observed by, one of
+    /// [`TrainingSeenBy`]; absent in records of older sidecars (read as
+    /// `workers-started`). A string, so that a value a newer sidecar adds
+    /// does not make the whole record unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_seen_by: Option<String>,
 }
+
+/// The observation a sidecar saw its pod's trainer train by, strongest
+/// first; the one grammar of `trainingSeenBy` and of the world status's
+/// `resumedBy` for the sidecars' records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TrainingSeenBy {
+    /// The workers' connections to their peers carried traffic in
+    /// [`STEP_BURSTS`] scans after their collective formed: the
+    /// collectives of training steps (gloo, NCCL over sockets). The time is
+    /// the scan that saw the last of them.
+    CollectiveTraffic,
+    /// The workers formed their collective (a connection to a peer), and
+    /// its traffic could not be seen (NCCL over RDMA, no socket
+    /// diagnostics) within [`TRAFFIC_WAIT`]: the time is when it formed,
+    /// which precedes the first step by the checkpoint load and the first
+    /// step itself.
+    CollectiveFormed,
+    /// The workers started and stayed up [`TRAINING_SETTLE`], and nothing
+    /// more can be seen: their sockets are not readable (another user
+    /// without `CAP_SYS_PTRACE`), or they were given no peers on other
+    /// nodes (a launcher that is not torchrun, a world of one node). The
+    /// time is their start.
+    WorkersStarted,
+}
+
+impl TrainingSeenBy {
+    pub const ALL: [TrainingSeenBy; 3] = [
+        TrainingSeenBy::CollectiveTraffic,
+        TrainingSeenBy::CollectiveFormed,
+        TrainingSeenBy::WorkersStarted,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrainingSeenBy::CollectiveTraffic => "collective-traffic",
+            TrainingSeenBy::CollectiveFormed => "collective-formed",
+            TrainingSeenBy::WorkersStarted => "workers-started",
+        }
+    }
+
+    /// A record's `trainingSeenBy`: absent or unknown (an older or newer
+    /// sidecar) reads as the weakest, [`TrainingSeenBy::WorkersStarted`].
+    pub fn of_record(value: Option<&str>) -> TrainingSeenBy {
+        Self::ALL
+            .into_iter()
+            .find(|k| Some(k.as_str()) == value)
+            .unwrap_or(TrainingSeenBy::WorkersStarted)
+    }
+}
+
+/// How many scans must see the workers' peer connections carry new traffic
+/// after the collective formed before training counts as seen
+/// ([`TrainingSeenBy::CollectiveTraffic`]): a trainer's start-up sends at
+/// most two bursts over them (torch's object broadcast of the checkpoint
+/// choice, DDP's parameter broadcast after the checkpoint load); the
+/// third is a training step's gradient all-reduce, or a later one.
+pub const STEP_BURSTS: u32 = 3;
+
+/// How long after the collective formed a sidecar waits for its traffic
+/// before it says training by the forming alone
+/// ([`TrainingSeenBy::CollectiveFormed`]).
+pub const TRAFFIC_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long the trainer's new workers must stay up before a sidecar says
 /// training runs again (a worker that dies at once, in a rendezvous that
@@ -111,6 +179,7 @@ mod tests {
             suspected_at: Some("2026-11-23T17:59:57Z".into()),
             training_since: None,
             torch_rank: None,
+            training_seen_by: None,
         };
         let text = r.to_annotation().expect("json");
         assert_eq!(PeerLossRecord::from_annotation(&text), Some(r.clone()));
@@ -122,6 +191,7 @@ mod tests {
         let resumed = PeerLossRecord {
             training_since: Some("2026-11-23T18:00:07Z".into()),
             torch_rank: Some(1),
+            training_seen_by: Some("collective-traffic".into()),
             ..r
         };
         let text = resumed.to_annotation().expect("json");
@@ -133,6 +203,21 @@ mod tests {
         assert_eq!(
             PeerLossRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)),
             None
+        );
+    }
+
+    #[test]
+    fn training_seen_by_reads_every_value_and_falls_back_to_the_weakest() {
+        for k in TrainingSeenBy::ALL {
+            assert_eq!(TrainingSeenBy::of_record(Some(k.as_str())), k);
+        }
+        assert_eq!(
+            TrainingSeenBy::of_record(None),
+            TrainingSeenBy::WorkersStarted
+        );
+        assert_eq!(
+            TrainingSeenBy::of_record(Some("a-future-observation")),
+            TrainingSeenBy::WorkersStarted
         );
     }
 

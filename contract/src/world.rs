@@ -121,10 +121,12 @@ pub struct Loss {
     /// `resumedAt - at`, in whole seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery_seconds: Option<u64>,
-    /// The observation `resumedAt` comes from: `workers-started` (a
-    /// sidecar saw the trainer's workers start after the loss and stay up:
-    /// its record's `trainingSince`), `spare-took-over` (a hot spare's
-    /// record), `checkpoint` (a checkpoint written after the loss).
+    /// The observation `resumedAt` comes from: a sidecar's record's
+    /// `trainingSince`, by what it was seen
+    /// ([`TrainingSeenBy`](crate::peer_loss::TrainingSeenBy):
+    /// `collective-traffic`, `collective-formed`, `workers-started`),
+    /// `spare-took-over` (a hot spare's record), `checkpoint` (a checkpoint
+    /// written after the loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_by: Option<String>,
     /// Why the loss ended without a `resumedAt`: `paused` (scaled to zero),

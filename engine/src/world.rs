@@ -707,7 +707,8 @@ fn training_seen(
             // Any record's `trainingSince`: a loss's, or a `trainer-restarted`
             // one (the pod's trainer came back, after a store loss too).
             if let Some(t) = r.training_since.as_deref().and_then(parse_time) {
-                seen.push((t, "workers-started"));
+                let by = peer_loss::TrainingSeenBy::of_record(r.training_seen_by.as_deref());
+                seen.push((t, by.as_str()));
             }
             if r.action == peer_loss::SPARE_TOOK_OVER
                 && let Some(t) = parse_time(&r.at)

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use crate::events::EventSink;
 use crate::signal::{self, AgentMatcher, Permission, PermissionState};
 use crate::status::{Shared, StateLabels, TRAINER_STATES, rfc3339};
+use trainwire_contract::peer_loss::TrainingSeenBy;
 
 /// How often [`watch_permission`] checks that the trainer may be signalled.
 pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
@@ -44,6 +45,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let mut last: Option<PermissionState> = None;
     let mut role = Role::default();
     let mut resumed = Resumed::default();
+    let mut training = crate::collective::Watch::default();
     let every = if shared.config.spares > 0 {
         SPARE_CHECK_INTERVAL
     } else {
@@ -79,13 +81,8 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                         .iter()
                         .flat_map(|t| t.workers.iter().map(|w| w.pid))
                         .collect();
-                    if !workers.is_empty() {
-                        up.workers_connected =
-                            crate::collective::workers_connected(root, &workers, &store_ports);
-                        up.torch_rank = workers
-                            .iter()
-                            .find_map(|&w| crate::collective::group_rank(root, w));
-                    }
+                    (up.collective, up.torch_rank) =
+                        crate::collective::scan(root, &workers, &store_ports);
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
@@ -107,10 +104,13 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             }
         };
         let mut pending = pending;
-        let found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
-        if let Ok(Ok((_, activity, up))) = &found {
+        let mut found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
+        if let Ok(Ok((_, activity, up))) = &mut found {
+            let now = SystemTime::now();
+            up.training =
+                training.observe(up.workers_ticks, up.workers_started, &up.collective, now);
             role.observe(&shared, &events, *activity, up);
-            resumed.observe(&shared, &events, up, SystemTime::now());
+            resumed.observe(&shared, &events, up, now);
         }
         let found = found.map(|r| r.map(|(permission, _, _)| permission));
         let (state, text) = match found {
@@ -162,10 +162,11 @@ pub struct TrainerSeen {
     /// workers from one scan to the next (their wall-clock start, derived
     /// from the uptime at each scan, moves by milliseconds).
     pub workers_ticks: Option<u64>,
-    /// Whether the workers have formed their collective (a connection to a
-    /// peer, [`crate::collective`]); `None` when their sockets cannot be
-    /// read (then their start, settled, stands for it) or no worker runs.
-    pub workers_connected: Option<bool>,
+    /// What the scan saw of the workers' collective ([`crate::collective`]).
+    pub collective: crate::collective::Collective,
+    /// When these workers were seen training, and by what
+    /// ([`crate::collective::Watch`] over the scans so far).
+    pub training: Option<(SystemTime, TrainingSeenBy)>,
     /// torch's node rank of the workers (`GROUP_RANK`), when readable.
     pub torch_rank: Option<u32>,
 }
@@ -188,7 +189,8 @@ impl TrainerSeen {
             agent_started: agents.iter().map(|(_, s)| *s).max().and_then(at),
             workers_started: signal::newest_worker_start(trainers).and_then(at),
             workers_ticks: signal::newest_worker_start(trainers),
-            workers_connected: None,
+            collective: crate::collective::Collective::default(),
+            training: None,
             torch_rank: None,
             agents,
         }
@@ -257,9 +259,6 @@ pub struct Resumed {
     agents: Vec<(i32, u64)>,
     /// A restart seen and not yet resumed: when the new agent started.
     restarted: Option<SystemTime>,
-    /// The newest workers (their start in ticks) and the first scan that
-    /// saw them hold a connection to a peer.
-    connected: Option<(u64, SystemTime)>,
 }
 
 impl Resumed {
@@ -284,35 +283,19 @@ impl Resumed {
         own: (u64, u32),
         now: SystemTime,
     ) -> Option<trainwire_contract::peer_loss::PeerLossRecord> {
-        use trainwire_contract::peer_loss::{PeerLossRecord, TRAINER_RESTARTED, TRAINING_SETTLE};
+        use trainwire_contract::peer_loss::{PeerLossRecord, TRAINER_RESTARTED};
         if !seen.agents.is_empty() {
             if !self.agents.is_empty() && self.agents != seen.agents {
                 self.restarted = Some(seen.agent_started.unwrap_or(now));
             }
             self.agents = seen.agents.clone();
         }
-        if let (Some(w), Some(true)) = (seen.workers_ticks, seen.workers_connected)
-            && self.connected.is_none_or(|(known, _)| known != w)
-        {
-            self.connected = Some((w, now));
-        }
-        let started = seen.workers_started.filter(|s| {
-            now.duration_since(*s)
-                .is_ok_and(|age| age >= TRAINING_SETTLE)
-        })?;
-        // Training is seen when the workers have formed their collective:
-        // the first scan that saw it (scans run every
+        // Training as the scans saw it (they run every
         // RESUMPTION_CHECK_INTERVAL while it is awaited), kept for these
         // workers even when the loss is recorded later (at its
-        // confirmation). Without their sockets to read, their start.
-        let since = match seen.workers_connected {
-            Some(true) => self
-                .connected
-                .filter(|(w, _)| Some(*w) == seen.workers_ticks)
-                .map_or(now, |(_, c)| c),
-            Some(false) => return None,
-            None => started,
-        };
+        // confirmation).
+        let started = seen.workers_started?;
+        let (since, by) = seen.training?;
         if let Some(loss) = loss
             && loss.generation > self.recorded
             && started >= loss.suspected_at
@@ -332,6 +315,7 @@ impl Resumed {
                 suspected_at: Some(rfc3339(loss.suspected_at)),
                 training_since: Some(rfc3339(since)),
                 torch_rank: seen.torch_rank,
+                training_seen_by: Some(by.as_str().to_string()),
             });
         }
         let restarted = self.restarted?;
@@ -349,6 +333,7 @@ impl Resumed {
             suspected_at: None,
             training_since: Some(rfc3339(since)),
             torch_rank: seen.torch_rank,
+            training_seen_by: Some(by.as_str().to_string()),
         })
     }
 
@@ -392,7 +377,7 @@ struct Role {
 #[derive(Debug, Clone, Copy)]
 struct Switch {
     seen: std::time::Instant,
-    connected_at: Option<SystemTime>,
+    training: Option<(SystemTime, TrainingSeenBy)>,
 }
 
 /// How long a spare's switch to training waits for its sidecar to count
@@ -407,7 +392,6 @@ impl Role {
         now: signal::Activity,
         seen: &TrainerSeen,
     ) {
-        let connected = seen.workers_connected;
         let spares = shared.config.spares;
         let text = match now {
             signal::Activity::Training { workers } => {
@@ -440,7 +424,7 @@ impl Role {
         if spares > 0 && self.last == Some(signal::Activity::Waiting) && training {
             self.switch = Some(Switch {
                 seen: std::time::Instant::now(),
-                connected_at: None,
+                training: None,
             });
         }
         if !training
@@ -450,23 +434,22 @@ impl Role {
         {
             self.switch = None;
         }
-        // The spare trains from when its collective formed.
+        // The spare trains from when its workers were seen training.
         if let Some(sw) = self.switch.as_mut()
-            && sw.connected_at.is_none()
-            && connected != Some(false)
+            && sw.training.is_none()
         {
-            sw.connected_at = Some(SystemTime::now());
+            sw.training = seen.training;
         }
         let took_over = self
             .switch
-            .and_then(|s| s.connected_at)
+            .and_then(|s| s.training)
             .filter(|_| generation > self.took_over);
         if took_over.is_some() {
             self.switch = None;
         }
         let mut status = shared.status();
         status.trainer = Some(text);
-        if let Some(took_over_at) = took_over {
+        if let Some((took_over_at, by)) = took_over {
             let lost_rank = status.last_loss.as_ref().map(|l| l.rank);
             let lost = status
                 .last_loss
@@ -485,6 +468,7 @@ impl Role {
                     result: "training".to_string(),
                     at: rfc3339(took_over_at),
                     torch_rank: seen.torch_rank,
+                    training_seen_by: Some(by.as_str().to_string()),
                     ..Default::default()
                 });
             }
@@ -593,22 +577,22 @@ mod tests {
         let mut role = Role::default();
         let training = signal::Activity::Training { workers: 2 };
         // The world forms with this pod waiting, then training: no loss yet.
-        let seen = |connected: Option<bool>| TrainerSeen {
-            workers_connected: connected,
+        // Whether the scans saw the workers train (collective::Watch).
+        let seen = |trains: bool| TrainerSeen {
+            training: trains.then(|| (SystemTime::now(), TrainingSeenBy::CollectiveTraffic)),
             ..TrainerSeen::default()
         };
-        role.observe(&shared, &events, signal::Activity::Waiting, &seen(None));
-        role.observe(&shared, &events, training, &seen(Some(true)));
+        role.observe(&shared, &events, signal::Activity::Waiting, &seen(false));
+        role.observe(&shared, &events, training, &seen(true));
         assert_eq!(shared.metrics.spare_takeovers.get(), 0);
         // It waits as the spare; a peer is lost; it trains.
-        role.observe(&shared, &events, signal::Activity::Waiting, &seen(None));
+        role.observe(&shared, &events, signal::Activity::Waiting, &seen(false));
         lose_rank_0(&shared, &config);
-        // Its workers start but have not formed their collective yet: not
-        // training yet.
-        role.observe(&shared, &events, training, &seen(Some(false)));
+        // Its workers start but are not seen training yet.
+        role.observe(&shared, &events, training, &seen(false));
         assert_eq!(shared.metrics.spare_takeovers.get(), 0);
-        role.observe(&shared, &events, training, &seen(Some(true)));
-        role.observe(&shared, &events, training, &seen(Some(true)));
+        role.observe(&shared, &events, training, &seen(true));
+        role.observe(&shared, &events, training, &seen(true));
         assert_eq!(shared.metrics.spare_takeovers.get(), 1);
         assert!(
             shared
@@ -635,7 +619,7 @@ mod tests {
         let mut role = Role::default();
         let training = signal::Activity::Training { workers: 2 };
         let connected = TrainerSeen {
-            workers_connected: Some(true),
+            training: Some((SystemTime::now(), TrainingSeenBy::CollectiveFormed)),
             ..TrainerSeen::default()
         };
         role.observe(&shared, &events, signal::Activity::Waiting, &connected);
@@ -649,8 +633,44 @@ mod tests {
 
     mod resumed {
         use super::super::{RecordedLoss, Resumed, TrainerSeen};
+        use crate::collective::{Collective, Watch};
+        use std::collections::BTreeMap;
         use std::time::{Duration, SystemTime};
-        use trainwire_contract::peer_loss::{TRAINER_RESTARTED, TRAINING_SETTLE};
+        use trainwire_contract::peer_loss::{
+            PeerLossRecord, STEP_BURSTS, TRAFFIC_WAIT, TRAINER_RESTARTED, TRAINING_SETTLE,
+            TrainingSeenBy,
+        };
+
+        /// The sidecar's scans as the permission loop runs them: the
+        /// collective watched, then the record decided.
+        #[derive(Default)]
+        struct Scans {
+            resumed: Resumed,
+            watch: Watch,
+        }
+
+        impl Scans {
+            fn next(
+                &mut self,
+                loss: Option<&RecordedLoss>,
+                seen: &TrainerSeen,
+                own: (u64, u32),
+                now: SystemTime,
+            ) -> Option<PeerLossRecord> {
+                let mut seen = seen.clone();
+                seen.training = self.watch.observe(
+                    seen.workers_ticks,
+                    seen.workers_started,
+                    &seen.collective,
+                    now,
+                );
+                self.resumed.next(loss, &seen, own, now)
+            }
+
+            fn awaits(&self, loss: Option<&RecordedLoss>, now: SystemTime) -> bool {
+                self.resumed.awaits(loss, now)
+            }
+        }
 
         fn t(secs: u64) -> SystemTime {
             // 2026-11-19T10:00:00Z + secs
@@ -680,7 +700,8 @@ mod tests {
                 agent_started: Some(t(agent)),
                 workers_started: workers.map(t),
                 workers_ticks: workers.map(|w| w * 100),
-                workers_connected: None,
+                collective: Collective::Unreadable,
+                training: None,
                 torch_rank: None,
             }
         }
@@ -689,7 +710,7 @@ mod tests {
 
         #[test]
         fn workers_started_after_the_loss_and_still_up_resume_it_once() {
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             let l = loss(1, 100);
             // Training before the loss: nothing.
             assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
@@ -725,28 +746,105 @@ mod tests {
         /// formed their collective: the record says when that was seen.
         #[test]
         fn the_collective_formed_is_when_training_runs_again() {
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             let l = loss(1, 100);
             let mut seen = up(7, 0, Some(105));
-            seen.workers_connected = Some(false);
+            seen.collective = Collective::Forming;
             // Started and settled, still importing or waiting for peers.
             assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
             assert_eq!(r.next(Some(&l), &seen, OWN, t(108)), None);
-            seen.workers_connected = Some(true);
+            // Formed, its traffic not readable (no socket diagnostics).
+            seen.collective = Collective::Formed { traffic: None };
             seen.torch_rank = Some(1);
             let record = r.next(Some(&l), &seen, OWN, t(109)).expect("the record");
             assert_eq!(record.training_since, Some(text(109)));
+            assert_eq!(
+                record.training_seen_by.as_deref(),
+                Some("collective-formed")
+            );
             assert_eq!(record.torch_rank, Some(1));
             assert_eq!(r.next(Some(&l), &seen, OWN, t(110)), None);
             // Training seen before the loss is recorded (at its
             // confirmation, later): the record says when it was seen.
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             let mut seen = up(7, 0, Some(105));
-            seen.workers_connected = Some(true);
+            seen.collective = Collective::Formed { traffic: None };
             assert_eq!(r.next(None, &seen, OWN, t(107)), None);
             let record = r.next(Some(&l), &seen, OWN, t(130)).expect("the record");
             assert_eq!(record.training_since, Some(text(107)));
             assert_eq!(record.suspected_at, Some(text(100)));
+        }
+
+        /// With the collective's traffic readable, training is the third
+        /// scan whose connections carried new bytes after it formed (the
+        /// start-up's broadcasts are at most two); a collective that stays
+        /// silent (NCCL over RDMA) counts from its forming after the wait.
+        #[test]
+        fn training_is_the_collectives_traffic_after_it_formed() {
+            let l = loss(1, 100);
+            let formed = |bytes: &[(u64, u64)]| Collective::Formed {
+                traffic: Some(bytes.iter().copied().collect::<BTreeMap<_, _>>()),
+            };
+            let mut r = Scans::default();
+            let mut seen = up(7, 0, Some(105));
+            seen.collective = Collective::Forming;
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
+            // Formed at 108 with the checkpoint choice broadcast; the
+            // parameters' broadcast at 109; nothing while loading; a new
+            // connection's bytes at 111 (the first step); a step at 112.
+            let scans = [
+                (108, vec![(1, 300)]),
+                (109, vec![(1, 90_000)]),
+                (110, vec![(1, 90_000)]),
+                (111, vec![(1, 90_000), (2, 40)]),
+            ];
+            for (at, bytes) in scans {
+                seen.collective = formed(&bytes);
+                assert_eq!(r.next(Some(&l), &seen, OWN, t(at)), None, "at {at}");
+            }
+            seen.collective = formed(&[(1, 180_000), (2, 40)]);
+            let record = r.next(Some(&l), &seen, OWN, t(112)).expect("the record");
+            assert_eq!(STEP_BURSTS, 3);
+            assert_eq!(record.training_since, Some(text(112)));
+            assert_eq!(
+                record.training_seen_by.as_deref(),
+                Some("collective-traffic")
+            );
+
+            // Formed, then silent: its forming, once the wait is over.
+            let mut r = Scans::default();
+            seen.collective = formed(&[(1, 300)]);
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(108)), None);
+            let wait = t(108) + TRAFFIC_WAIT;
+            let before = wait - Duration::from_millis(1);
+            assert_eq!(r.next(Some(&l), &seen, OWN, before), None);
+            let record = r.next(Some(&l), &seen, OWN, wait).expect("the record");
+            assert_eq!(record.training_since, Some(text(108)));
+            assert_eq!(
+                record.training_seen_by.as_deref(),
+                Some("collective-formed")
+            );
+        }
+
+        /// Workers given no peers on other nodes (a launcher that is not
+        /// torchrun, a world of one node) have no collective to see: their
+        /// start, settled, is all there is, and it says so.
+        #[test]
+        fn workers_without_peers_to_form_a_collective_with_count_from_their_start() {
+            let l = loss(1, 100);
+            let mut r = Scans::default();
+            let mut seen = up(7, 0, Some(105));
+            seen.collective = Collective::NotExpected;
+            assert_eq!(r.next(Some(&l), &seen, OWN, t(105)), None);
+            let record = r
+                .next(Some(&l), &seen, OWN, t(105) + TRAINING_SETTLE)
+                .expect("the record");
+            assert_eq!(record.training_since, Some(text(105)));
+            assert_eq!(record.training_seen_by.as_deref(), Some("workers-started"));
+            assert_eq!(
+                TrainingSeenBy::of_record(record.training_seen_by.as_deref()),
+                TrainingSeenBy::WorkersStarted
+            );
         }
 
         /// Training is awaited (the scan runs faster) from a recorded loss
@@ -754,7 +852,7 @@ mod tests {
         #[test]
         fn training_is_awaited_until_the_resumption_is_recorded() {
             use super::super::RESUMPTION_WATCH;
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             assert!(!r.awaits(None, t(50)));
             let l = loss(1, 100);
             assert!(r.awaits(Some(&l), t(101)));
@@ -778,7 +876,7 @@ mod tests {
 
         #[test]
         fn workers_that_vanish_within_the_settle_time_are_not_training() {
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             let l = loss(1, 100);
             // Up at 105, gone before a settle time passed (a failed
             // rendezvous), then none, then new ones that die young too.
@@ -798,7 +896,7 @@ mod tests {
 
         #[test]
         fn an_own_trainer_restart_without_a_recorded_loss_is_told_once() {
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             // The trainer as the sidecar first finds it: not a restart.
             assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
             // The store goes: the agent exits (no trainer), a new one starts
@@ -829,7 +927,7 @@ mod tests {
 
         #[test]
         fn a_restart_within_a_recorded_loss_is_that_loss_resumed() {
-            let mut r = Resumed::default();
+            let mut r = Scans::default();
             let l = loss(3, 100);
             assert_eq!(r.next(None, &up(7, 0, Some(10)), OWN, t(50)), None);
             // The sidecar restarted the agent for the loss.

@@ -55,8 +55,16 @@ pub struct WorldController {
 
 /// How long the controller's view may take to show a resumption.
 pub const VIEW_WAIT: Duration = Duration::from_secs(30);
-/// How far `resumedAt` may lie from the first training step after a loss.
+/// How far `resumedAt` may lie after the first training step after a loss.
 pub const RESUMED_WITHIN: Duration = Duration::from_secs(2);
+/// How far before it: the test reads rank 0's step line from a pipe, a few
+/// milliseconds after the trainer wrote it, and the step's all-reduce (the
+/// traffic the sidecar sees) precedes that line by the optimizer's step.
+pub const READ_SLACK: Duration = Duration::from_millis(100);
+/// What `resumedBy` may be where the sidecars read everything of the
+/// trainer (as in these tests): the collective's traffic, or a spare's
+/// take-over (dated by the same observation).
+pub const OBSERVED_BY: [&str; 2] = ["collective-traffic", "spare-took-over"];
 
 impl WorldController {
     /// The controller of the injected StatefulSet `sts` (as rendered), in
@@ -232,8 +240,10 @@ pub fn wall(at: Instant) -> Result<Timestamp, String> {
 }
 
 /// `status`'s last loss against the first training step after it: opened
-/// at or after `disrupted` (the cut), resumed at or after the loss and
-/// within [`RESUMED_WITHIN`] of `first_step`. The signed gap, in seconds.
+/// at or after `disrupted` (the cut), resumed at or after the loss, not
+/// before `first_step` (but for [`READ_SLACK`]) and within
+/// [`RESUMED_WITHIN`] after it, by one of [`OBSERVED_BY`]. The signed gap,
+/// in seconds.
 pub fn check_resumed(
     status: &WorldStatus,
     disrupted: Timestamp,
@@ -262,9 +272,16 @@ pub fn check_resumed(
         ));
     }
     let gap = resumed.duration_since(first_step).as_secs_f64();
-    if gap.abs() > RESUMED_WITHIN.as_secs_f64() {
+    if gap < -READ_SLACK.as_secs_f64() || gap > RESUMED_WITHIN.as_secs_f64() {
         return Err(format!(
-            "resumedAt {resumed} is {gap:.2}s from the first training step {first_step} (bound {RESUMED_WITHIN:?}): {}",
+            "resumedAt {resumed} is {gap:.2}s from the first training step {first_step} (bounds: not before it, at most {RESUMED_WITHIN:?} after): {}",
+            text()
+        ));
+    }
+    let by = loss.resumed_by.as_deref().unwrap_or_default();
+    if !OBSERVED_BY.contains(&by) {
+        return Err(format!(
+            "resumedBy {by:?}, expected one of {OBSERVED_BY:?} with the trainer's sockets readable: {}",
             text()
         ));
     }

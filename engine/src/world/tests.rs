@@ -732,6 +732,49 @@ fn a_checkpoint_in_flight_does_not_resume_a_store_loss() {
     assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
 }
 
+/// The world status names what the sidecar saw training by: its record's
+/// `trainingSeenBy`; a record without one (an older sidecar) reads as
+/// `workers-started`.
+#[test]
+fn resumed_by_names_the_sidecars_observation() {
+    let w = with_store(2, 0);
+    let seen_by = |mut p: PodView, by: &str| {
+        if let Some(r) = p.peer_loss.as_mut() {
+            r.training_seen_by = Some(by.to_string());
+        }
+        p
+    };
+    let s = run_with_store(
+        &w,
+        vec![
+            (
+                0,
+                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
+                vec![store_pod("s1", true, None)],
+            ),
+            (
+                101,
+                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
+                vec![store_pod("s1", false, Some((100, "store-exited")))],
+            ),
+            (
+                111,
+                vec![
+                    restarted(pod(0, "a", Some(1)), 104, 110),
+                    seen_by(
+                        restarted(pod(1, "b", Some(1)), 104, 109),
+                        "collective-traffic",
+                    ),
+                ],
+                vec![store_pod("s1", true, None)],
+            ),
+        ],
+    );
+    let l = s[2].last_loss.clone().unwrap_or_default();
+    assert_eq!(l.resumed_at, Some(at(109).to_string()));
+    assert_eq!(l.resumed_by.as_deref(), Some("collective-traffic"));
+}
+
 #[test]
 fn a_store_loss_resumes_from_the_trainers_restarted_records() {
     let w = with_store(2, 0);
