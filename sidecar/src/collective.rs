@@ -389,6 +389,7 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
 #[derive(Debug, Default)]
 pub struct Watch {
     workers: Option<u64>,
+    started: Option<SystemTime>,
     formed_at: Option<SystemTime>,
     last: Option<BTreeMap<u64, u64>>,
     bursts: u32,
@@ -406,13 +407,18 @@ impl Watch {
         collective: &Collective,
         now: SystemTime,
     ) -> Option<(SystemTime, TrainingSeenBy)> {
-        let workers = workers?;
+        let Some(workers) = workers else {
+            // No workers run: nothing to follow.
+            *self = Watch::default();
+            return None;
+        };
         if self.workers != Some(workers) {
             *self = Watch {
                 workers: Some(workers),
                 ..Watch::default()
             };
         }
+        self.started = started.or(self.started);
         if self.seen.is_some() {
             return self.seen;
         }
@@ -458,6 +464,17 @@ impl Watch {
             (_, Some(_)) => None,
         };
         self.seen
+    }
+
+    /// Whether these workers are not seen training yet, and started less
+    /// than `within` before `now`: the scans that count the collective's
+    /// bursts should then run at their fast pace (three scans of 2 s would
+    /// date training 6 s late).
+    pub fn pending(&self, now: SystemTime, within: std::time::Duration) -> bool {
+        self.seen.is_none()
+            && self
+                .started
+                .is_some_and(|s| now.duration_since(s).map_or(true, |age| age < within))
     }
 }
 
@@ -625,6 +642,15 @@ mod tests {
             w.observe(Some(900), Some(t(9)), &Collective::Forming, t(11)),
             None
         );
+        // No workers: nothing followed, nothing pending.
+        assert_eq!(w.observe(None, None, &Collective::Forming, t(12)), None);
+        assert!(!w.pending(t(12), Duration::from_secs(300)));
+        assert_eq!(
+            w.observe(Some(901), Some(t(12)), &Collective::Forming, t(14)),
+            None
+        );
+        assert!(w.pending(t(14), Duration::from_secs(300)));
+        assert!(!w.pending(t(312), Duration::from_secs(300)), "given up");
         // Formed before their settle time is over: dated from that scan.
         let mut w = Watch::default();
         let formed = Collective::Formed { traffic: None };
@@ -633,6 +659,7 @@ mod tests {
             w.observe(Some(5), Some(t(20)), &formed, t(22)),
             Some((t(20), TrainingSeenBy::CollectiveFormed))
         );
+        assert!(!w.pending(t(22), Duration::from_secs(300)), "seen");
     }
 
     proptest::proptest! {

@@ -21,9 +21,10 @@ pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// as a spare is shown within this).
 pub const SPARE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often while training is awaited after a loss or a restart of the
-/// trainer (so that `trainingSince` is recorded within this of the workers
-/// settling, ahead of the next checkpoint), for at most
-/// [`RESUMPTION_WATCH`] after the loss.
+/// trainer, and while new workers are not yet seen training (so that
+/// `trainingSince` is recorded within this of what shows it, ahead of the
+/// next checkpoint, and the collective's bursts are counted at this pace),
+/// for at most [`RESUMPTION_WATCH`] after the loss or the workers' start.
 pub const RESUMPTION_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// How long after a loss training is awaited at the faster pace.
 pub const RESUMPTION_WATCH: Duration = Duration::from_secs(300);
@@ -57,7 +58,10 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     loop {
         if !first {
             let loss = RecordedLoss::of(&shared.status());
-            let next = if resumed.awaits(loss.as_ref(), SystemTime::now()) || role.switch.is_some()
+            let now = SystemTime::now();
+            let next = if resumed.awaits(loss.as_ref(), now)
+                || role.switch.is_some()
+                || training.pending(now, RESUMPTION_WATCH)
             {
                 RESUMPTION_CHECK_INTERVAL.min(every)
             } else {
