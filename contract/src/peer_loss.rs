@@ -89,8 +89,9 @@ pub enum TrainingSeenBy {
     CollectiveFormed,
     /// The workers started and stayed up [`TRAINING_SETTLE`], and nothing
     /// more can be seen: their sockets are not readable (another user
-    /// without `CAP_SYS_PTRACE`), or they were given no peers on other
-    /// nodes (a launcher that is not torchrun, a world of one node). The
+    /// without `CAP_SYS_PTRACE`), they were given no peers on other nodes
+    /// (a launcher that is not torchrun, a world of one node), or they hold
+    /// no TCP connection at all [`UNCONNECTED_WAIT`] after their start. The
     /// time is their start.
     WorkersStarted,
 }
@@ -127,6 +128,12 @@ impl TrainingSeenBy {
 /// choice, DDP's parameter broadcast after the checkpoint load); the
 /// third is a training step's gradient all-reduce, or a later one.
 pub const STEP_BURSTS: u32 = 3;
+
+/// How long after their start workers that expect peers but hold no TCP
+/// connection at all (not even to the rendezvous store, which torch's
+/// workers reach first) are waited for before their start is taken as
+/// their training ([`TrainingSeenBy::WorkersStarted`]).
+pub const UNCONNECTED_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long after the collective formed a sidecar waits for its traffic
 /// before it says training by the forming alone

@@ -24,7 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::SystemTime;
 
-use trainwire_contract::peer_loss::{STEP_BURSTS, TRAFFIC_WAIT, TRAINING_SETTLE, TrainingSeenBy};
+use trainwire_contract::peer_loss::{
+    STEP_BURSTS, TRAFFIC_WAIT, TRAINING_SETTLE, TrainingSeenBy, UNCONNECTED_WAIT,
+};
 
 /// One row of `/proc/net/tcp{,6}`: its remote end and state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +116,18 @@ pub fn peer_sockets(
     workers: &[i32],
     store_ports: &[u16],
 ) -> Option<BTreeSet<u64>> {
+    connections(proc_root, workers, store_ports).map(|(peers, _)| peers)
+}
+
+/// The workers' peer sockets ([`peer_sockets`]) and whether they hold any
+/// established TCP connection at all (to the store, the loopback too).
+fn connections(
+    proc_root: &Path,
+    workers: &[i32],
+    store_ports: &[u16],
+) -> Option<(BTreeSet<u64>, bool)> {
     let mut readable = false;
+    let mut any = false;
     let mut peers = BTreeSet::new();
     for &pid in workers {
         let Some(inodes) = socket_inodes(proc_root, pid) else {
@@ -136,15 +149,18 @@ pub fn peer_sockets(
             if file.take(4 << 20).read_to_string(&mut text).is_err() {
                 continue;
             }
-            peers.extend(
-                parse_tcp_table(&text)
-                    .iter()
-                    .filter(|r| inodes.contains(&r.inode) && is_peer(r, store_ports))
-                    .map(|r| r.inode),
-            );
+            for row in parse_tcp_table(&text)
+                .iter()
+                .filter(|r| inodes.contains(&r.inode) && r.established)
+            {
+                any = true;
+                if is_peer(row, store_ports) {
+                    peers.insert(row.inode);
+                }
+            }
         }
     }
-    readable.then_some(peers)
+    readable.then_some((peers, any))
 }
 
 /// What torchrun told a worker about its world, from its environment.
@@ -343,8 +359,14 @@ pub enum Collective {
     /// The workers were given no peers on other nodes
     /// ([`WorkerEnv::expects_peers`]): no collective to see.
     NotExpected,
-    /// They expect peers and hold no connection to one yet.
+    /// They expect peers and hold no connection to one yet, but to the
+    /// rendezvous store (torch's workers talk to it first).
     Forming,
+    /// They expect peers and hold no established TCP connection at all:
+    /// still importing, or not a torch process group (a stand-in trainer
+    /// given torchrun's variables); after [`UNCONNECTED_WAIT`] their start
+    /// is all there is to see.
+    Unconnected,
     /// They hold connections to peers; the bytes each carried, when the
     /// kernel's socket diagnostics tell.
     Formed { traffic: Option<BTreeMap<u64, u64>> },
@@ -362,15 +384,16 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
         .filter_map(|&w| worker_env(proc_root, w))
         .collect();
     let torch_rank = envs.iter().find_map(|e| e.group_rank);
-    let collective = match peer_sockets(proc_root, workers, store_ports) {
+    let collective = match connections(proc_root, workers, store_ports) {
         None => Collective::Unreadable,
-        Some(peers) if !peers.is_empty() => Collective::Formed {
+        Some((peers, _)) if !peers.is_empty() => Collective::Formed {
             traffic: traffic(&peers),
         },
         Some(_) if !envs.is_empty() && !envs.iter().any(WorkerEnv::expects_peers) => {
             Collective::NotExpected
         }
-        Some(_) => Collective::Forming,
+        Some((_, true)) => Collective::Forming,
+        Some((_, false)) => Collective::Unconnected,
     };
     (collective, torch_rank)
 }
@@ -385,6 +408,7 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
 ///   when it formed, [`TrainingSeenBy::CollectiveFormed`];
 /// - their sockets unreadable, or no peers expected: their start, once
 ///   they are up [`TRAINING_SETTLE`], [`TrainingSeenBy::WorkersStarted`];
+///   the same after [`UNCONNECTED_WAIT`] without any TCP connection;
 /// - still forming: nothing yet.
 #[derive(Debug, Default)]
 pub struct Watch {
@@ -445,6 +469,13 @@ impl Watch {
         }
         self.seen = match (collective, self.formed_at) {
             (Collective::Unreadable | Collective::NotExpected, None) => {
+                Some((started, TrainingSeenBy::WorkersStarted))
+            }
+            (Collective::Unconnected, None)
+                if now
+                    .duration_since(started)
+                    .is_ok_and(|up| up >= UNCONNECTED_WAIT) =>
+            {
                 Some((started, TrainingSeenBy::WorkersStarted))
             }
             (_, None) => None,
@@ -642,6 +673,24 @@ mod tests {
             w.observe(Some(900), Some(t(9)), &Collective::Forming, t(11)),
             None
         );
+        // Given torchrun's variables but connected to nothing, not even the
+        // store (a stand-in trainer): their start, after the wait.
+        let mut u = Watch::default();
+        assert_eq!(
+            u.observe(Some(7), Some(t(0)), &Collective::Unconnected, t(2)),
+            None
+        );
+        let wait = t(0) + UNCONNECTED_WAIT;
+        assert_eq!(
+            u.observe(Some(7), Some(t(0)), &Collective::Unconnected, wait),
+            Some((t(0), TrainingSeenBy::WorkersStarted))
+        );
+        // Connected to the store, waiting for peers that do not come: never.
+        let mut f = Watch::default();
+        assert_eq!(
+            f.observe(Some(7), Some(t(0)), &Collective::Forming, t(600)),
+            None
+        );
         // No workers: nothing followed, nothing pending.
         assert_eq!(w.observe(None, None, &Collective::Forming, t(12)), None);
         assert!(!w.pending(t(12), Duration::from_secs(300)));
@@ -680,6 +729,7 @@ mod tests {
                     0 => Collective::Unreadable,
                     1 => Collective::NotExpected,
                     2 => Collective::Forming,
+                    3 if bytes % 2 == 0 => Collective::Unconnected,
                     _ => Collective::Formed { traffic: Some(BTreeMap::from([(1, bytes)])) },
                 };
                 if let Some((at, _)) = w.observe(Some(1), Some(start), &c, now) {
