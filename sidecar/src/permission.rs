@@ -453,6 +453,14 @@ impl Role {
         }
         let mut status = shared.status();
         status.trainer = Some(text);
+        status.training =
+            seen.training
+                .filter(|_| training)
+                .map(|(since, by)| crate::status::TrainingStatus {
+                    since: rfc3339(since),
+                    seen_by: by.as_str(),
+                    torch_rank: seen.torch_rank,
+                });
         if let Some((took_over_at, by)) = took_over {
             let lost_rank = status.last_loss.as_ref().map(|l| l.rank);
             let lost = status
@@ -605,11 +613,18 @@ mod tests {
                 .as_deref()
                 .is_some_and(|t| t.starts_with("training")),
         );
+        assert_eq!(
+            shared.status().training.as_ref().map(|t| t.seen_by),
+            Some("collective-traffic")
+        );
         let metrics = shared.encode_metrics();
         assert!(
             metrics.contains(r#"trainwire_sidecar_trainer{state="training"} 1"#),
             "{metrics}"
         );
+        // Waiting again: nothing seen training.
+        role.observe(&shared, &events, signal::Activity::Waiting, &seen(false));
+        assert_eq!(shared.status().training, None);
     }
 
     /// torchrun may take the spare in before its sidecar counts the loss

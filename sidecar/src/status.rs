@@ -381,6 +381,15 @@ pub struct CheckpointStatus {
     pub problem: Option<String>,
 }
 
+/// When the local trainer's current workers were seen training, by what
+/// ([`crate::collective::Watch`]), and torch's node rank they were given.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TrainingStatus {
+    pub since: String,
+    pub seen_by: &'static str,
+    pub torch_rank: Option<u32>,
+}
+
 /// The whole `/status` document.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatusDoc {
@@ -413,6 +422,9 @@ pub struct StatusDoc {
     pub spares: u32,
     /// What the local trainer does: training, or waiting (as a spare).
     pub trainer: Option<String>,
+    /// Its current workers seen training; absent while they are not (or
+    /// none run).
+    pub training: Option<TrainingStatus>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.
@@ -456,6 +468,7 @@ impl Shared {
             signal_permission: None,
             spares: config.spares,
             trainer: None,
+            training: None,
         };
         Arc::new(Shared {
             config,

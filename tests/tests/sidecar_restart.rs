@@ -244,6 +244,24 @@ fn a_peer_restarted_in_place_is_healthy_again_and_its_next_loss_is_acted_on() {
     w.until("rank 1 healthy again", Duration::from_secs(15), || {
         w.peer_state(0, 1).as_deref() == Some("healthy")
     });
+    // Its new workers run: the record says training runs again, from their
+    // start, and by what: a stand-in trainer (no torchrun variables, no
+    // collective) leaves nothing more to see, and must not leave the world
+    // waiting for a collective that never forms.
+    let resumed = || -> Option<Value> {
+        w.annotated("job-0", "trainwire.dev/peer-loss")
+            .iter()
+            .filter_map(|r| serde_json::from_str::<Value>(r).ok())
+            .find(|r| r["generation"] == 1 && r["trainingSince"].is_string())
+    };
+    w.until(
+        "training seen again after the first loss",
+        Duration::from_secs(15),
+        || resumed().is_some(),
+    );
+    let record = resumed().unwrap_or_default();
+    assert_eq!(record["trainingSeenBy"], "workers-started", "{record}");
+    assert_eq!(record["action"], "restart-workers", "{record}");
     // A second restart that is not Ready at once: lost, then back.
     w.restart_container(1, 2, false);
     w.until("the second action", Duration::from_secs(15), || {
