@@ -131,8 +131,10 @@ pub const STEP_BURSTS: u32 = 3;
 
 /// How long after their start workers that expect peers but hold no TCP
 /// connection at all (not even to the rendezvous store, which torch's
-/// workers reach first) are waited for before their start is taken as
-/// their training ([`TrainingSeenBy::WorkersStarted`]).
+/// workers reach first) and have not loaded torch, or a trainer that runs no
+/// workers, holds no connection and has not loaded torch, are waited for
+/// before their start is taken as their training
+/// ([`TrainingSeenBy::WorkersStarted`]): stand-in trainers, not torchrun.
 pub const UNCONNECTED_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long after the collective formed a sidecar waits for its traffic

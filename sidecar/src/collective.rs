@@ -393,9 +393,57 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
             Collective::NotExpected
         }
         Some((_, true)) => Collective::Forming,
+        // torch loaded and not yet connected: a script that loads its data
+        // before `init_process_group`; waited for like a forming one.
+        Some((_, false))
+            if workers
+                .iter()
+                .any(|&w| torch_loaded(proc_root, w) == Some(true)) =>
+        {
+            Collective::Forming
+        }
         Some((_, false)) => Collective::Unconnected,
     };
     (collective, torch_rank)
+}
+
+/// One scan of an agent that runs no workers (`agents`, the trainer's
+/// agents on this pod): [`Collective::Unconnected`] only when none holds a
+/// TCP connection and none has torch loaded (a stand-in trainer, not
+/// torchrun: its start is all there is to see); anything else is
+/// [`Collective::Forming`], never training (torchrun's agent in its
+/// rendezvous, or waiting as a spare, holds a connection to its store and
+/// has torch loaded; one that cannot be read is not taken as training).
+pub fn scan_agents(proc_root: &Path, agents: &[i32]) -> Collective {
+    match connections(proc_root, agents, &[]) {
+        Some((_, false))
+            if !agents.is_empty()
+                && agents
+                    .iter()
+                    .all(|&a| torch_loaded(proc_root, a) == Some(false)) =>
+        {
+            Collective::Unconnected
+        }
+        _ => Collective::Forming,
+    }
+}
+
+/// Whether a process has torch's library mapped (`libtorch` in
+/// `/proc/<pid>/maps`): torch imported. `None` when the map cannot be read.
+pub fn torch_loaded(proc_root: &Path, pid: i32) -> Option<bool> {
+    use std::io::BufRead;
+    let file = std::fs::File::open(proc_root.join(pid.to_string()).join("maps")).ok()?;
+    // A large process maps tens of thousands of regions; read 64 MiB at most.
+    let reader = std::io::BufReader::new(std::io::Read::take(file, 64 << 20));
+    let mut any = false;
+    for line in reader.split(b'\n') {
+        let line = line.ok()?;
+        any = true;
+        if line.windows(8).any(|w| w == b"libtorch") {
+            return Some(true);
+        }
+    }
+    any.then_some(false)
 }
 
 /// Follows one set of workers (their start in clock ticks) from scan to
@@ -619,6 +667,44 @@ mod tests {
         assert_eq!(carried, Some(before + 5300));
         // Inodes not in this namespace's TCP table: nothing to say.
         assert_eq!(traffic(&BTreeSet::from([u64::MAX])), None);
+    }
+
+    /// torch's library in a process's map; this test process has none.
+    #[test]
+    fn torch_is_seen_loaded_from_the_process_map() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let write = |pid: i32, text: &str| {
+            let dir = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("maps"), text).expect("write");
+        };
+        write(
+            1,
+            "7f00-7f10 r-xp 0 08:01 12 /usr/lib/python3/site-packages/torch/lib/libtorch_cpu.so\n",
+        );
+        write(
+            2,
+            "7f00-7f10 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libc.so.6\n",
+        );
+        write(3, "");
+        assert_eq!(torch_loaded(root.path(), 1), Some(true));
+        assert_eq!(torch_loaded(root.path(), 2), Some(false));
+        assert_eq!(torch_loaded(root.path(), 3), None);
+        assert_eq!(torch_loaded(root.path(), 4), None);
+        let me = std::process::id() as i32;
+        assert_eq!(torch_loaded(Path::new("/proc"), me), Some(false));
+        // This process holds no TCP connection here and has no torch: a
+        // stand-in for an agent that is not torchrun.
+        assert_eq!(
+            scan_agents(Path::new("/proc"), &[me]),
+            Collective::Unconnected
+        );
+        // Unreadable or absent: never taken as training.
+        assert_eq!(
+            scan_agents(Path::new("/proc"), &[i32::MAX]),
+            Collective::Forming
+        );
+        assert_eq!(scan_agents(Path::new("/proc"), &[]), Collective::Forming);
     }
 
     #[test]

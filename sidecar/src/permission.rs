@@ -85,8 +85,12 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                         .iter()
                         .flat_map(|t| t.workers.iter().map(|w| w.pid))
                         .collect();
-                    (up.collective, up.torch_rank) =
-                        crate::collective::scan(root, &workers, &store_ports);
+                    (up.collective, up.torch_rank) = if workers.is_empty() && !trainers.is_empty() {
+                        let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
+                        (crate::collective::scan_agents(root, &agents), None)
+                    } else {
+                        crate::collective::scan(root, &workers, &store_ports)
+                    };
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
@@ -111,8 +115,13 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         let mut found = tokio::time::timeout(PERMISSION_CHECK_TIMEOUT, &mut pending).await;
         if let Ok(Ok((_, activity, up))) = &mut found {
             let now = SystemTime::now();
-            up.training =
-                training.observe(up.workers_ticks, up.workers_started, &up.collective, now);
+            // The workers are followed; an agent that runs none is too (only
+            // a stand-in trainer that is not torchrun ever counts by it).
+            let (key, started) = match up.workers_ticks {
+                Some(w) => (Some(w), up.workers_started),
+                None => (up.agents.iter().map(|(_, t)| *t).max(), up.agent_started),
+            };
+            up.training = training.observe(key, started, &up.collective, now);
             role.observe(&shared, &events, *activity, up);
             resumed.observe(&shared, &events, up, now);
         }
@@ -298,8 +307,10 @@ impl Resumed {
         // RESUMPTION_CHECK_INTERVAL while it is awaited), kept for these
         // workers even when the loss is recorded later (at its
         // confirmation).
-        let started = seen.workers_started?;
         let (since, by) = seen.training?;
+        // What trains: the workers, or an agent that runs none (a stand-in
+        // trainer, crate::collective::scan_agents).
+        let started = seen.workers_started.or(seen.agent_started)?;
         if let Some(loss) = loss
             && loss.generation > self.recorded
             && started >= loss.suspected_at
@@ -453,14 +464,13 @@ impl Role {
         }
         let mut status = shared.status();
         status.trainer = Some(text);
-        status.training =
-            seen.training
-                .filter(|_| training)
-                .map(|(since, by)| crate::status::TrainingStatus {
-                    since: rfc3339(since),
-                    seen_by: by.as_str(),
-                    torch_rank: seen.torch_rank,
-                });
+        status.training = seen
+            .training
+            .map(|(since, by)| crate::status::TrainingStatus {
+                since: rfc3339(since),
+                seen_by: by.as_str(),
+                torch_rank: seen.torch_rank,
+            });
         if let Some((took_over_at, by)) = took_over {
             let lost_rank = status.last_loss.as_ref().map(|l| l.rank);
             let lost = status
