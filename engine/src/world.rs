@@ -28,9 +28,10 @@
 //!
 //! What counts as **resumed**: an observation that training runs again after
 //! the loss (and after the last trainer exit it caused), never a pod's
-//! readiness: a sidecar's record that the trainer's workers started after
-//! it and stayed up (`trainingSince`), a hot spare's take-over record, or a
-//! checkpoint written after it. `resumedAt` is the earliest such time. The
+//! readiness: a sidecar's record that the trainer's workers, started after
+//! it, train (`trainingSince`, by what it saw), a hot spare's take-over
+//! record, or a second checkpoint written after it (a node cut off mid-step
+//! can still write the first). `resumedAt` is the earliest such time. The
 //! loss closes when the world is whole again (the needed ranks Ready, their
 //! trainers running, the store available) and training was seen; until then
 //! the phase is `Recovering` and `waitingFor` says for what. A world whose
@@ -411,6 +412,12 @@ pub struct Memory {
     /// The latest disruption of the open loss (the loss, and the trainer
     /// exits it caused): training seen after it resumes the loss.
     disrupted_until: Option<Timestamp>,
+    /// The first checkpoint seen written after that disruption (with the
+    /// disruption it is after): a node cut off mid-step can still finish
+    /// its step and write one (4 s after a cut in `spares_e2e`, 0.8 s after
+    /// a store loss), so only a checkpoint with another name after it shows
+    /// training.
+    checkpoint_after: Option<(Timestamp, String)>,
     /// The last status computed (written, or waiting for the interval).
     pub status: Option<WorldStatus>,
     /// When this replica last wrote the annotation.
@@ -693,15 +700,18 @@ fn missing(workload: &WorldOf, pods: &[PodView], store: Option<&StoreSeen>) -> O
 }
 
 /// The earliest observation at or after `since` that training runs: a
-/// sidecar's `trainingSince`, a spare's take-over of `rank`, a checkpoint
-/// written after it. Times from the sidecars' clocks, never after `now`.
+/// sidecar's `trainingSince`, a spare's take-over of `rank`, or a second
+/// checkpoint written after it (`first_checkpoint` keeps the first: a step
+/// in flight on a node cut off, or while the store goes, can still end in
+/// one). Times from the sidecars' clocks, never after `now`.
 fn training_seen(
     pods: &[PodView],
     since: Timestamp,
     now: Timestamp,
-    checkpoints: bool,
+    first_checkpoint: &mut Option<(Timestamp, String)>,
 ) -> Option<(Timestamp, &'static str)> {
     let mut seen: Vec<(Timestamp, &'static str)> = Vec::new();
+    let mut checkpoints: Vec<(Timestamp, &str)> = Vec::new();
     for p in pods.iter().filter(|p| p.up()) {
         if let Some(r) = &p.peer_loss {
             // Any record's `trainingSince`: a loss's, or a `trainer-restarted`
@@ -716,14 +726,27 @@ fn training_seen(
                 seen.push((t, "spare-took-over"));
             }
         }
-        if let Some(t) = p
-            .checkpoint
-            .as_ref()
-            .and_then(|c| parse_time(&c.at))
-            .filter(|_| checkpoints)
+        if let Some(c) = &p.checkpoint
+            && let Some(t) = parse_time(&c.at)
+            && t >= since
         {
-            seen.push((t, "checkpoint"));
+            checkpoints.push((t, c.name.as_str()));
         }
+    }
+    checkpoints.sort();
+    if first_checkpoint.as_ref().is_some_and(|(s, _)| *s != since) {
+        // A later disruption: the checkpoints before it no longer count.
+        *first_checkpoint = None;
+    }
+    if first_checkpoint.is_none()
+        && let Some((_, name)) = checkpoints.first()
+    {
+        *first_checkpoint = Some((since, (*name).to_string()));
+    }
+    if let Some((_, first)) = first_checkpoint.as_ref()
+        && let Some((t, _)) = checkpoints.iter().find(|(_, n)| n != first)
+    {
+        seen.push((*t, "checkpoint"));
     }
     seen.into_iter()
         .filter(|(t, _)| *t >= since)
@@ -786,6 +809,7 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
         ..Loss::default()
     });
     memory.disrupted_until = Some(seen.at);
+    memory.checkpoint_after = None;
     true
 }
 
@@ -876,12 +900,7 @@ pub fn observe(
         let loss_at = parse_time(&l.at).unwrap_or(now);
         let since = memory.disrupted_until.map_or(loss_at, |d| d.max(loss_at));
         let observable = pods.iter().any(|p| p.sidecar);
-        // Every agent exits when its store goes, and a step in flight can
-        // still end in a checkpoint after the store is gone: after a store
-        // loss, training is seen from the sidecars' records only (when
-        // there are sidecars to write them).
-        let checkpoints = l.store.is_none() || !observable;
-        let seen = training_seen(pods, since, now, checkpoints);
+        let seen = training_seen(pods, since, now, &mut memory.checkpoint_after);
         if let Some(why) = ended {
             l.closed_by = Some(why.to_string());
         } else if let Some(why) = &missing {
@@ -895,12 +914,13 @@ pub fn observe(
             l.closed_by = Some("not-observable".to_string());
         } else {
             status.waiting_for = Some(format!(
-                "training to be seen running after {}: a sidecar's record of the trainer's workers started since (trainingSince), a spare's take-over, or a checkpoint written since",
+                "training to be seen running after {}: a sidecar's record that the trainer's workers train since (trainingSince), a spare's take-over, or a second checkpoint written since",
                 since
             ));
         }
         if !l.is_open() {
             memory.disrupted_until = None;
+            memory.checkpoint_after = None;
         }
     }
     status.nodes = Nodes {

@@ -1129,3 +1129,64 @@ mod properties {
         m.store.as_ref().is_some_and(|s| s.counted)
     }
 }
+
+/// A node cut off mid-step can finish that step and write a checkpoint
+/// after its loss (seen in `spares_e2e`, 4 s after the cut): the first
+/// checkpoint after a loss is not a resumption; one with another name after
+/// it is, dated by it.
+#[test]
+fn only_a_second_checkpoint_after_a_loss_resumes_it() {
+    let w = of(2);
+    let with_checkpoint = |mut p: PodView, name: &str, when: i64| {
+        p.checkpoint = Some(CheckpointRecord {
+            name: name.into(),
+            at: at(when).to_string(),
+        });
+        p
+    };
+    let s = run(
+        &w,
+        vec![
+            (
+                0,
+                vec![
+                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
+                    pod(1, "b", Some(0)),
+                ],
+            ),
+            // Rank 1 is reported lost at 100; rank 0's in-flight step ends
+            // in a checkpoint at 103.
+            (
+                101,
+                vec![
+                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
+                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                ],
+            ),
+            (
+                104,
+                vec![
+                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-120", 103),
+                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                ],
+            ),
+            // The next one, at 112, after training resumed.
+            (
+                113,
+                vec![
+                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-125", 112),
+                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                ],
+            ),
+        ],
+    );
+    assert!(
+        s[1].last_loss.as_ref().is_some_and(Loss::is_open),
+        "{:?}",
+        s[1].last_loss
+    );
+    assert_eq!(s[2].phase, Phase::Recovering, "{:?}", s[2].last_loss);
+    let l = s[3].last_loss.clone().unwrap_or_default();
+    assert_eq!(l.resumed_at, Some(at(112).to_string()));
+    assert_eq!(l.resumed_by.as_deref(), Some("checkpoint"));
+}
