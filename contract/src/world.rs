@@ -22,14 +22,19 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod rank_table;
+pub use rank_table::NAMED_RANKS;
+
 /// The workload annotation that holds the [`WorldStatus`].
 pub const ANNOTATION: &str = crate::annotations::WORLD;
 
 /// The pod annotation that holds the sidecar's [`CheckpointRecord`].
 pub const CHECKPOINT_ANNOTATION: &str = crate::annotations::CHECKPOINT;
 
-/// The version this build writes and the newest it reads.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The version this build writes and the newest it reads. Version 2 writes
+/// the rank table of a world larger than [`NAMED_RANKS`] pods in runs
+/// ([`rank_table`]); a version 1 value reads as it is.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// At most this many actions are kept for one loss.
 pub const MAX_ACTIONS: usize = 8;
@@ -166,8 +171,8 @@ pub struct StoreSeen {
     pub since: Option<String>,
 }
 
-/// The most ranks [`WorldStatus::ranks`] lists.
-pub const MAX_RANKS: usize = 512;
+/// The most pods [`WorldStatus::ranks`] holds.
+pub const MAX_RANKS: usize = 8192;
 
 /// What a pod does in the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -267,9 +272,15 @@ pub struct WorldStatus {
     /// The dedicated rendezvous store, when the world has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreSeen>,
-    /// Each pod's role, by index (at most [`MAX_RANKS`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// Each pod's role, by index (at most [`MAX_RANKS`]), written in runs
+    /// beyond [`NAMED_RANKS`] pods ([`rank_table`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty", with = "rank_table")]
     pub ranks: Vec<RankRole>,
+    /// Pods left out at the end of `ranks` so that the value stays within
+    /// [`MAX_VALUE_BYTES`] (only a world of thousands of pods whose roles
+    /// alternate needs it); absent when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ranks_omitted: u32,
     /// When the controller wrote this value.
     #[serde(default)]
     pub updated_at: String,
@@ -305,9 +316,43 @@ fn bounded(annotation: &'static str, value: &str) -> Result<(), WorldError> {
 }
 
 impl WorldStatus {
-    /// The annotation's value (compact JSON).
+    /// The annotation's value (compact JSON), at most [`MAX_VALUE_BYTES`]
+    /// when the table is what makes it large: past the bound the torch
+    /// ranks are left out of the table, then the pods at its end
+    /// ([`WorldStatus::ranks_omitted`]).
     pub fn to_annotation(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+        let text = serde_json::to_string(self).unwrap_or_default();
+        if text.len() <= MAX_VALUE_BYTES {
+            return text;
+        }
+        let mut lean = self.clone();
+        for r in &mut lean.ranks {
+            r.torch_rank = None;
+        }
+        let text = serde_json::to_string(&lean).unwrap_or_default();
+        if text.len() <= MAX_VALUE_BYTES {
+            return text;
+        }
+        let all = lean.ranks.clone();
+        let with_first = |n: usize| {
+            let mut cut = lean.clone();
+            cut.ranks = all[..n].to_vec();
+            cut.ranks_omitted = u32::try_from(all.len() - n)
+                .unwrap_or(u32::MAX)
+                .saturating_add(self.ranks_omitted);
+            serde_json::to_string(&cut).unwrap_or_default()
+        };
+        // The most pods whose value fits: fewer pods never make it longer.
+        let (mut fits, mut over) = (0, all.len());
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if with_first(mid).len() <= MAX_VALUE_BYTES {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
+        with_first(fits)
     }
 
     /// Read an annotation value.
@@ -325,16 +370,18 @@ impl WorldStatus {
         Ok(status)
     }
 
-    /// Equal but for `updatedAt`: whether writing `other` would change
-    /// anything a reader cares about.
+    /// Equal as written but for `updatedAt`: whether writing `other` would
+    /// change anything a reader cares about (a large table names no pods,
+    /// so a status read back equals the one it was written from).
     pub fn same_as(&self, other: &WorldStatus) -> bool {
-        WorldStatus {
-            updated_at: String::new(),
-            ..self.clone()
-        } == WorldStatus {
-            updated_at: String::new(),
-            ..other.clone()
-        }
+        let written = |s: &WorldStatus| {
+            WorldStatus {
+                updated_at: String::new(),
+                ..s.clone()
+            }
+            .to_annotation()
+        };
+        written(self) == written(other)
     }
 }
 
@@ -400,7 +447,21 @@ mod tests {
                     last_loss in proptest::option::of(loss()),
                     checkpoint in proptest::option::of((text(), text(), any::<u32>())),
                     stopped in proptest::option::of((text(), text(), text(), proptest::option::of(any::<i32>()), text())),
+                    ranks in proptest::collection::vec((0u8..4, proptest::option::of(0u32..2000), 0u8..3), 0..150),
                     updated_at in text()) -> WorldStatus {
+            let ranks: Vec<RankRole> = ranks.into_iter().enumerate().map(|(i, (role, torch_rank, from))| RankRole {
+                index: u32::try_from(i).unwrap_or(0),
+                pod: format!("w-{i}"),
+                role: [Role::Training, Role::Spare, Role::Waiting, Role::Lost][usize::from(role)],
+                torch_rank,
+                from: ["pod", "sidecar", "index"][usize::from(from)].to_string(),
+            }).collect();
+            // A large table is read back without the pods' names.
+            let ranks = if ranks.len() > NAMED_RANKS {
+                ranks.into_iter().map(|r| RankRole { pod: String::new(), ..r }).collect()
+            } else {
+                ranks
+            };
             WorldStatus {
                 version: SCHEMA_VERSION,
                 phase,
@@ -409,6 +470,7 @@ mod tests {
                 last_loss,
                 checkpoint: checkpoint.map(|(name, newest_at, reported_by)| CheckpointSeen { name, newest_at, reported_by }),
                 stopped: stopped.map(|(reason, at, pod, exit_code, resume)| Stopped { reason, at, pod, exit_code, resume }),
+                ranks,
                 updated_at,
                 ..WorldStatus::default()
             }
@@ -460,6 +522,78 @@ mod tests {
             CheckpointRecord::from_annotation(&huge),
             Err(WorldError::TooLarge { .. })
         ));
+    }
+
+    fn alternating(n: u32) -> WorldStatus {
+        WorldStatus {
+            version: SCHEMA_VERSION,
+            phase: Phase::Recovering,
+            nodes: Nodes {
+                ready: n / 2,
+                expected: n,
+                spares: 0,
+            },
+            ranks: (0..n)
+                .map(|i| RankRole {
+                    index: i,
+                    pod: format!("llama-pretrain-{i}"),
+                    role: if i % 2 == 0 {
+                        Role::Training
+                    } else {
+                        Role::Lost
+                    },
+                    torch_rank: (i % 2 == 0).then_some(n - 1 - i),
+                    from: "sidecar".into(),
+                })
+                .collect(),
+            ..WorldStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_table_too_large_for_the_bound_leaves_out_torch_ranks_then_its_last_pods() {
+        // 1,024 pods whose roles alternate: every entry its own, all kept.
+        let s = alternating(1024);
+        let text = s.to_annotation();
+        assert!(text.len() <= MAX_VALUE_BYTES, "{} bytes", text.len());
+        let back = WorldStatus::from_annotation(&text).expect("reads");
+        assert_eq!(back.ranks.len(), 1024);
+        assert_eq!(back.ranks_omitted, 0);
+        assert_eq!(back.ranks[1022].role, Role::Training);
+        assert_eq!(back.ranks[1023].role, Role::Lost);
+        // 8,192 of them: the torch ranks go, then the last pods.
+        let s = alternating(8192);
+        let text = s.to_annotation();
+        assert!(text.len() <= MAX_VALUE_BYTES, "{} bytes", text.len());
+        let back = WorldStatus::from_annotation(&text).expect("reads");
+        assert!(back.ranks_omitted > 0);
+        assert_eq!(
+            back.ranks.len() + usize::try_from(back.ranks_omitted).unwrap_or(0),
+            8192
+        );
+        assert!(back.ranks.iter().all(|r| r.torch_rank.is_none()));
+        assert!(
+            back.ranks
+                .iter()
+                .zip(&s.ranks)
+                .all(|(b, r)| (b.index, b.role) == (r.index, r.role))
+        );
+        // Read back and written again, it is the same value.
+        assert!(back.same_as(&s));
+        assert_eq!(back.to_annotation(), text);
+    }
+
+    #[test]
+    fn a_large_world_read_back_is_the_same_as_the_one_computed() {
+        let mut computed = alternating(200);
+        for r in &mut computed.ranks {
+            r.role = Role::Training;
+        }
+        let back = WorldStatus::from_annotation(&computed.to_annotation()).expect("reads");
+        assert!(back.ranks.iter().all(|r| r.pod.is_empty()));
+        assert!(back.same_as(&computed));
+        computed.ranks[3].role = Role::Lost;
+        assert!(!back.same_as(&computed));
     }
 
     #[test]

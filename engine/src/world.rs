@@ -943,6 +943,7 @@ pub fn observe(
         });
     status.stopped = workload.stopped.clone();
     status.ranks = roles(workload, pods);
+    status.ranks_omitted = 0;
     let open = status.last_loss.as_ref().is_some_and(Loss::is_open);
     status.phase = if status.stopped.is_some() {
         Phase::Stopped

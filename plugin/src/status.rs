@@ -164,7 +164,8 @@ fn world_of(w: &Workload, all_pods: &[Pod], now: Timestamp, with_ranks: bool) ->
                 let role = status
                     .ranks
                     .iter()
-                    .find(|r| r.pod == view.name && r.index == view.rank);
+                    // A large table names a pod only where two hold its index.
+                    .find(|r| r.index == view.rank && (r.pod.is_empty() || r.pod == view.name));
                 Some(Rank {
                     rank: view.rank,
                     role: role.map_or(Role::Waiting, |r| r.role),

@@ -150,8 +150,9 @@ impl Seen {
 /// included): every other peer of `peers` that is up. A peer this sidecar
 /// watches counts by its own state (healthy, suspect, replaced); one it
 /// does not watch by the controllers' `view` (training or spare), or, when
-/// the view does not list it (none read since the loss, or past
-/// [`contract::MAX_RANKS`]), presumed up unless the view expects fewer pods:
+/// the view does not list it (none read since the loss, or left out of a
+/// table too large for the annotation: `ranksOmitted`), presumed up unless
+/// the view expects fewer pods:
 /// its own watchers see its loss.
 pub fn survivors(lost: u32, peers: &Peers, view: Option<&WorldStatus>) -> u32 {
     let roles: std::collections::BTreeMap<u32, Role> = view

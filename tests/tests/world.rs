@@ -544,3 +544,70 @@ async fn a_new_leader_keeps_the_history_it_reads() -> Result<()> {
     );
     Ok(())
 }
+
+/// The captured pod shape as pod `rank` of a larger world: its name, its
+/// index label and the StatefulSet's hostname for it.
+fn pod_of_many(rank: u32, uid: &str, ready: Option<i64>) -> Value {
+    let mut pod = captured_pod(1, uid, ready);
+    let sts = pod["metadata"]["ownerReferences"][0]["name"]
+        .as_str()
+        .unwrap_or("llama")
+        .to_string();
+    pod["metadata"]["name"] = json!(format!("{sts}-{rank}"));
+    pod["metadata"]["labels"]["apps.kubernetes.io/pod-index"] = json!(rank.to_string());
+    pod["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"] =
+        json!(format!("{sts}-{rank}"));
+    pod
+}
+
+/// A world of 1,024 pods: the controller's table holds every pod (a loss
+/// past the first 512 included), the annotation it writes stays a few
+/// hundred bytes, and a reconcile with nothing new writes nothing.
+#[tokio::test]
+async fn a_world_of_1024_pods_is_one_small_annotation_with_every_pod() -> Result<()> {
+    let mut c = Cluster::new();
+    c.sts["spec"]["replicas"] = json!(1024);
+    for rank in 0..1024 {
+        c.pod(pod_of_many(rank, &format!("pod-{rank}-a"), Some(5)))?;
+    }
+    c.set_time(10);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running, "{s:?}");
+    ensure!(
+        (s.nodes.ready, s.nodes.expected) == (1024, 1024),
+        "{:?}",
+        s.nodes
+    );
+    ensure!(s.ranks.len() == 1024, "{} ranks", s.ranks.len());
+    let written = c.sts["metadata"]["annotations"]["trainwire.dev/world"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(written.len() < 512, "{} bytes: {written}", written.len());
+
+    // Pod 900 is deleted.
+    let mut dying = pod_of_many(900, "pod-900-a", Some(5));
+    dying["metadata"]["deletionTimestamp"] = json!(at(100).to_string());
+    c.pod(dying)?;
+    c.set_time(101);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    ensure!(s.last_loss.as_ref().map(|l| l.rank) == Some(900), "{s:?}");
+    let lost: Vec<u32> = s
+        .ranks
+        .iter()
+        .filter(|r| r.role == trainwire_contract::world::Role::Lost)
+        .map(|r| r.index)
+        .collect();
+    ensure!(lost == vec![900], "lost {lost:?}");
+    let written = c.sts["metadata"]["annotations"]["trainwire.dev/world"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    ensure!(written.len() < 1024, "{} bytes: {written}", written.len());
+
+    // Nothing new: the value read back is what it computes, no write.
+    c.set_time(130);
+    c.reconcile_quietly().await?;
+    Ok(())
+}

@@ -1190,3 +1190,40 @@ fn only_a_second_checkpoint_after_a_loss_resumes_it() {
     assert_eq!(l.resumed_at, Some(at(112).to_string()));
     assert_eq!(l.resumed_by.as_deref(), Some("checkpoint"));
 }
+
+/// A 1,024-pod world: every pod in the table, the annotation a few runs,
+/// and the value read back is what the controller computes again (no write
+/// for nothing).
+#[test]
+fn a_world_of_1024_pods_lists_every_pod_in_a_small_annotation() {
+    let w = of(1024);
+    let whole: Vec<PodView> = (0..1024)
+        .map(|i| pod(i, &format!("u{i}"), Some(1)))
+        .collect();
+    let mut cut = whole.clone();
+    cut[900] = deleted(cut[900].clone(), 10);
+    let s = run(&w, vec![(1, whole), (10, cut.clone())]);
+    let last = &s[1];
+    assert_eq!(last.phase, Phase::Recovering);
+    assert_eq!(last.ranks.len(), 1024);
+    assert_eq!(last.ranks[900].role, Role::Lost);
+    assert_eq!(last.ranks[1023].role, Role::Training);
+    let text = last.to_annotation();
+    assert!(text.len() < 1024, "{} bytes: {text}", text.len());
+    let back = WorldStatus::from_annotation(&text).expect("reads");
+    assert_eq!(back.ranks.len(), 1024);
+    assert_eq!(back.ranks[900].role, Role::Lost);
+    let mut memory = Memory::default();
+    observe(Some(&back), &mut memory, &w, &cut, None, at(10));
+    let again = observe(Some(&back), &mut memory, &w, &cut, None, at(11));
+    assert_eq!(
+        decide_write(
+            Some(&back),
+            &again,
+            Some(at(10)),
+            at(30),
+            Duration::from_secs(10)
+        ),
+        Write::Unchanged
+    );
+}

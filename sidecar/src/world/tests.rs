@@ -10,7 +10,7 @@ use crate::peers::{Evidence, Identity, Observation, Peers, Source};
 
 fn view(expected: u32, roles: &[(u32, Role)]) -> WorldStatus {
     WorldStatus {
-        version: 1,
+        version: trainwire_contract::world::SCHEMA_VERSION,
         nodes: Nodes {
             ready: 0,
             expected,
@@ -291,4 +291,48 @@ async fn without_an_api_the_view_says_so() {
         reader.seen().error.as_deref(),
         Some("no Kubernetes API configuration")
     );
+}
+
+#[test]
+fn a_1024_pod_view_read_from_the_annotation_counts_every_pod() {
+    let t = Instant::now();
+    let watched = crate::ring::watched(0, 1024, None);
+    let mut peers = Peers::new(
+        NodeCount::Elastic {
+            min: 900,
+            max: 1024,
+        },
+        0,
+        3,
+        t,
+    )
+    .watching(&watched);
+    for rank in [1, 1023] {
+        peers.observe(Observation {
+            rank,
+            source: Source::Kubernetes,
+            evidence: Evidence::Alive(Identity {
+                pod: format!("w-{rank}"),
+                uid: format!("u-{rank}"),
+                ..Identity::default()
+            }),
+            at: t,
+        });
+    }
+    // Pods 600..700 lost, past the first 512: the controllers' table
+    // holds them, written in runs and read back.
+    let roles: Vec<(u32, Role)> = (0..1024)
+        .map(|i| {
+            let role = if (600..700).contains(&i) {
+                Role::Lost
+            } else {
+                Role::Training
+            };
+            (i, role)
+        })
+        .collect();
+    let text = view(1024, &roles).to_annotation();
+    let read = WorldStatus::from_annotation(&text).expect("reads");
+    // Losing 1 as well: 1,024 - 100 - 1.
+    assert_eq!(survivors(1, &peers, Some(&read)), 923);
 }
