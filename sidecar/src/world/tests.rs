@@ -35,8 +35,14 @@ fn view(expected: u32, roles: &[(u32, Role)]) -> WorldStatus {
 fn ring_peers(t: Instant) -> Peers {
     let watched = crate::ring::watched(0, 8, None);
     let mut p = Peers::new(NodeCount::Elastic { min: 4, max: 8 }, 0, 3, t).watching(&watched);
-    for rank in [1, 7] {
-        p.observe(Observation {
+    alive(&mut p, &[1, 7], t);
+    p
+}
+
+/// `ranks` seen alive by the Kubernetes source.
+fn alive(peers: &mut Peers, ranks: &[u32], t: Instant) {
+    for &rank in ranks {
+        peers.observe(Observation {
             rank,
             source: Source::Kubernetes,
             evidence: Evidence::Alive(Identity {
@@ -47,7 +53,6 @@ fn ring_peers(t: Instant) -> Peers {
             at: t,
         });
     }
-    p
 }
 
 #[test]
@@ -307,18 +312,7 @@ fn a_1024_pod_view_read_from_the_annotation_counts_every_pod() {
         t,
     )
     .watching(&watched);
-    for rank in [1, 1023] {
-        peers.observe(Observation {
-            rank,
-            source: Source::Kubernetes,
-            evidence: Evidence::Alive(Identity {
-                pod: format!("w-{rank}"),
-                uid: format!("u-{rank}"),
-                ..Identity::default()
-            }),
-            at: t,
-        });
-    }
+    alive(&mut peers, &[1, 1023], t);
     // Pods 600..700 lost, past the first 512: the controllers' table
     // holds them, written in runs and read back.
     let roles: Vec<(u32, Role)> = (0..1024)
