@@ -675,16 +675,24 @@ fn missing(workload: &WorldOf, pods: &[PodView], store: Option<&StoreSeen>) -> O
     let mut what = Vec::new();
     let up = up_ranks(workload.expected, pods);
     if up < workload.needed() {
-        let down: Vec<String> = (0..workload.expected)
-            .filter(|r| !pods.iter().any(|p| p.rank == *r && p.ready && p.up()))
-            .take(8)
-            .map(|r| r.to_string())
+        let running: std::collections::BTreeSet<u32> = pods
+            .iter()
+            .filter(|p| p.ready && p.up())
+            .map(|p| p.rank)
             .collect();
+        let down: Vec<u32> = (0..workload.expected)
+            .filter(|r| !running.contains(r))
+            .collect();
+        let named: Vec<String> = down.iter().take(8).map(u32::to_string).collect();
+        let more = match down.len() {
+            n if n > named.len() => format!(", and {} more", n - named.len()),
+            _ => String::new(),
+        };
         what.push(format!(
-            "{} of {} needed pods Ready with their trainer running (not: rank {})",
+            "{} of {} needed pods Ready with their trainer running (not: rank {}{more})",
             up,
             workload.needed(),
-            down.join(", ")
+            named.join(", ")
         ));
     }
     if let Some(s) = store

@@ -1208,6 +1208,10 @@ fn a_world_of_1024_pods_lists_every_pod_in_a_small_annotation() {
     assert_eq!(last.ranks.len(), 1024);
     assert_eq!(last.ranks[900].role, Role::Lost);
     assert_eq!(last.ranks[1023].role, Role::Training);
+    assert_eq!(
+        last.waiting_for.as_deref(),
+        Some("1023 of 1024 needed pods Ready with their trainer running (not: rank 900)")
+    );
     let text = last.to_annotation();
     assert!(text.len() < 1024, "{} bytes: {text}", text.len());
     let back = WorldStatus::from_annotation(&text).expect("reads");
@@ -1225,5 +1229,25 @@ fn a_world_of_1024_pods_lists_every_pod_in_a_small_annotation() {
             Duration::from_secs(10)
         ),
         Write::Unchanged
+    );
+}
+
+/// What a world waits for names at most 8 ranks, and how many more.
+#[test]
+fn waiting_for_many_pods_names_eight_and_counts_the_rest() {
+    let w = of(1024);
+    let whole: Vec<PodView> = (0..1024)
+        .map(|i| pod(i, &format!("u{i}"), Some(1)))
+        .collect();
+    let mut cut = whole.clone();
+    for p in &mut cut[100..120] {
+        *p = deleted(p.clone(), 10);
+    }
+    let s = run(&w, vec![(1, whole), (10, cut)]);
+    assert_eq!(
+        s[1].waiting_for.as_deref(),
+        Some(
+            "1004 of 1024 needed pods Ready with their trainer running (not: rank 100, 101, 102, 103, 104, 105, 106, 107, and 12 more)"
+        )
     );
 }
