@@ -31,10 +31,15 @@ pub const ANNOTATION: &str = crate::annotations::WORLD;
 /// The pod annotation that holds the sidecar's [`CheckpointRecord`].
 pub const CHECKPOINT_ANNOTATION: &str = crate::annotations::CHECKPOINT;
 
-/// The version this build writes and the newest it reads. Version 2 writes
-/// the rank table of a world larger than [`NAMED_RANKS`] pods in runs
-/// ([`rank_table`]); a version 1 value reads as it is.
+/// The newest version this build reads and writes. Version 2 writes the
+/// rank table of a world larger than [`NAMED_RANKS`] pods in runs
+/// ([`rank_table`]); a value is written with the oldest version that reads
+/// it ([`WorldStatus::schema_version`]), so a world of at most
+/// [`NAMED_RANKS`] pods stays readable by a version 1 reader.
 pub const SCHEMA_VERSION: u32 = 2;
+
+/// The first version whose rank table may be written in runs.
+const RUNS_VERSION: u32 = 2;
 
 /// At most this many actions are kept for one loss.
 pub const MAX_ACTIONS: usize = 8;
@@ -253,7 +258,8 @@ pub struct Stopped {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct WorldStatus {
-    /// [`SCHEMA_VERSION`] of the writer.
+    /// The oldest schema version that reads this value
+    /// ([`WorldStatus::schema_version`]), at most [`SCHEMA_VERSION`].
     pub version: u32,
     pub phase: Phase,
     pub nodes: Nodes,
@@ -321,11 +327,12 @@ impl WorldStatus {
     /// ranks are left out of the table, then the pods at its end
     /// ([`WorldStatus::ranks_omitted`]).
     pub fn to_annotation(&self) -> String {
-        let text = serde_json::to_string(self).unwrap_or_default();
+        let mut lean = self.clone();
+        lean.version = self.schema_version();
+        let text = serde_json::to_string(&lean).unwrap_or_default();
         if text.len() <= MAX_VALUE_BYTES {
             return text;
         }
-        let mut lean = self.clone();
         for r in &mut lean.ranks {
             r.torch_rank = None;
         }
@@ -353,6 +360,17 @@ impl WorldStatus {
             }
         }
         with_first(fits)
+    }
+
+    /// The oldest schema version that reads this value: 1 while the rank
+    /// table names every pod, [`RUNS_VERSION`] when it is written in runs
+    /// or leaves pods out.
+    pub fn schema_version(&self) -> u32 {
+        if self.ranks.len() > NAMED_RANKS || self.ranks_omitted > 0 {
+            RUNS_VERSION
+        } else {
+            1
+        }
     }
 
     /// Read an annotation value.
@@ -462,8 +480,7 @@ mod tests {
             } else {
                 ranks
             };
-            WorldStatus {
-                version: SCHEMA_VERSION,
+            let mut s = WorldStatus {
                 phase,
                 nodes: Nodes { ready, expected, spares },
                 generation,
@@ -473,7 +490,9 @@ mod tests {
                 ranks,
                 updated_at,
                 ..WorldStatus::default()
-            }
+            };
+            s.version = s.schema_version();
+            s
         }
     }
 
@@ -510,7 +529,7 @@ mod tests {
             ..WorldStatus::default()
         };
         assert_eq!(
-            WorldStatus::from_annotation(&newer.to_annotation()),
+            WorldStatus::from_annotation(&serde_json::to_string(&newer).unwrap_or_default()),
             Err(WorldError::NewerVersion {
                 found: SCHEMA_VERSION + 1
             })
@@ -581,6 +600,25 @@ mod tests {
         // Read back and written again, it is the same value.
         assert!(back.same_as(&s));
         assert_eq!(back.to_annotation(), text);
+    }
+
+    #[test]
+    fn a_value_is_written_with_the_oldest_version_that_reads_it() {
+        // At most 64 pods: one named entry each, as version 1 wrote it, so a
+        // version 1 reader (a sidecar or plugin of the previous release)
+        // still reads it.
+        let small = alternating(64);
+        let text = small.to_annotation();
+        assert!(text.starts_with(r#"{"version":1,"#), "{text}");
+        assert!(!text.contains("count") && text.contains(r#""pod":"llama-pretrain-63""#));
+        // More: in runs, version 2, which a version 1 reader refuses.
+        let text = alternating(65).to_annotation();
+        assert!(text.starts_with(r#"{"version":2,"#), "{text}");
+        let mut runs = alternating(200);
+        for r in &mut runs.ranks {
+            r.role = Role::Training;
+        }
+        assert!(runs.to_annotation().contains(r#""count":200"#));
     }
 
     #[test]

@@ -56,7 +56,7 @@ use k8s_openapi::jiff::Timestamp;
 use trainwire_contract::peer_loss::{self, PeerLossRecord};
 use trainwire_contract::world::{
     self, CheckpointRecord, CheckpointSeen, Loss, MAX_ACTIONS, MAX_RANKS, Nodes, Phase, RankRole,
-    Role, SCHEMA_VERSION, Stopped, StoreSeen, WorldStatus,
+    Role, Stopped, StoreSeen, WorldStatus,
 };
 
 use crate::mutation::annotations as ann;
@@ -881,7 +881,6 @@ pub fn observe(
     now: Timestamp,
 ) -> WorldStatus {
     let mut status = previous.cloned().unwrap_or_default();
-    status.version = SCHEMA_VERSION;
     let store_watched = if workload.dedicated_store {
         store
     } else {
@@ -952,6 +951,7 @@ pub fn observe(
     status.stopped = workload.stopped.clone();
     status.ranks = roles(workload, pods);
     status.ranks_omitted = 0;
+    status.version = status.schema_version();
     let open = status.last_loss.as_ref().is_some_and(Loss::is_open);
     status.phase = if status.stopped.is_some() {
         Phase::Stopped
