@@ -640,13 +640,14 @@ fn ready_ranks(expected: u32, pods: &[PodView]) -> u32 {
         .unwrap_or(u32::MAX)
 }
 
-/// Ranks below `expected` whose pod is Ready, not lost, its trainer up.
-fn up_ranks(expected: u32, pods: &[PodView]) -> u32 {
-    (0..expected)
-        .filter(|r| pods.iter().any(|p| p.rank == *r && p.ready && p.up()))
-        .count()
-        .try_into()
-        .unwrap_or(u32::MAX)
+/// Ranks below `expected` with no pod Ready, not lost, its trainer up.
+fn down_ranks(expected: u32, pods: &[PodView]) -> Vec<u32> {
+    let up: std::collections::BTreeSet<u32> = pods
+        .iter()
+        .filter(|p| p.ready && p.up())
+        .map(|p| p.rank)
+        .collect();
+    (0..expected).filter(|r| !up.contains(r)).collect()
 }
 
 /// The store's state: `None` without a dedicated store.
@@ -673,16 +674,11 @@ fn store_seen(workload: &WorldOf, store: Option<&[StoreView]>) -> Option<StoreSe
 /// What keeps the world from being whole, `None` when it is.
 fn missing(workload: &WorldOf, pods: &[PodView], store: Option<&StoreSeen>) -> Option<String> {
     let mut what = Vec::new();
-    let up = up_ranks(workload.expected, pods);
+    let down = down_ranks(workload.expected, pods);
+    let up = workload
+        .expected
+        .saturating_sub(u32::try_from(down.len()).unwrap_or(u32::MAX));
     if up < workload.needed() {
-        let running: std::collections::BTreeSet<u32> = pods
-            .iter()
-            .filter(|p| p.ready && p.up())
-            .map(|p| p.rank)
-            .collect();
-        let down: Vec<u32> = (0..workload.expected)
-            .filter(|r| !running.contains(r))
-            .collect();
         let named: Vec<String> = down.iter().take(8).map(u32::to_string).collect();
         let more = match down.len() {
             n if n > named.len() => format!(", and {} more", n - named.len()),

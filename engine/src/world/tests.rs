@@ -49,6 +49,13 @@ fn training(mut p: PodView, when: i64) -> PodView {
     p
 }
 
+/// The last loss of `s` resumed at `when`, by `by`.
+fn assert_resumed(s: &WorldStatus, when: i64, by: &str) {
+    let l = s.last_loss.clone().unwrap_or_default();
+    assert_eq!(l.resumed_at, Some(at(when).to_string()), "{l:?}");
+    assert_eq!(l.resumed_by.as_deref(), Some(by), "{l:?}");
+}
+
 fn of(expected: u32) -> WorldOf {
     WorldOf {
         expected,
@@ -592,6 +599,22 @@ fn run_with_store(
     out
 }
 
+/// A formed world of 2 at 0 whose store exits at 100, with `pods` at 101.
+fn store_exits_at_100(pods: Vec<PodView>) -> Vec<(i64, Vec<PodView>, Vec<StoreView>)> {
+    vec![
+        (
+            0,
+            vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
+            vec![store_pod("s1", true, None)],
+        ),
+        (
+            101,
+            pods,
+            vec![store_pod("s1", false, Some((100, "store-exited")))],
+        ),
+    ]
+}
+
 /// The store's pod is deleted at 100: a loss of its own; every trainer
 /// exits with it (part of that loss, not three more); the new store and
 /// the trainers come back; training seen at 110 resumes it.
@@ -703,33 +726,21 @@ fn a_checkpoint_in_flight_does_not_resume_a_store_loss() {
         parse_time("2027-01-15T08:01:40.8Z").map(|t| t.as_second()),
         Some(at(100).as_second())
     );
-    let s = run_with_store(
-        &w,
+    let mut steps = store_exits_at_100(vec![
+        checkpointed(pod(0, "a", Some(1))),
+        pod(1, "b", Some(1)),
+    ]);
+    steps.push((
+        110,
         vec![
-            (
-                0,
-                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
-                vec![store_pod("s1", true, None)],
-            ),
-            (
-                101,
-                vec![checkpointed(pod(0, "a", Some(1))), pod(1, "b", Some(1))],
-                vec![store_pod("s1", false, Some((100, "store-exited")))],
-            ),
-            (
-                110,
-                vec![
-                    checkpointed(restarted(pod(0, "a", Some(1)), 104, 109)),
-                    restarted(pod(1, "b", Some(1)), 104, 109),
-                ],
-                vec![store_pod("s1", true, None)],
-            ),
+            checkpointed(restarted(pod(0, "a", Some(1)), 104, 109)),
+            restarted(pod(1, "b", Some(1)), 104, 109),
         ],
-    );
+        vec![store_pod("s1", true, None)],
+    ));
+    let s = run_with_store(&w, steps);
     assert_eq!(s[1].phase, Phase::Recovering, "{:?}", s[1].last_loss);
-    let l = s[2].last_loss.clone().unwrap_or_default();
-    assert_eq!(l.resumed_at, Some(at(109).to_string()));
-    assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
+    assert_resumed(&s[2], 109, "workers-started");
 }
 
 /// The world status names what the sidecar saw training by: its record's
@@ -744,35 +755,20 @@ fn resumed_by_names_the_sidecars_observation() {
         }
         p
     };
-    let s = run_with_store(
-        &w,
+    let mut steps = store_exits_at_100(vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))]);
+    steps.push((
+        111,
         vec![
-            (
-                0,
-                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
-                vec![store_pod("s1", true, None)],
-            ),
-            (
-                101,
-                vec![pod(0, "a", Some(1)), pod(1, "b", Some(1))],
-                vec![store_pod("s1", false, Some((100, "store-exited")))],
-            ),
-            (
-                111,
-                vec![
-                    restarted(pod(0, "a", Some(1)), 104, 110),
-                    seen_by(
-                        restarted(pod(1, "b", Some(1)), 104, 109),
-                        "collective-traffic",
-                    ),
-                ],
-                vec![store_pod("s1", true, None)],
+            restarted(pod(0, "a", Some(1)), 104, 110),
+            seen_by(
+                restarted(pod(1, "b", Some(1)), 104, 109),
+                "collective-traffic",
             ),
         ],
-    );
-    let l = s[2].last_loss.clone().unwrap_or_default();
-    assert_eq!(l.resumed_at, Some(at(109).to_string()));
-    assert_eq!(l.resumed_by.as_deref(), Some("collective-traffic"));
+        vec![store_pod("s1", true, None)],
+    ));
+    let s = run_with_store(&w, steps);
+    assert_resumed(&s[2], 109, "collective-traffic");
 }
 
 #[test]
@@ -833,8 +829,7 @@ fn a_store_loss_resumes_from_the_trainers_restarted_records() {
     assert_eq!(s[4].generation, 1);
     let l = s[4].last_loss.clone().unwrap_or_default();
     assert_eq!(l.store.as_deref(), Some("llama-rdzv-s1"));
-    assert_eq!(l.resumed_at, Some(at(107).to_string()));
-    assert_eq!(l.resumed_by.as_deref(), Some("workers-started"));
+    assert_resumed(&s[4], 107, "workers-started");
     assert_eq!(l.recovery_seconds, Some(7));
     assert!(
         !l.actions.iter().any(|a| a.contains("trainer-restarted")),
@@ -1186,9 +1181,7 @@ fn only_a_second_checkpoint_after_a_loss_resumes_it() {
         s[1].last_loss
     );
     assert_eq!(s[2].phase, Phase::Recovering, "{:?}", s[2].last_loss);
-    let l = s[3].last_loss.clone().unwrap_or_default();
-    assert_eq!(l.resumed_at, Some(at(112).to_string()));
-    assert_eq!(l.resumed_by.as_deref(), Some("checkpoint"));
+    assert_resumed(&s[3], 112, "checkpoint");
 }
 
 /// A 1,024-pod world: every pod in the table, the annotation a few runs,
