@@ -109,18 +109,9 @@ fn socket_inodes(proc_root: &Path, pid: i32) -> Option<BTreeSet<u64>> {
 }
 
 /// The sockets of `workers` that are connections to a peer ([`is_peer`]),
-/// by inode; empty when none is, `None` when no worker's sockets could be
-/// read.
-pub fn peer_sockets(
-    proc_root: &Path,
-    workers: &[i32],
-    store_ports: &[u16],
-) -> Option<BTreeSet<u64>> {
-    connections(proc_root, workers, store_ports).map(|(peers, _)| peers)
-}
-
-/// The workers' peer sockets ([`peer_sockets`]) and whether they hold any
-/// established TCP connection at all (to the store, the loopback too).
+/// by inode (empty when none is), and whether they hold any established TCP
+/// connection at all (to the store, the loopback too); `None` when no
+/// worker's sockets could be read.
 fn connections(
     proc_root: &Path,
     workers: &[i32],
@@ -226,12 +217,6 @@ pub fn worker_env(proc_root: &Path, pid: i32) -> Option<WorkerEnv> {
     // A process environment is bounded by the kernel's ARG_MAX; read 1 MiB.
     file.take(1 << 20).read_to_end(&mut bytes).ok()?;
     Some(WorkerEnv::parse(&bytes))
-}
-
-/// torch's node rank of a worker: `GROUP_RANK` in its environment (torchrun
-/// sets it for every worker of a node); `None` when it cannot be read.
-pub fn group_rank(proc_root: &Path, pid: i32) -> Option<u32> {
-    worker_env(proc_root, pid)?.group_rank
 }
 
 /// The bytes each of `inodes` carried, sent and acknowledged plus
@@ -608,11 +593,11 @@ mod tests {
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let me = std::process::id() as i32;
         assert_eq!(
-            peer_sockets(Path::new("/proc"), &[me], &[]),
-            Some(BTreeSet::new())
+            connections(Path::new("/proc"), &[me], &[]),
+            Some((BTreeSet::new(), true))
         );
         // No such process: nothing readable.
-        assert_eq!(peer_sockets(Path::new("/proc"), &[i32::MAX], &[]), None);
+        assert_eq!(connections(Path::new("/proc"), &[i32::MAX], &[]), None);
         assert_eq!(
             scan(Path::new("/proc"), &[i32::MAX], &[]),
             (Collective::Unreadable, None)
@@ -827,6 +812,7 @@ mod tests {
 
     #[test]
     fn the_group_rank_comes_from_the_workers_environment() {
+        let group_rank = |root: &Path, pid| worker_env(root, pid).and_then(|e| e.group_rank);
         let root = tempfile::tempdir().expect("tempdir");
         let dir = root.path().join("42");
         std::fs::create_dir_all(&dir).expect("mkdir");
