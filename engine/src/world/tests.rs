@@ -18,6 +18,7 @@ fn pod(rank: u32, uid: &str, ready_since: Option<i64>) -> PodView {
         trainer_exit: None,
         trainer_down: false,
         sidecar: true,
+        created: None,
         peer_loss: None,
         checkpoint: None,
     }
@@ -1154,23 +1155,38 @@ fn only_a_second_checkpoint_after_a_loss_resumes_it() {
             (
                 101,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
             (
                 104,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-120", 103),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-120", 103),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
             // The next one, at 112, after training resumed.
             (
                 113,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-125", 112),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-125", 112),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
         ],
