@@ -213,6 +213,8 @@ mod tests {
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
             suspected_at: Some("2026-11-23T17:59:57Z".into()),
+            lost_by: Some("heartbeat".into()),
+            lost_at: Some("2026-11-23T17:59:56Z".into()),
             training_since: None,
             torch_rank: None,
             training_seen_by: None,
@@ -255,6 +257,22 @@ mod tests {
             TrainingSeenBy::of_record(Some("a-future-observation")),
             TrainingSeenBy::WorkersStarted
         );
+    }
+
+    #[test]
+    fn a_silent_loss_names_heartbeats() {
+        let record = |lost_by: Option<&str>| PeerLossRecord {
+            lost_by: lost_by.map(str::to_string),
+            ..PeerLossRecord::default()
+        };
+        assert!(record(Some(LOST_BY_HEARTBEAT)).lost_by_heartbeat());
+        assert!(record(Some("heartbeats")).lost_by_heartbeat());
+        assert!(!record(Some("kubernetes")).lost_by_heartbeat());
+        assert!(!record(None).lost_by_heartbeat());
+        let text = r#"{"generation":2,"lostRank":1,"action":"report","result":"reported","at":"2026-11-23T18:00:03Z","suspectedAt":"2026-11-23T18:00:02Z","lostBy":"heartbeat","lostAt":"2026-11-23T18:00:00Z"}"#;
+        let read = PeerLossRecord::from_annotation(text).expect("reads");
+        assert_eq!(read.lost_at.as_deref(), Some("2026-11-23T18:00:00Z"));
+        assert!(read.lost_by_heartbeat());
     }
 
     #[test]
