@@ -703,11 +703,14 @@ fn record_loss_time(r: &PeerLossRecord, now: Timestamp) -> Timestamp {
 /// `trainingSince`, or its take-over as a spare.
 fn trains_since(p: &PodView) -> Option<Timestamp> {
     let r = p.peer_loss.as_ref()?;
-    r.training_since.as_deref().and_then(parse_time).or_else(|| {
-        (r.action == peer_loss::SPARE_TOOK_OVER)
-            .then(|| parse_time(&r.at))
-            .flatten()
-    })
+    r.training_since
+        .as_deref()
+        .and_then(parse_time)
+        .or_else(|| {
+            (r.action == peer_loss::SPARE_TOOK_OVER)
+                .then(|| parse_time(&r.at))
+                .flatten()
+        })
 }
 
 /// How well an observation dates the first training step, best first: the
@@ -815,10 +818,7 @@ fn training_seen(
 ) -> Option<(Timestamp, &'static str, u8)> {
     let mut seen: Vec<(Timestamp, &'static str, u8)> = Vec::new();
     let mut checkpoints: Vec<(Timestamp, &str)> = Vec::new();
-    for p in pods
-        .iter()
-        .filter(|p| p.up() && !out.contains_key(&p.uid))
-    {
+    for p in pods.iter().filter(|p| p.up() && !out.contains_key(&p.uid)) {
         if let Some(r) = &p.peer_loss {
             let by = peer_loss::TrainingSeenBy::of_record(r.training_seen_by.as_deref());
             // Any record's `trainingSince`: a loss's, or a `trainer-restarted`
@@ -939,11 +939,7 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
 
 /// Each pod's role, by index then name; a pod out of the world
 /// ([`Memory::out`]) is lost.
-fn roles(
-    workload: &WorldOf,
-    pods: &[PodView],
-    out: &BTreeMap<String, Timestamp>,
-) -> Vec<RankRole> {
+fn roles(workload: &WorldOf, pods: &[PodView], out: &BTreeMap<String, Timestamp>) -> Vec<RankRole> {
     let mut sorted: Vec<&PodView> = pods.iter().filter(|p| p.rank < workload.expected).collect();
     sorted.sort_by(|a, b| (a.rank, &a.name).cmp(&(b.rank, &b.name)));
     let mut out: Vec<RankRole> = sorted
@@ -1030,13 +1026,7 @@ pub fn observe(
         let loss_at = parse_time(&l.at).unwrap_or(now);
         let since = memory.disrupted_until.map_or(loss_at, |d| d.max(loss_at));
         let observable = pods.iter().any(|p| p.sidecar);
-        let seen = training_seen(
-            pods,
-            &memory.out,
-            since,
-            now,
-            &mut memory.checkpoint_after,
-        );
+        let seen = training_seen(pods, &memory.out, since, now, &mut memory.checkpoint_after);
         if let Some(why) = ended {
             l.closed_by = Some(why.to_string());
         } else if let Some(why) = &missing {
