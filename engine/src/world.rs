@@ -17,7 +17,13 @@
 //!   container's `finishedAt`: the kubelet shows that at once, while
 //!   `restartCount` moves only when it restarts the container after its
 //!   back-off;
-//! - a sidecar's new `trainwire.dev/peer-loss` record;
+//! - a sidecar's new `trainwire.dev/peer-loss` record, dated at its
+//!   `lostAt` (a survivor's heartbeats: a silent loss, `detectedBy:
+//!   heartbeat`), else its `suspectedAt`. The pod it names (the one holding
+//!   the rank that existed at the loss) is then out of the world
+//!   ([`Memory`]): its role `lost`, and its later deletion, disappearance,
+//!   trainer exit, or its own sidecar's records of its peers, no new loss,
+//!   until its own sidecar says it trains again after the loss;
 //! - the dedicated store's pod deleted, failed, its container exited, or
 //!   gone or replaced (a loss of its own: every agent exits with it).
 //!
@@ -31,7 +37,10 @@
 //! readiness: a sidecar's record that the trainer's workers, started after
 //! it, train (`trainingSince`, by what it saw), a hot spare's take-over
 //! record, or a second checkpoint written after it (a node cut off mid-step
-//! can still write the first). `resumedAt` is the earliest such time. The
+//! can still write the first). `resumedAt` is the earliest of the strongest
+//! kind seen (the collective's traffic dates the first step; workers
+//! started precede it), dated again when a stronger kind of the same
+//! resumption comes later. The
 //! loss closes when the world is whole again (the needed ranks Ready, their
 //! trainers running, the store available) and training was seen; until then
 //! the phase is `Recovering` and `waitingFor` says for what. A world whose
