@@ -28,6 +28,10 @@ pub const SPARE_TOOK_OVER: &str = "spare-took-over";
 /// exit, the store's pod), only the moment this pod trains again after it.
 pub const TRAINER_RESTARTED: &str = "trainer-restarted";
 
+/// The `lostBy` of a loss a sidecar saw by its heartbeats (a peer that
+/// stopped answering); `heartbeats` reads the same.
+pub const LOST_BY_HEARTBEAT: &str = "heartbeat";
+
 /// The sidecar's last action on a lost peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -52,6 +56,23 @@ pub struct PeerLossRecord {
     /// Absent in records of older sidecars and in take-over records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspected_at: Option<String>,
+    /// What this sidecar saw the loss by: `heartbeat` (the peer stopped
+    /// answering its heartbeats while its pod object may stay unchanged: a
+    /// silent loss) or `kubernetes` (the pod watch: deleted, failed,
+    /// replaced). Absent in records of older sidecars and in take-over and
+    /// restart records. The world status names a heartbeat loss
+    /// `detectedBy: heartbeat` ([`LOST_BY_HEARTBEAT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_by: Option<String>,
+    /// When the peer was lost as this sidecar can date it, RFC 3339: for
+    /// `heartbeat`, the send time of the first heartbeat that got no
+    /// answer (the cut lies between the last answered one and it); for
+    /// `kubernetes`, the time of the watch event that showed it. At or
+    /// before `suspectedAt`; the world status dates the loss at the
+    /// earliest of `lostAt`, `suspectedAt` and `at`. Absent in records of
+    /// older sidecars (the loss is then dated at `suspectedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_at: Option<String>,
     /// When this pod trains again after this loss, RFC 3339: the first
     /// `/proc` scan that saw its new workers (started after the loss, up a
     /// settle time, [`TRAINING_SETTLE`](crate::peer_loss::TRAINING_SETTLE))
@@ -151,6 +172,12 @@ pub const TRAINING_SETTLE: std::time::Duration = std::time::Duration::from_secs(
 pub const MAX_RECORD_BYTES: usize = 4 * 1024;
 
 impl PeerLossRecord {
+    /// Whether the loss was seen by heartbeats ([`PeerLossRecord::lost_by`]):
+    /// a peer that stopped answering, its pod object possibly unchanged.
+    pub fn lost_by_heartbeat(&self) -> bool {
+        matches!(self.lost_by.as_deref(), Some("heartbeat" | "heartbeats"))
+    }
+
     /// Whether the record tells of a lost peer (to count as a loss):
     /// not a spare's take-over nor this pod's own trainer restarted, which
     /// only say when training runs again.
@@ -186,6 +213,8 @@ mod tests {
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
             suspected_at: Some("2026-11-23T17:59:57Z".into()),
+            lost_by: Some("heartbeat".into()),
+            lost_at: Some("2026-11-23T17:59:56Z".into()),
             training_since: None,
             torch_rank: None,
             training_seen_by: None,
@@ -228,6 +257,22 @@ mod tests {
             TrainingSeenBy::of_record(Some("a-future-observation")),
             TrainingSeenBy::WorkersStarted
         );
+    }
+
+    #[test]
+    fn a_silent_loss_names_heartbeats() {
+        let record = |lost_by: Option<&str>| PeerLossRecord {
+            lost_by: lost_by.map(str::to_string),
+            ..PeerLossRecord::default()
+        };
+        assert!(record(Some(LOST_BY_HEARTBEAT)).lost_by_heartbeat());
+        assert!(record(Some("heartbeats")).lost_by_heartbeat());
+        assert!(!record(Some("kubernetes")).lost_by_heartbeat());
+        assert!(!record(None).lost_by_heartbeat());
+        let text = r#"{"generation":2,"lostRank":1,"action":"report","result":"reported","at":"2026-11-23T18:00:03Z","suspectedAt":"2026-11-23T18:00:02Z","lostBy":"heartbeat","lostAt":"2026-11-23T18:00:00Z"}"#;
+        let read = PeerLossRecord::from_annotation(text).expect("reads");
+        assert_eq!(read.lost_at.as_deref(), Some("2026-11-23T18:00:00Z"));
+        assert!(read.lost_by_heartbeat());
     }
 
     #[test]

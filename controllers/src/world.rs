@@ -15,7 +15,8 @@
 //!    replica saw before ([`Memory`]) and derives the status from the last
 //!    one (the annotation as read, or the one this replica computed last);
 //! 3. calls the pure [`decide_write`]: nothing when only `updatedAt` would
-//!    change, else a merge patch of the annotation, at most once per
+//!    change, a new phase at once (a loss opened, training seen again),
+//!    other changes in a merge patch of the annotation at most once per
 //!    [`MIN_WRITE_INTERVAL`] per workload (a write held back is made at the
 //!    end of the interval, with whatever is true then).
 //!
@@ -23,9 +24,11 @@
 //! ([`trainwire_engine::world`], docs/status.md): pod and container states,
 //! the sidecars' records, and the dedicated store's pods, which a third
 //! watch follows by their label `trainwire.dev/rdzv-store` (its value names
-//! the workload). A reconcile of a world with an open loss is repeated every
-//! [`RECOVERING_RECHECK`], so the phase follows what is observed even when
-//! nothing else changes.
+//! the workload). A sidecar's record is an annotation of its pod, so the pod
+//! watch reconciles the workload as soon as one is written: `Running`
+//! follows the first record of training by one reconcile. A reconcile of a
+//! world with an open loss is also repeated every [`RECOVERING_RECHECK`], so
+//! the phase follows what is observed even when nothing else changes.
 //!
 //! On a new leader, [`Memory`] starts empty: the first observation of a
 //! workload only learns its pods (no loss is counted) and the history comes

@@ -17,7 +17,13 @@
 //!   container's `finishedAt`: the kubelet shows that at once, while
 //!   `restartCount` moves only when it restarts the container after its
 //!   back-off;
-//! - a sidecar's new `trainwire.dev/peer-loss` record;
+//! - a sidecar's new `trainwire.dev/peer-loss` record, dated at its
+//!   `lostAt` (a survivor's heartbeats: a silent loss, `detectedBy:
+//!   heartbeat`), else its `suspectedAt`. The pod it names (the one holding
+//!   the rank that existed at the loss) is then out of the world
+//!   ([`Memory`]): its role `lost`, and its later deletion, disappearance,
+//!   trainer exit, or its own sidecar's records of its peers, no new loss,
+//!   until its own sidecar says it trains again after the loss;
 //! - the dedicated store's pod deleted, failed, its container exited, or
 //!   gone or replaced (a loss of its own: every agent exits with it).
 //!
@@ -31,7 +37,10 @@
 //! readiness: a sidecar's record that the trainer's workers, started after
 //! it, train (`trainingSince`, by what it saw), a hot spare's take-over
 //! record, or a second checkpoint written after it (a node cut off mid-step
-//! can still write the first). `resumedAt` is the earliest such time. The
+//! can still write the first). `resumedAt` is the earliest of the strongest
+//! kind seen (the collective's traffic dates the first step; workers
+//! started precede it), dated again when a stronger kind of the same
+//! resumption comes later. The
 //! loss closes when the world is whole again (the needed ranks Ready, their
 //! trainers running, the store available) and training was seen; until then
 //! the phase is `Recovering` and `waitingFor` says for what. A world whose
@@ -92,6 +101,9 @@ pub struct PodView {
     /// The pod runs trainwire's sidecar (an init container that restarts
     /// always): training can be observed from it.
     pub sidecar: bool,
+    /// Its `creationTimestamp`: a pod created after a loss of its rank is
+    /// that rank's replacement, not the pod that was lost.
+    pub created: Option<Timestamp>,
     pub peer_loss: Option<PeerLossRecord>,
     pub checkpoint: Option<CheckpointRecord>,
 }
@@ -207,6 +219,7 @@ impl PodView {
             trainer_exit,
             trainer_down,
             sidecar,
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
             peer_loss: annotation(peer_loss::ANNOTATION)
                 .and_then(|v| PeerLossRecord::from_annotation(v)),
             checkpoint: annotation(world::CHECKPOINT_ANNOTATION)
@@ -418,6 +431,16 @@ pub struct Memory {
     /// a store loss), so only a checkpoint with another name after it shows
     /// training.
     checkpoint_after: Option<(Timestamp, String)>,
+    /// Pods still there that a survivor's sidecar counted lost (a silent
+    /// loss: their pod object unchanged), by UID, with the loss's time: out
+    /// of the world until their own sidecar says they train again after it.
+    /// Their deletion, disappearance or trainer exit, and the losses their
+    /// own sidecar tells of, are not new losses.
+    out: BTreeMap<String, Timestamp>,
+    /// The last loss's resumption while a stronger observation may still
+    /// date it better: the disruption it is after, and the strength of
+    /// what it resumed by ([`strength`]).
+    resumed: Option<(Timestamp, u8)>,
     /// The last status computed (written, or waiting for the interval).
     pub status: Option<WorldStatus>,
     /// When this replica last wrote the annotation.
@@ -442,6 +465,11 @@ struct Seen {
     /// is a consequence of that one (agents exit when their store or
     /// rendezvous host goes; survivors report the exits), not a new loss.
     consequence: bool,
+    /// A sidecar's record (said late, it may still be about the last loss).
+    record: bool,
+    /// Of a pod already out of the world ([`Memory::out`]): a note on the
+    /// loss that counted it, never a new loss.
+    out: bool,
 }
 
 impl Memory {
@@ -457,30 +485,89 @@ impl Memory {
         let count = self.primed;
         self.primed = true;
         let mut out = Vec::new();
+        let seen = |subject: Subject, at: Timestamp, detected_by: &'static str| Seen {
+            subject,
+            at,
+            detected_by,
+            action: None,
+            consequence: false,
+            record: false,
+            out: false,
+        };
         for p in pods {
+            let Some(r) = &p.peer_loss else { continue };
+            if !r.is_loss() {
+                // A spare's take-over, this pod's own trainer restarted:
+                // not a loss, when the world trains again (see `observe`).
+                continue;
+            }
+            if !self.records.insert((p.uid.clone(), r.generation)) {
+                continue;
+            }
+            if self.out.contains_key(&p.uid) {
+                // A pod cut off from its peers tells of their loss: the
+                // mirror of its own.
+                continue;
+            }
+            let at = record_loss_time(r, now);
+            // The pod of the rank it tells of, when still there and not
+            // lost by its own signs (a silent loss): out of the world from
+            // the loss. Not its replacement (created after it); on a first
+            // observation, only a pod known to be older than the loss.
+            if r.lost_rank != p.rank {
+                for q in pods.iter().filter(|q| {
+                    q.rank == r.lost_rank
+                        && q.uid != p.uid
+                        && q.lost.is_none()
+                        && q.created.map_or(count, |c| c <= at)
+                }) {
+                    self.out.entry(q.uid.clone()).or_insert(at);
+                }
+            }
+            if count {
+                out.push(Seen {
+                    action: Some(format!("rank {}: {} {}", p.rank, r.action, r.result)),
+                    consequence: true,
+                    record: true,
+                    ..seen(
+                        Subject::Rank(r.lost_rank),
+                        at,
+                        if r.lost_by_heartbeat() {
+                            "heartbeat"
+                        } else {
+                            "sidecar"
+                        },
+                    )
+                });
+            }
+        }
+        // Back in the world: its own sidecar says it trains after its loss.
+        self.out.retain(|uid, since| {
+            !pods
+                .iter()
+                .any(|p| p.uid == *uid && trains_since(p).is_some_and(|t| t >= *since))
+        });
+        for p in pods {
+            let was_out = self.out.contains_key(&p.uid);
             if let Some((at, how)) = p.lost
                 && self.lost.insert(p.uid.clone())
                 && count
                 && p.rank < expected
             {
                 out.push(Seen {
-                    subject: Subject::Rank(p.rank),
-                    at,
-                    detected_by: how,
-                    action: None,
-                    consequence: false,
+                    action: was_out.then(|| format!("rank {}: {how} after its loss", p.rank)),
+                    out: was_out,
+                    ..seen(Subject::Rank(p.rank), at, how)
                 });
             }
             if let Some(exit) = p.trainer_exit {
                 let newer = self.exits.get(&p.uid).is_none_or(|seen| exit > *seen);
                 self.exits.insert(p.uid.clone(), exit);
-                if newer && count && p.rank < expected && p.lost.is_none() {
+                if newer && count && p.rank < expected && p.lost.is_none() && !was_out {
                     out.push(Seen {
-                        subject: Subject::Rank(p.rank),
-                        at: exit.min(now),
-                        detected_by: "container-exited",
                         action: Some(format!("rank {}: trainer exited", p.rank)),
                         consequence: true,
+                        ..seen(Subject::Rank(p.rank), exit.min(now), "container-exited")
                     });
                 }
             }
@@ -492,38 +579,12 @@ impl Memory {
             self.lost.insert(uid.clone());
             if *rank < expected {
                 let replaced = pods.iter().any(|p| p.rank == *rank);
+                let how = if replaced { "pod-replaced" } else { "pod-gone" };
+                let was_out = self.out.contains_key(uid);
                 out.push(Seen {
-                    subject: Subject::Rank(*rank),
-                    at: now,
-                    detected_by: if replaced { "pod-replaced" } else { "pod-gone" },
-                    action: None,
-                    consequence: false,
-                });
-            }
-        }
-        for p in pods {
-            let Some(r) = &p.peer_loss else { continue };
-            if !r.is_loss() {
-                // A spare's take-over, this pod's own trainer restarted:
-                // not a loss, when the world trains again (see `observe`).
-                continue;
-            }
-            if self.records.insert((p.uid.clone(), r.generation)) && count {
-                // When the sidecar first suspected it (its action comes at
-                // the confirmation); the sidecar's clock, but never in the
-                // future of ours.
-                let acted = parse_time(&r.at).filter(|t| *t <= now).unwrap_or(now);
-                let at = r
-                    .suspected_at
-                    .as_deref()
-                    .and_then(parse_time)
-                    .map_or(acted, |s| s.min(acted));
-                out.push(Seen {
-                    subject: Subject::Rank(r.lost_rank),
-                    at,
-                    detected_by: "sidecar",
-                    action: Some(format!("rank {}: {} {}", p.rank, r.action, r.result)),
-                    consequence: true,
+                    action: was_out.then(|| format!("rank {rank}: {how} after its loss")),
+                    out: was_out,
+                    ..seen(Subject::Rank(*rank), now, how)
                 });
             }
         }
@@ -543,6 +604,7 @@ impl Memory {
         self.lost.retain(|u| present.contains(u));
         self.exits.retain(|u, _| present.contains(u));
         self.records.retain(|(u, _)| present.contains(u));
+        self.out.retain(|u, _| present.contains(u));
         out.sort_by_key(|s| s.at);
         out
     }
@@ -558,6 +620,8 @@ impl Memory {
                     detected_by: how,
                     action: None,
                     consequence: false,
+                    record: false,
+                    out: false,
                 });
             }
         };
@@ -626,6 +690,49 @@ struct StoreMemory {
 
 pub fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
+}
+
+/// A sidecar's loss record's time of the loss: the earliest of `lostAt`
+/// (the first heartbeat unanswered), `suspectedAt` and `at` (its action, at
+/// the confirmation); the sidecar's clock, but never in the future of ours.
+fn record_loss_time(r: &PeerLossRecord, now: Timestamp) -> Timestamp {
+    [
+        Some(r.at.as_str()),
+        r.suspected_at.as_deref(),
+        r.lost_at.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter_map(parse_time)
+    .min()
+    .map_or(now, |t| t.min(now))
+}
+
+/// Since when a pod's own sidecar says it trains: its record's
+/// `trainingSince`, or its take-over as a spare.
+fn trains_since(p: &PodView) -> Option<Timestamp> {
+    let r = p.peer_loss.as_ref()?;
+    r.training_since
+        .as_deref()
+        .and_then(parse_time)
+        .or_else(|| {
+            (r.action == peer_loss::SPARE_TOOK_OVER)
+                .then(|| parse_time(&r.at))
+                .flatten()
+        })
+}
+
+/// How well an observation dates the first training step, best first: the
+/// collective's traffic is seen at the step; a second checkpoint after it;
+/// the collective formed, or the workers started, before it (by the
+/// rendezvous, the checkpoint load). Anything else reads as the weakest.
+fn strength(by: &str) -> u8 {
+    match by {
+        "collective-traffic" => 0,
+        "checkpoint" => 1,
+        "collective-formed" => 2,
+        _ => 3,
+    }
 }
 
 /// Ranks below `expected` with a Ready pod not being deleted.
@@ -703,31 +810,35 @@ fn missing(workload: &WorldOf, pods: &[PodView], store: Option<&StoreSeen>) -> O
     (!what.is_empty()).then(|| what.join("; "))
 }
 
-/// The earliest observation at or after `since` that training runs: a
-/// sidecar's `trainingSince`, a spare's take-over of `rank`, or a second
-/// checkpoint written after it (`first_checkpoint` keeps the first: a step
-/// in flight on a node cut off, or while the store goes, can still end in
-/// one). Times from the sidecars' clocks, never after `now`.
+/// The best observation at or after `since` that training runs, with its
+/// [`strength`]: a sidecar's `trainingSince`, a spare's take-over, or a
+/// second checkpoint written after it (`first_checkpoint` keeps the first:
+/// a step in flight on a node cut off, or while the store goes, can still
+/// end in one). The strongest kind seen, and of it the earliest: the
+/// collective's traffic dates the first step, a spare's workers started
+/// before it. Pods out of the world are not asked. Times from the
+/// sidecars' clocks, never after `now`.
 fn training_seen(
     pods: &[PodView],
+    out: &BTreeMap<String, Timestamp>,
     since: Timestamp,
     now: Timestamp,
     first_checkpoint: &mut Option<(Timestamp, String)>,
-) -> Option<(Timestamp, &'static str)> {
-    let mut seen: Vec<(Timestamp, &'static str)> = Vec::new();
+) -> Option<(Timestamp, &'static str, u8)> {
+    let mut seen: Vec<(Timestamp, &'static str, u8)> = Vec::new();
     let mut checkpoints: Vec<(Timestamp, &str)> = Vec::new();
-    for p in pods.iter().filter(|p| p.up()) {
+    for p in pods.iter().filter(|p| p.up() && !out.contains_key(&p.uid)) {
         if let Some(r) = &p.peer_loss {
+            let by = peer_loss::TrainingSeenBy::of_record(r.training_seen_by.as_deref());
             // Any record's `trainingSince`: a loss's, or a `trainer-restarted`
             // one (the pod's trainer came back, after a store loss too).
             if let Some(t) = r.training_since.as_deref().and_then(parse_time) {
-                let by = peer_loss::TrainingSeenBy::of_record(r.training_seen_by.as_deref());
-                seen.push((t, by.as_str()));
+                seen.push((t, by.as_str(), strength(by.as_str())));
             }
             if r.action == peer_loss::SPARE_TOOK_OVER
                 && let Some(t) = parse_time(&r.at)
             {
-                seen.push((t, "spare-took-over"));
+                seen.push((t, "spare-took-over", strength(by.as_str())));
             }
         }
         if let Some(c) = &p.checkpoint
@@ -750,12 +861,12 @@ fn training_seen(
     if let Some((_, first)) = first_checkpoint.as_ref()
         && let Some((t, _)) = checkpoints.iter().find(|(_, n)| n != first)
     {
-        seen.push((*t, "checkpoint"));
+        seen.push((*t, "checkpoint", strength("checkpoint")));
     }
     seen.into_iter()
-        .filter(|(t, _)| *t >= since)
-        .min_by_key(|(t, _)| *t)
-        .map(|(t, how)| (t.min(now), how))
+        .filter(|(t, _, _)| *t >= since)
+        .min_by_key(|(t, _, strength)| (*strength, *t))
+        .map(|(t, how, strength)| (t.min(now), how, strength))
 }
 
 fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
@@ -763,13 +874,27 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
         Subject::Rank(r) => l.store.is_none() && l.rank == *r,
         Subject::Store(_) => l.store.is_some(),
     };
+    if seen.out {
+        // Its pod was already out of the world: what happens to it now
+        // interrupts nothing. A note on the loss that counted it.
+        if let Some(l) = status.last_loss.as_mut()
+            && same_subject(l)
+            && let Some(a) = seen.action
+            && !l.actions.contains(&a)
+            && l.actions.len() < MAX_ACTIONS
+        {
+            l.actions.push(a);
+        }
+        return false;
+    }
     let fold = status.last_loss.as_ref().is_some_and(|l| {
         if l.is_open() {
             same_subject(l) || seen.consequence
         } else {
-            // Told late: said before the loss resumed.
+            // Told late: said before the loss resumed (a survivor's
+            // record of it included).
             same_subject(l)
-                && !seen.consequence
+                && (!seen.consequence || seen.record)
                 && l.resumed_at
                     .as_deref()
                     .and_then(parse_time)
@@ -779,7 +904,10 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
     if fold && let Some(l) = status.last_loss.as_mut() {
         let is_open = l.is_open();
         if is_open && same_subject(l) && parse_time(&l.at).is_none_or(|at| seen.at < at) {
+            // Dated earlier by another source (a survivor's heartbeats
+            // before the pod's deletion): that source showed it first.
             l.at = seen.at.to_string();
+            l.detected_by = seen.detected_by.to_string();
         }
         if let Some(a) = seen.action
             && !l.actions.contains(&a)
@@ -814,11 +942,13 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
     });
     memory.disrupted_until = Some(seen.at);
     memory.checkpoint_after = None;
+    memory.resumed = None;
     true
 }
 
-/// Each pod's role, by index then name.
-fn roles(workload: &WorldOf, pods: &[PodView]) -> Vec<RankRole> {
+/// Each pod's role, by index then name; a pod out of the world
+/// ([`Memory::out`]) is lost.
+fn roles(workload: &WorldOf, pods: &[PodView], out: &BTreeMap<String, Timestamp>) -> Vec<RankRole> {
     let mut sorted: Vec<&PodView> = pods.iter().filter(|p| p.rank < workload.expected).collect();
     sorted.sort_by(|a, b| (a.rank, &a.name).cmp(&(b.rank, &b.name)));
     let mut out: Vec<RankRole> = sorted
@@ -829,6 +959,8 @@ fn roles(workload: &WorldOf, pods: &[PodView]) -> Vec<RankRole> {
             let torch_rank = record.and_then(|r| r.torch_rank);
             let (role, from) = if !p.up() {
                 (Role::Lost, "pod")
+            } else if out.contains_key(&p.uid) {
+                (Role::Lost, "peer-loss")
             } else if !p.ready {
                 (Role::Waiting, "pod")
             } else if record.is_some_and(|r| r.action == peer_loss::SPARE_TOOK_OVER) {
@@ -903,16 +1035,14 @@ pub fn observe(
         let loss_at = parse_time(&l.at).unwrap_or(now);
         let since = memory.disrupted_until.map_or(loss_at, |d| d.max(loss_at));
         let observable = pods.iter().any(|p| p.sidecar);
-        let seen = training_seen(pods, since, now, &mut memory.checkpoint_after);
+        let seen = training_seen(pods, &memory.out, since, now, &mut memory.checkpoint_after);
         if let Some(why) = ended {
             l.closed_by = Some(why.to_string());
         } else if let Some(why) = &missing {
             status.waiting_for = Some(why.clone());
-        } else if let Some((at, how)) = seen {
-            let at = at.max(loss_at);
-            l.resumed_at = Some(at.to_string());
-            l.recovery_seconds = at.duration_since(loss_at).as_secs().try_into().ok();
-            l.resumed_by = Some(how.to_string());
+        } else if let Some((at, how, strength)) = seen {
+            resume(l, loss_at, at, how);
+            memory.resumed = Some((since, strength));
         } else if !observable {
             l.closed_by = Some("not-observable".to_string());
         } else {
@@ -924,6 +1054,19 @@ pub fn observe(
         if !l.is_open() {
             memory.disrupted_until = None;
             memory.checkpoint_after = None;
+        }
+    } else if let Some(l) = status.last_loss.as_mut()
+        && let Some((since, was)) = memory.resumed
+        && was > 0
+        && let Some(loss_at) = parse_time(&l.at)
+    {
+        // Resumed by a weaker observation (a spare's workers started): a
+        // stronger one of the same resumption, seen since, dates it better.
+        if let Some((at, how, strength)) = training_seen(pods, &memory.out, since, now, &mut None)
+            && strength < was
+        {
+            resume(l, loss_at, at, how);
+            memory.resumed = Some((since, strength));
         }
     }
     status.nodes = Nodes {
@@ -945,7 +1088,7 @@ pub fn observe(
             reported_by: records.len().try_into().unwrap_or(u32::MAX),
         });
     status.stopped = workload.stopped.clone();
-    status.ranks = roles(workload, pods);
+    status.ranks = roles(workload, pods, &memory.out);
     status.ranks_omitted = 0;
     status.version = status.schema_version();
     let open = status.last_loss.as_ref().is_some_and(Loss::is_open);
@@ -965,6 +1108,14 @@ pub fn observe(
     status
 }
 
+/// The loss resumed at `at` (never before the loss), by `how`.
+fn resume(l: &mut Loss, loss_at: Timestamp, at: Timestamp, how: &str) {
+    let at = at.max(loss_at);
+    l.resumed_at = Some(at.to_string());
+    l.recovery_seconds = at.duration_since(loss_at).as_secs().try_into().ok();
+    l.resumed_by = Some(how.to_string());
+}
+
 /// What to do with a computed status.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
@@ -977,7 +1128,8 @@ pub enum Write {
 }
 
 /// Whether to write `desired` over `current` (the annotation as read),
-/// given the last write (this replica's, else `current.updatedAt`).
+/// given the last write (this replica's, else `current.updatedAt`): a
+/// change of phase at once, other changes at most once per `min_interval`.
 pub fn decide_write(
     current: Option<&WorldStatus>,
     desired: &WorldStatus,
@@ -987,6 +1139,11 @@ pub fn decide_write(
 ) -> Write {
     if current.is_some_and(|c| c.same_as(desired)) {
         return Write::Unchanged;
+    }
+    if current.is_some_and(|c| c.phase != desired.phase) {
+        // A new phase (a loss opened, training resumed) is written at
+        // once: the interval holds back only the details of one phase.
+        return Write::Now;
     }
     let next = last_write.and_then(|t| t.checked_add(min_interval).ok());
     match next {

@@ -525,10 +525,92 @@ async fn a_world_forms_loses_a_node_recovers_stops_and_resumes() -> Result<()> {
 
 /// A new leader starts from the annotation: it counts nothing it did not
 /// see happen, keeps the history, and rate-limits from `updatedAt`.
+/// A silent loss through the controller: rank 1's network is cut at 100
+/// (its pod stays Ready); rank 0's sidecar records the loss by heartbeats
+/// at 103 (the first beat unanswered at 101). Training resumes at 107 and
+/// its record comes 5 s after the last write: a new phase is written at
+/// once, not held back by the write interval. The cut pod deleted later
+/// opens no second loss.
+#[tokio::test]
+async fn a_silent_loss_is_dated_at_the_cut_and_its_deletion_is_no_new_loss() -> Result<()> {
+    let mut c = Cluster::new();
+    c.pod(captured_pod(0, "pod-0-a", Some(5)))?;
+    c.pod(captured_pod(1, "pod-1-a", Some(5)))?;
+    c.set_time(10);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running, "{s:?}");
+
+    let record = |since: Option<i64>| {
+        let mut r = json!({"generation": 1, "lostRank": 1, "action": "report", "result": "reported",
+            "at": at(103).to_string(), "suspectedAt": at(102).to_string(),
+            "lostBy": "heartbeat", "lostAt": at(101).to_string()});
+        if let Some(t) = since {
+            r["trainingSince"] = json!(at(t).to_string());
+            r["trainingSeenBy"] = json!("collective-traffic");
+        }
+        r.to_string()
+    };
+    let mut survivor = captured_pod(0, "pod-0-a", Some(5));
+    survivor["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(record(None));
+    c.pod(survivor.clone())?;
+    c.set_time(103);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Recovering && s.generation == 1, "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.rank == 1 && loss.at == at(101).to_string() && loss.detected_by == "heartbeat",
+        "{loss:?}"
+    );
+    ensure!(
+        s.ranks.get(1).map(|r| (r.role, r.from.as_str()))
+            == Some((trainwire_contract::world::Role::Lost, "peer-loss")),
+        "{s:?}"
+    );
+
+    survivor["metadata"]["annotations"]["trainwire.dev/peer-loss"] = json!(record(Some(107)));
+    c.pod(survivor.clone())?;
+    c.set_time(108);
+    let s = c.reconcile_to_a_write().await?;
+    ensure!(s.phase == Phase::Running && s.generation == 1, "{s:?}");
+    ensure!(s.updated_at == at(108).to_string(), "{s:?}");
+    let loss = s.last_loss.clone().context("no loss")?;
+    ensure!(
+        loss.resumed_at == Some(at(107).to_string())
+            && loss.resumed_by.as_deref() == Some("collective-traffic"),
+        "{loss:?}"
+    );
+
+    let mut cut = captured_pod(1, "pod-1-a", Some(5));
+    cut["metadata"]["deletionTimestamp"] = json!(at(133).to_string());
+    c.pod(cut.clone())?;
+    c.set_time(134);
+    let s = c.reconcile_to_a_write().await?;
+    // Not whole (no spare), but no loss open: not Recovering.
+    ensure!(s.phase == Phase::Forming && s.generation == 1, "{s:?}");
+    ensure!(
+        s.last_loss.as_ref().is_some_and(|l| l
+            .actions
+            .contains(&"rank 1: pod-deleted after its loss".to_string())),
+        "{s:?}"
+    );
+    c.delete_pod(cut)?;
+    c.set_time(150);
+    let s = c.reconcile_to_a_write().await?;
+    // Gone: the world of 2 without a spare is not whole (Forming), and no
+    // loss is open.
+    ensure!(
+        s.generation == 1 && s.phase == Phase::Forming,
+        "gone, no new loss: {s:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_new_leader_keeps_the_history_it_reads() -> Result<()> {
     let mut c = Cluster::new();
-    let written = json!({"version": 1, "phase": "Running", "nodes": {"ready": 2, "expected": 2},
+    // Written by the last leader at 95; the phase is the same now (a new
+    // phase would be written at once): the write interval runs from then.
+    let written = json!({"version": 1, "phase": "Forming", "nodes": {"ready": 0, "expected": 2},
         "generation": 4, "updatedAt": at(95).to_string()});
     c.sts["metadata"]["annotations"]["trainwire.dev/world"] = json!(written.to_string());
     c.pod(captured_pod(0, "pod-0-a", Some(5)))?;

@@ -18,6 +18,7 @@ fn pod(rank: u32, uid: &str, ready_since: Option<i64>) -> PodView {
         trainer_exit: None,
         trainer_down: false,
         sidecar: true,
+        created: None,
         peer_loss: None,
         checkpoint: None,
     }
@@ -433,6 +434,12 @@ fn status(generation: u64, updated: &str) -> WorldStatus {
     Write::After(Duration::from_secs(6))
 )]
 #[case::changed_at_the_interval(Some(status(0, "x")), Some(90), 100, Write::Now)]
+#[case::a_new_phase_at_once(
+    Some(WorldStatus { phase: Phase::Recovering, ..status(1, "x") }),
+    Some(99),
+    100,
+    Write::Now
+)]
 fn writes_once_per_change_and_rate_limited(
     #[case] current: Option<WorldStatus>,
     #[case] last_write: Option<i64>,
@@ -1154,23 +1161,38 @@ fn only_a_second_checkpoint_after_a_loss_resumes_it() {
             (
                 101,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-115", 0),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
             (
                 104,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-120", 103),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-120", 103),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
             // The next one, at 112, after training resumed.
             (
                 113,
                 vec![
-                    with_checkpoint(pod(0, "a", Some(0)), "ckpt-125", 112),
-                    reported(pod(1, "b", Some(0)), 1, 0, 100),
+                    reported(
+                        with_checkpoint(pod(0, "a", Some(0)), "ckpt-125", 112),
+                        1,
+                        1,
+                        100,
+                    ),
+                    pod(1, "b", Some(0)),
                 ],
             ),
         ],
@@ -1243,4 +1265,651 @@ fn waiting_for_many_pods_names_eight_and_counts_the_rest() {
             "1004 of 1024 needed pods Ready with their trainer running (not: rank 100, 101, 102, 103, 104, 105, 106, 107, and 12 more)"
         )
     );
+}
+
+/// Silent losses (a pod that stops answering while its object stays Ready:
+/// a partition, a dead node before the node controller's grace period), a
+/// spare's take-over, and the deletion of a pod already out of the world.
+mod silent_loss {
+    use super::*;
+
+    /// A world of 2 with one hot spare (rank 2).
+    fn spared() -> WorldOf {
+        WorldOf {
+            expected: 3,
+            spares: 1,
+            ..WorldOf::default()
+        }
+    }
+
+    /// A pod created at 0.
+    fn old(rank: u32, uid: &str) -> PodView {
+        PodView {
+            created: Some(at(0)),
+            ..pod(rank, uid, Some(1))
+        }
+    }
+
+    /// A survivor's record of a loss of `lost_rank` it saw by heartbeats:
+    /// the first beat unanswered at `lost`, suspected at `suspected`,
+    /// acted on at `acted`.
+    fn heard_lost(
+        mut p: PodView,
+        generation: u64,
+        lost_rank: u32,
+        (lost, suspected, acted): (i64, i64, i64),
+    ) -> PodView {
+        p.peer_loss = Some(PeerLossRecord {
+            generation,
+            lost_rank,
+            action: "report".into(),
+            result: "reported".into(),
+            at: at(acted).to_string(),
+            suspected_at: Some(at(suspected).to_string()),
+            lost_by: Some(peer_loss::LOST_BY_HEARTBEAT.into()),
+            lost_at: Some(at(lost).to_string()),
+            ..PeerLossRecord::default()
+        });
+        p
+    }
+
+    /// The record's training seen since `when`, by `by`.
+    fn trains(mut p: PodView, when: i64, by: &str) -> PodView {
+        p = training(p, when);
+        if let Some(r) = p.peer_loss.as_mut() {
+            r.training_seen_by = Some(by.into());
+        }
+        p
+    }
+
+    /// A spare's take-over record, its training seen at `when` by `by`.
+    fn takes_over(p: PodView, lost_rank: u32, when: i64, by: &str) -> PodView {
+        let mut p = took_over(p, 1, lost_rank, when);
+        if let Some(r) = p.peer_loss.as_mut() {
+            r.training_seen_by = Some(by.into());
+        }
+        p
+    }
+
+    fn roles_of(s: &WorldStatus) -> Vec<(Role, &str)> {
+        s.ranks.iter().map(|r| (r.role, r.from.as_str())).collect()
+    }
+
+    /// Rank 0's network is cut at 100: its pod stays Ready. Rank 1's
+    /// sidecar misses its heartbeats from 101 and records the loss at 103;
+    /// the spare (rank 2) trains in its place, its collective's traffic
+    /// seen at 110; rank 1's record says the same at 110.5 (110). The pod
+    /// of rank 0 is deleted at 133, gone at 140, replaced at 145.
+    #[test]
+    fn a_silent_loss_opens_at_the_cut_and_the_deletion_after_it_is_no_new_loss() {
+        let cut = || old(0, "a");
+        let survivor = || heard_lost(old(1, "b"), 1, 0, (101, 102, 103));
+        let steps = vec![
+            (0, vec![cut(), old(1, "b"), old(2, "c")]),
+            // Nothing shows it yet: its pod is as it was.
+            (102, vec![cut(), old(1, "b"), old(2, "c")]),
+            (103, vec![cut(), survivor(), old(2, "c")]),
+            (
+                110,
+                vec![
+                    cut(),
+                    survivor(),
+                    takes_over(old(2, "c"), 0, 110, "collective-traffic"),
+                ],
+            ),
+            (
+                111,
+                vec![
+                    cut(),
+                    trains(survivor(), 110, "collective-traffic"),
+                    takes_over(old(2, "c"), 0, 110, "collective-traffic"),
+                ],
+            ),
+            (
+                134,
+                vec![
+                    deleted(cut(), 133),
+                    trains(survivor(), 110, "collective-traffic"),
+                    takes_over(old(2, "c"), 0, 110, "collective-traffic"),
+                ],
+            ),
+            (
+                140,
+                vec![
+                    trains(survivor(), 110, "collective-traffic"),
+                    takes_over(old(2, "c"), 0, 110, "collective-traffic"),
+                ],
+            ),
+            (
+                160,
+                vec![
+                    PodView {
+                        created: Some(at(145)),
+                        ..pod(0, "d", Some(159))
+                    },
+                    trains(survivor(), 110, "collective-traffic"),
+                    takes_over(old(2, "c"), 0, 110, "collective-traffic"),
+                ],
+            ),
+        ];
+        let s = run(&spared(), steps);
+        let phases: Vec<Phase> = s.iter().map(|s| s.phase).collect();
+        assert_eq!(
+            phases,
+            [
+                Phase::Running,
+                Phase::Running,
+                Phase::Recovering,
+                Phase::Running,
+                Phase::Running,
+                Phase::Running,
+                Phase::Running,
+                Phase::Running
+            ]
+        );
+        // Opened by the survivor's record, dated at the first beat
+        // unanswered, by its source.
+        let loss = s[2].last_loss.clone().unwrap_or_default();
+        assert_eq!(
+            (loss.rank, loss.at.clone(), loss.detected_by.as_str()),
+            (0, at(101).to_string(), "heartbeat")
+        );
+        // The cut pod is out at once; the spare trains from its record on.
+        assert_eq!(
+            roles_of(&s[2]),
+            [
+                (Role::Lost, "peer-loss"),
+                (Role::Training, "index"),
+                (Role::Training, "index")
+            ]
+        );
+        assert_eq!(
+            roles_of(&s[3]),
+            [
+                (Role::Lost, "peer-loss"),
+                (Role::Training, "index"),
+                (Role::Training, "spare-took-over")
+            ]
+        );
+        assert_resumed(&s[3], 110, "spare-took-over");
+        // Its deletion and disappearance interrupt nothing: still the one
+        // loss, resumed, with a note.
+        for later in &s[5..] {
+            assert_eq!(later.generation, 1, "{:?}", later.last_loss);
+            assert_resumed(later, 110, "spare-took-over");
+        }
+        let loss = s[6].last_loss.clone().unwrap_or_default();
+        assert_eq!(
+            loss.actions,
+            [
+                "rank 1: report reported",
+                "rank 0: pod-deleted after its loss"
+            ]
+        );
+        // The replacement is a new pod of the world (a spare), not out.
+        assert_eq!(
+            roles_of(&s[7]),
+            [
+                (Role::Spare, "index"),
+                (Role::Training, "sidecar"),
+                (Role::Training, "spare-took-over")
+            ]
+        );
+    }
+
+    /// The cut pod deleted while its loss is still open: one loss, still
+    /// dated at the cut by the heartbeats; and a pod deleted first and told
+    /// of by a heartbeat record later is dated earlier by it.
+    #[test]
+    fn a_deletion_and_a_heartbeat_record_of_one_pod_are_one_loss_dated_by_the_first() {
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (
+                    103,
+                    vec![
+                        old(0, "a"),
+                        heard_lost(old(1, "b"), 1, 0, (101, 102, 103)),
+                        old(2, "c"),
+                    ],
+                ),
+                (
+                    106,
+                    vec![
+                        deleted(old(0, "a"), 105),
+                        heard_lost(old(1, "b"), 1, 0, (101, 102, 103)),
+                        old(2, "c"),
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(s[2].generation, 1);
+        assert_eq!(s[2].phase, Phase::Recovering);
+        let loss = s[2].last_loss.clone().unwrap_or_default();
+        assert_eq!(
+            (loss.at, loss.detected_by.as_str()),
+            (at(101).to_string(), "heartbeat")
+        );
+        // Deletion seen first (at 105), the heartbeats' record after it
+        // says 101: the loss moves to 101, by heartbeats.
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (
+                    106,
+                    vec![deleted(old(0, "a"), 105), old(1, "b"), old(2, "c")],
+                ),
+                (
+                    107,
+                    vec![
+                        deleted(old(0, "a"), 105),
+                        heard_lost(old(1, "b"), 1, 0, (101, 102, 106)),
+                        old(2, "c"),
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(
+            s[1].last_loss.as_ref().map(|l| l.at.clone()),
+            Some(at(105).to_string())
+        );
+        let loss = s[2].last_loss.clone().unwrap_or_default();
+        assert_eq!(
+            (loss.generation, loss.at, loss.detected_by.as_str()),
+            (1, at(101).to_string(), "heartbeat")
+        );
+    }
+
+    /// A record without `lostBy`/`lostAt` (an older sidecar) is dated at
+    /// its suspicion and named `sidecar`.
+    #[test]
+    fn a_record_without_its_source_is_the_sidecars() {
+        let mut survivor = heard_lost(old(1, "b"), 1, 0, (101, 102, 103));
+        if let Some(r) = survivor.peer_loss.as_mut() {
+            r.lost_by = None;
+            r.lost_at = None;
+        }
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (104, vec![old(0, "a"), survivor, old(2, "c")]),
+            ],
+        );
+        let loss = s[1].last_loss.clone().unwrap_or_default();
+        assert_eq!(
+            (loss.at, loss.detected_by.as_str()),
+            (at(102).to_string(), "sidecar")
+        );
+    }
+
+    /// The cut pod's own sidecar, reaching the API again, tells of its
+    /// peers' loss (the mirror of its own): no loss. Its trainer's exit is
+    /// none either. Back in the world (its own record: training again
+    /// after its loss), its deletion is a loss again.
+    #[test]
+    fn a_pod_out_of_the_world_tells_no_loss_until_it_trains_again() {
+        let survivor = || {
+            trains(
+                heard_lost(old(1, "b"), 1, 0, (101, 102, 103)),
+                110,
+                "collective-traffic",
+            )
+        };
+        let spare = || takes_over(old(2, "c"), 0, 110, "collective-traffic");
+        let exited = |mut p: PodView, when: i64| {
+            p.trainer_exit = Some(at(when));
+            p
+        };
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (111, vec![old(0, "a"), survivor(), spare()]),
+                (
+                    120,
+                    vec![
+                        exited(heard_lost(old(0, "a"), 1, 1, (101, 102, 119)), 118),
+                        survivor(),
+                        spare(),
+                    ],
+                ),
+                // Back: its sidecar says its workers train since 130.
+                (
+                    131,
+                    vec![
+                        exited(
+                            trains(
+                                heard_lost(old(0, "a"), 1, 1, (101, 102, 119)),
+                                130,
+                                "collective-traffic",
+                            ),
+                            118,
+                        ),
+                        survivor(),
+                        spare(),
+                    ],
+                ),
+                (141, vec![deleted(old(0, "a"), 140), survivor(), spare()]),
+            ],
+        );
+        assert_eq!(s[1].generation, 1);
+        assert_eq!((s[2].generation, s[2].phase), (1, Phase::Running));
+        assert_eq!(s[2].ranks[0].role, Role::Lost);
+        assert_eq!(
+            (s[3].ranks[0].role, s[3].ranks[0].from.as_str()),
+            (Role::Training, "sidecar")
+        );
+        assert_eq!((s[4].generation, s[4].phase), (2, Phase::Recovering));
+        let loss = s[4].last_loss.clone().unwrap_or_default();
+        assert_eq!((loss.rank, loss.detected_by.as_str()), (0, "pod-deleted"));
+    }
+
+    /// A new leader learns from the pods: a pod older than a survivor's
+    /// record of its rank's loss is out (its deletion no new loss); a pod
+    /// created after it is the replacement.
+    #[rstest]
+    #[case::the_lost_pod(0, 1, Role::Lost)]
+    #[case::its_replacement(150, 2, Role::Spare)]
+    fn a_new_leader_finds_the_pods_out_of_the_world(
+        #[case] created: i64,
+        #[case] generation: u64,
+        #[case] role: Role,
+    ) {
+        let previous = WorldStatus {
+            version: 1,
+            phase: Phase::Running,
+            generation: 1,
+            last_loss: Some(Loss {
+                generation: 1,
+                rank: 0,
+                at: at(101).to_string(),
+                detected_by: "heartbeat".into(),
+                resumed_at: Some(at(110).to_string()),
+                recovery_seconds: Some(9),
+                resumed_by: Some("spare-took-over".into()),
+                ..Loss::default()
+            }),
+            ..WorldStatus::default()
+        };
+        let zero = || PodView {
+            created: Some(at(created)),
+            ..pod(0, "a", Some(1))
+        };
+        let survivor = || {
+            trains(
+                heard_lost(old(1, "b"), 1, 0, (101, 102, 103)),
+                110,
+                "collective-traffic",
+            )
+        };
+        let spare = || takes_over(old(2, "c"), 0, 110, "collective-traffic");
+        let mut memory = Memory::default();
+        let first = observe(
+            Some(&previous),
+            &mut memory,
+            &spared(),
+            &[zero(), survivor(), spare()],
+            None,
+            at(200),
+        );
+        assert_eq!(first.ranks[0].role, role);
+        let then = observe(
+            Some(&first),
+            &mut memory,
+            &spared(),
+            &[deleted(zero(), 210), survivor(), spare()],
+            None,
+            at(211),
+        );
+        assert_eq!(then.generation, generation, "{:?}", then.last_loss);
+    }
+
+    /// `resumedAt` is when the sidecars saw training: a spare's workers
+    /// started (seen by their start, 106) resume the world at once, and
+    /// the collective's traffic seen after (110) dates it.
+    #[test]
+    fn resumed_at_is_the_strongest_observation_of_the_first_step() {
+        let survivor = || heard_lost(old(1, "b"), 1, 0, (101, 102, 103));
+        let spare = || takes_over(old(2, "c"), 0, 106, "workers-started");
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (103, vec![old(0, "a"), survivor(), old(2, "c")]),
+                (107, vec![old(0, "a"), survivor(), spare()]),
+                (
+                    111,
+                    vec![
+                        old(0, "a"),
+                        trains(survivor(), 110, "collective-traffic"),
+                        spare(),
+                    ],
+                ),
+            ],
+        );
+        assert_eq!(s[2].phase, Phase::Running);
+        assert_resumed(&s[2], 106, "spare-took-over");
+        assert_resumed(&s[3], 110, "collective-traffic");
+        assert_eq!(
+            s[3].last_loss.as_ref().and_then(|l| l.recovery_seconds),
+            Some(9)
+        );
+        // Both seen at once: the traffic, not the earlier start.
+        let s = run(
+            &spared(),
+            vec![
+                (0, vec![old(0, "a"), old(1, "b"), old(2, "c")]),
+                (
+                    111,
+                    vec![
+                        old(0, "a"),
+                        trains(survivor(), 110, "collective-traffic"),
+                        spare(),
+                    ],
+                ),
+            ],
+        );
+        assert_resumed(&s[1], 110, "collective-traffic");
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The controller's period: how often a recovering world is looked
+        /// at again (`RECOVERING_RECHECK` of the world controller).
+        const PERIOD: i64 = 5;
+        /// Its write interval (`MIN_WRITE_INTERVAL`).
+        const WRITE_INTERVAL: Duration = Duration::from_secs(10);
+
+        /// One silent loss in a world of 2 + 1 spare, as the pods show it.
+        #[derive(Clone, Debug)]
+        struct Timeline {
+            /// The rank cut (0 or 1) at 100; the other trains on.
+            cut: u32,
+            /// The first heartbeat unanswered, after the cut.
+            lost: i64,
+            /// The survivor's and the spare's records of the loss (their
+            /// suspicion and action), after `lost`.
+            survivor_record: i64,
+            spare_record: Option<i64>,
+            /// The first training step after it; the sidecars see the
+            /// collective's traffic at it (their `trainingSince`) and
+            /// write their records `write` later.
+            step: i64,
+            survivor_write: i64,
+            spare_write: i64,
+            /// The cut pod's own sidecar tells of its peers' loss, after
+            /// the survivor's record.
+            mirror: Option<i64>,
+            /// The cut pod deleted, then gone, a replacement Ready.
+            deleted: Option<i64>,
+            /// The first look of the controller's timer.
+            offset: i64,
+        }
+
+        prop_compose! {
+            fn timeline()(cut in 0u32..2, lost in 100i64..102, detect in 1i64..5, spare_record in proptest::option::of(1i64..6),
+                          step in 5i64..20, survivor_write in 0i64..3, spare_write in 0i64..3,
+                          mirror in proptest::option::of(1i64..30), deleted in proptest::option::of(1i64..60), offset in 0i64..PERIOD) -> Timeline {
+                let survivor_record = lost + detect;
+                Timeline {
+                    cut, lost, survivor_record,
+                    spare_record: spare_record.map(|d| lost + d),
+                    step: survivor_record + step,
+                    survivor_write, spare_write,
+                    mirror: mirror.map(|d| survivor_record + d),
+                    deleted: deleted.map(|d| survivor_record + step + d),
+                    offset,
+                }
+            }
+        }
+
+        impl Timeline {
+            /// The pods as the API shows them at `t`.
+            fn pods(&self, t: i64) -> Vec<PodView> {
+                let other = 1 - self.cut;
+                let mut pods = Vec::new();
+                let gone = self.deleted.map(|d| d + 5);
+                if gone.is_none_or(|g| t < g) {
+                    let mut p = old(self.cut, "cut");
+                    if let Some(m) = self.mirror
+                        && t >= m
+                    {
+                        p = heard_lost(p, 1, other, (self.lost, m, m));
+                    }
+                    if let Some(d) = self.deleted
+                        && t >= d
+                    {
+                        p = deleted(p, d);
+                        p.ready = false;
+                    }
+                    pods.push(p);
+                } else if let Some(g) = gone {
+                    pods.push(PodView {
+                        created: Some(at(g)),
+                        ..pod(self.cut, "new", (t >= g + 5).then_some(g + 5))
+                    });
+                }
+                let mut survivor = old(other, "survivor");
+                if t >= self.survivor_record {
+                    survivor = heard_lost(
+                        survivor,
+                        1,
+                        self.cut,
+                        (self.lost, self.survivor_record, self.survivor_record),
+                    );
+                }
+                if t >= self.step + self.survivor_write {
+                    survivor = trains(survivor, self.step, "collective-traffic");
+                }
+                pods.push(survivor);
+                let mut spare = old(2, "spare");
+                if let Some(r) = self.spare_record
+                    && t >= r
+                {
+                    spare = heard_lost(spare, 1, self.cut, (self.lost, r, r));
+                }
+                if t >= self.step + self.spare_write {
+                    spare = takes_over(spare, self.cut, self.step, "collective-traffic");
+                }
+                pods.push(spare);
+                pods.sort_by_key(|p| p.rank);
+                pods
+            }
+
+            /// When the controller looks: at every change of a pod (its
+            /// watch) and on its timer.
+            fn looks(&self) -> Vec<i64> {
+                let mut times: Vec<i64> = (0..40).map(|k| 90 + self.offset + k * PERIOD).collect();
+                times.extend([
+                    0,
+                    self.survivor_record,
+                    self.step + self.survivor_write,
+                    self.step + self.spare_write,
+                ]);
+                times.extend(self.spare_record);
+                times.extend(self.mirror);
+                if let Some(d) = self.deleted {
+                    times.extend([d, d + 5, d + 10]);
+                }
+                times.sort_unstable();
+                times.dedup();
+                times
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Whatever the order of the records and the controller's
+            /// looks: one loss, dated at the first beat unanswered, by
+            /// heartbeats; never resumed before it; `Running` written
+            /// within one period of the first step's record; the cut pod
+            /// never training, its deletion no new interruption.
+            #[test]
+            fn a_silent_loss_is_one_episode_from_the_cut_to_the_first_step(tl in timeline()) {
+                let w = spared();
+                let mut memory = Memory::default();
+                let mut computed: Option<WorldStatus> = None;
+                let mut written: Option<WorldStatus> = None;
+                let mut last_write: Option<Timestamp> = None;
+                let mut pending_until: Option<i64> = None;
+                let first_record = tl.step + tl.survivor_write.min(tl.spare_write);
+                let mut looks = tl.looks();
+                let mut k = 0;
+                while k < looks.len() {
+                    let t = looks[k];
+                    k += 1;
+                    let pods = tl.pods(t);
+                    let s = observe(computed.as_ref(), &mut memory, &w, &pods, None, at(t));
+                    match decide_write(written.as_ref(), &s, last_write, at(t), WRITE_INTERVAL) {
+                        Write::Now => { written = Some(s.clone()); last_write = Some(at(t)); }
+                        Write::After(d) => {
+                            // Held back: looked at again then.
+                            let again = t + i64::try_from(d.as_secs()).unwrap_or(0);
+                            if pending_until.is_none_or(|p| p != again) { looks.push(again); looks.sort_unstable(); looks.dedup(); pending_until = Some(again); }
+                        }
+                        Write::Unchanged => {}
+                    }
+                    computed = Some(s.clone());
+                    if t < tl.survivor_record.min(tl.spare_record.unwrap_or(i64::MAX)) {
+                        prop_assert_eq!(s.generation, 0);
+                        continue;
+                    }
+                    // One loss, of the cut rank, at the first beat unanswered.
+                    prop_assert_eq!(s.generation, 1, "{:?}", s.last_loss);
+                    let l = s.last_loss.clone().unwrap_or_default();
+                    prop_assert_eq!((l.rank, l.at.clone(), l.detected_by.as_str()), (tl.cut, at(tl.lost).to_string(), "heartbeat"));
+                    if let Some(r) = l.resumed_at.as_deref().and_then(parse_time) {
+                        prop_assert!(r >= at(tl.lost));
+                        prop_assert_eq!(r, at(tl.step), "{:?}", l);
+                    }
+                    // The cut pod never trains while it is there.
+                    if pods.iter().any(|p| p.uid == "cut") {
+                        let role = s.ranks.iter().find(|r| r.index == tl.cut).map(|r| r.role);
+                        prop_assert_eq!(role, Some(Role::Lost), "{:?}", s.ranks);
+                    }
+                    // The spare trains once its take-over is there.
+                    if t >= tl.step + tl.spare_write {
+                        prop_assert_eq!(s.ranks.iter().find(|r| r.index == 2).map(|r| r.role), Some(Role::Training));
+                    }
+                    if t >= first_record {
+                        // Computed at once, written at once (a new phase).
+                        prop_assert_eq!(s.phase, Phase::Running, "{:?}", s);
+                        prop_assert_eq!(written.as_ref().map(|w| w.phase), Some(Phase::Running));
+                    } else {
+                        prop_assert_eq!(s.phase, Phase::Recovering, "{:?}", s);
+                    }
+                    // On the timer alone, within one period.
+                    if t >= first_record + PERIOD {
+                        prop_assert_eq!(written.as_ref().map(|w| w.phase), Some(Phase::Running));
+                    }
+                }
+            }
+        }
+    }
 }
