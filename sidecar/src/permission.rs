@@ -42,7 +42,12 @@ const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let matcher = AgentMatcher::new(shared.config.agent_match.clone());
     let self_pid = std::process::id() as i32;
-    let store_ports: Vec<u16> = shared.config.rdzv_port.into_iter().collect();
+    // Neither the store's connections nor the sidecar's own are the
+    // collective's.
+    let ports = crate::collective::Ports {
+        store: shared.config.rdzv_port.into_iter().collect(),
+        own: vec![shared.config.health_port],
+    };
     let mut last: Option<PermissionState> = None;
     let mut role = Role::default();
     let mut resumed = Resumed::default();
@@ -74,7 +79,8 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             Some(pending) => pending,
             None => {
                 let matcher = matcher.clone();
-                let store_ports = store_ports.clone();
+                let ports = ports.clone();
+                let peers = shared.peer_addresses();
                 match signal::on_own_thread("trainwire-check", move || {
                     let root = std::path::Path::new("/proc");
                     let procs = signal::scan(root);
@@ -89,7 +95,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                         let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
                         (crate::collective::scan_agents(root, &agents), None)
                     } else {
-                        crate::collective::scan(root, &workers, &store_ports)
+                        crate::collective::scan(root, &workers, &ports, &peers)
                     };
                     (
                         signal::check_permission(&trainers),
