@@ -321,7 +321,16 @@ pub struct EpisodeStatus {
     pub detail: String,
     /// `suspect` (reported, nothing touched), `confirmed`, `closed`.
     pub state: &'static str,
+    /// When the loss became observable: the first missed heartbeat, or the
+    /// watch event that first showed the pod in trouble (the record's
+    /// `suspectedAt`).
     pub suspected_at: String,
+    /// For a loss heartbeats saw: the lost pod's last answer before the
+    /// outage (the loss lies between it and `suspected_at`).
+    pub last_answer_at: Option<String>,
+    /// When the loss was decided (the last missed beat, after the
+    /// helpers' answers; the watch event).
+    pub detected_at: String,
     pub confirmed_by: Option<crate::decide::Confirmation>,
     pub confirmed_at: Option<String>,
     pub replacement_ready: bool,
