@@ -188,26 +188,31 @@ fn parse_addr(hex: &str) -> Option<IpAddr> {
     }
 }
 
-/// The socket inodes among `/proc/<pid>/fd`; `None` when the directory
+/// The socket inodes among `/proc/<pid>/fd`; `None` when the descriptors
 /// cannot be read (another user's process, or a root process with more
-/// capabilities than the reader, without `CAP_SYS_PTRACE`).
+/// capabilities than the reader, without `CAP_SYS_PTRACE`: the directory
+/// of a process of the same UID lists, but none of its links reads).
 pub fn socket_inodes(proc_root: &Path, pid: &str) -> Option<BTreeSet<u64>> {
     let dir = std::fs::read_dir(proc_root.join(pid).join("fd")).ok()?;
-    Some(
-        dir.flatten()
-            // A process has at most a few thousand descriptors; bounded anyway.
-            .take(65_536)
-            .filter_map(|e| std::fs::read_link(e.path()).ok())
-            .filter_map(|target| {
-                target
-                    .to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse()
-                    .ok()
-            })
-            .collect(),
-    )
+    let mut inodes = BTreeSet::new();
+    // A process has at most a few thousand descriptors; bounded anyway.
+    for entry in dir.flatten().take(65_536) {
+        let target = match std::fs::read_link(entry.path()) {
+            Ok(target) => target,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return None,
+            // Closed since the listing.
+            Err(_) => continue,
+        };
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(|t| t.parse().ok())
+        {
+            inodes.insert(inode);
+        }
+    }
+    Some(inodes)
 }
 
 /// The file-system UID of a process from the text of its
