@@ -183,8 +183,10 @@ pub mod defaults {
     /// `TRAINWIRE_CONFIRM_AFTER=auto` in a fixed-size world.
     pub const CONFIRM_AFTER_FIXED: Duration = Duration::from_secs(30);
     /// `TRAINWIRE_CONFIRM_AFTER=auto` for a non-host peer of an elastic
-    /// world: torchrun's own rendezvous keep-alive window as trainwire
-    /// injects it (1 s × 3), after which torchrun drops the node anyway.
+    /// world or of a world with hot spares: torchrun's own rendezvous
+    /// keep-alive window as trainwire injects it (1 s × 3), after which
+    /// torchrun drops the node anyway (the world shrinks, or a spare
+    /// takes its place).
     pub const CONFIRM_AFTER_ELASTIC: Duration = crate::rendezvous::KEEP_ALIVE_WINDOW;
     pub const REPLACEMENT_WAIT: Duration = Duration::from_secs(600);
 }
@@ -269,18 +271,23 @@ impl Config {
 
     /// The outage that confirms the loss of `lost_rank` by itself: the
     /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) the rendezvous
-    /// keep-alive window (3 s) for a peer of an elastic world that is not the rendezvous host, 30 s otherwise;
+    /// keep-alive window (3 s) for a peer that is not the rendezvous host
+    /// in a world where torchrun itself drops a silent node after that
+    /// window (an elastic world, which shrinks, or a world with hot spares,
+    /// one of which takes the node's place), 30 s otherwise (a fixed world
+    /// rides out a shorter outage: its connections resume);
     /// never shorter than the reporting detection (interval × misses).
     pub fn confirm_after_for(&self, lost_rank: u32) -> Duration {
         let detection = self
             .heartbeat
             .interval
             .saturating_mul(self.heartbeat.misses);
-        let auto = match self.nnodes {
-            NodeCount::Elastic { .. } if Some(lost_rank) != self.rdzv_host_rank => {
-                defaults::CONFIRM_AFTER_ELASTIC
-            }
-            _ => defaults::CONFIRM_AFTER_FIXED,
+        let dropped_by_torchrun =
+            matches!(self.nnodes, NodeCount::Elastic { .. }) || self.spares > 0;
+        let auto = if dropped_by_torchrun && Some(lost_rank) != self.rdzv_host_rank {
+            defaults::CONFIRM_AFTER_ELASTIC
+        } else {
+            defaults::CONFIRM_AFTER_FIXED
         };
         self.confirm_after.unwrap_or(auto).max(detection)
     }
@@ -541,6 +548,15 @@ mod tests {
             Duration::from_secs(30),
             "the rendezvous host of an elastic world is still the store"
         );
+        // With hot spares a spare takes a silent node's place once its
+        // keep-alive expires: the same window, but for the store's host.
+        let spares = cfg(&[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "0")]).expect("spares");
+        assert_eq!(spares.confirm_after_for(1), Duration::from_secs(3));
+        assert_eq!(spares.confirm_after_for(2), Duration::from_secs(3));
+        assert_eq!(spares.confirm_after_for(0), Duration::from_secs(30));
+        let store_outside =
+            cfg(&[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")]).expect("spares");
+        assert_eq!(store_outside.confirm_after_for(0), Duration::from_secs(3));
         let set =
             cfg(&[(env::CONFIRM_AFTER, "12s"), (env::REPLACEMENT_WAIT, "2m")]).expect("explicit");
         assert_eq!(set.confirm_after_for(0), Duration::from_secs(12));

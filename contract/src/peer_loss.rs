@@ -28,9 +28,13 @@ pub const SPARE_TOOK_OVER: &str = "spare-took-over";
 /// exit, the store's pod), only the moment this pod trains again after it.
 pub const TRAINER_RESTARTED: &str = "trainer-restarted";
 
-/// The `lostBy` of a loss a sidecar saw by its heartbeats (a peer that
-/// stopped answering); `heartbeats` reads the same.
+/// `lostBy` of a loss that heartbeats saw first: the pod stopped
+/// answering (its network cut, its node dead or frozen) while its object
+/// said nothing.
 pub const LOST_BY_HEARTBEAT: &str = "heartbeat";
+
+/// `lostBy` of a loss that the Kubernetes watch saw first.
+pub const LOST_BY_KUBERNETES: &str = "kubernetes";
 
 /// The sidecar's last action on a lost peer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -50,29 +54,33 @@ pub struct PeerLossRecord {
     pub result: String,
     /// When, RFC 3339.
     pub at: String,
-    /// When the sidecar first suspected the loss (a missed heartbeat, the
-    /// pod's event), RFC 3339: the loss's time, which `at` (the action, at
-    /// the confirmation) can follow by up to the confirmation limit.
+    /// When the loss became observable to the sidecar, RFC 3339: the
+    /// first missed heartbeat (the end of the first interval without an
+    /// answer), or the watch event that first showed the pod in trouble.
+    /// The loss's time, which `at` (the action, at the confirmation) can
+    /// follow by up to the confirmation limit. (Sidecars before `lostBy`
+    /// wrote the moment they decided the loss, after all the misses.)
     /// Absent in records of older sidecars and in take-over records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspected_at: Option<String>,
-    /// What this sidecar saw the loss by: `heartbeat` (the peer stopped
-    /// answering its heartbeats while its pod object may stay unchanged: a
-    /// silent loss) or `kubernetes` (the pod watch: deleted, failed,
-    /// replaced). Absent in records of older sidecars and in take-over and
-    /// restart records. The world status names a heartbeat loss
-    /// `detectedBy: heartbeat` ([`LOST_BY_HEARTBEAT`]).
+    /// The source that saw the loss first: [`LOST_BY_HEARTBEAT`] (the
+    /// pod stopped answering while its object was unchanged: a silent
+    /// loss) or [`LOST_BY_KUBERNETES`] (the watch showed it deleted,
+    /// failed, restarted, replaced, ...). Absent in records of older
+    /// sidecars and in take-over and own-restart records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lost_by: Option<String>,
-    /// When the peer was lost as this sidecar can date it, RFC 3339: for
-    /// `heartbeat`, the send time of the first heartbeat that got no
-    /// answer (the cut lies between the last answered one and it); for
-    /// `kubernetes`, the time of the watch event that showed it. At or
-    /// before `suspectedAt`; the world status dates the loss at the
-    /// earliest of `lostAt`, `suspectedAt` and `at`. Absent in records of
-    /// older sidecars (the loss is then dated at `suspectedAt`).
+    /// Why it is lost, as the sidecar's `/status` and metrics say it
+    /// (`missed-heartbeats`, `deleted`, `failed`, `not-ready`,
+    /// `container-restarted`, `identity-changed`, `node-unreachable`,
+    /// `disrupted`, `stuck-terminating`). Absent where `lostBy` is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lost_at: Option<String>,
+    pub reason: Option<String>,
+    /// For a loss seen by heartbeats: the last answer of the lost pod
+    /// before its outage, RFC 3339. The loss (the cut, the freeze) lies
+    /// between it and `suspectedAt`, at most one heartbeat interval apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_answer_at: Option<String>,
     /// When this pod trains again after this loss, RFC 3339: the first
     /// `/proc` scan that saw its new workers (started after the loss, up a
     /// settle time, [`TRAINING_SETTLE`](crate::peer_loss::TRAINING_SETTLE))
@@ -213,13 +221,18 @@ mod tests {
             result: "signalled".into(),
             at: "2026-11-23T18:00:00Z".into(),
             suspected_at: Some("2026-11-23T17:59:57Z".into()),
-            lost_by: Some("heartbeat".into()),
-            lost_at: Some("2026-11-23T17:59:56Z".into()),
+            lost_by: Some(LOST_BY_HEARTBEAT.into()),
+            reason: Some("missed-heartbeats".into()),
+            last_answer_at: Some("2026-11-23T17:59:56.4Z".into()),
             training_since: None,
             torch_rank: None,
             training_seen_by: None,
         };
         let text = r.to_annotation().expect("json");
+        assert!(
+            text.contains(r#""lostBy":"heartbeat","reason":"missed-heartbeats","lastAnswerAt":"2026-11-23T17:59:56.4Z""#),
+            "{text}"
+        );
         assert_eq!(PeerLossRecord::from_annotation(&text), Some(r.clone()));
         assert_eq!(PeerLossRecord::from_annotation("{"), None);
         assert_eq!(PeerLossRecord::from_annotation("3"), None);

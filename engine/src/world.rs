@@ -18,8 +18,8 @@
 //!   `restartCount` moves only when it restarts the container after its
 //!   back-off;
 //! - a sidecar's new `trainwire.dev/peer-loss` record, dated at its
-//!   `lostAt` (a survivor's heartbeats: a silent loss, `detectedBy:
-//!   heartbeat`), else its `suspectedAt`. The pod it names (the one holding
+//!   `suspectedAt` (for a survivor's heartbeats, the first beat the peer
+//!   did not answer: a silent loss, `detectedBy: heartbeat`). The pod it names (the one holding
 //!   the rank that existed at the loss) is then out of the world
 //!   ([`Memory`]): its role `lost`, and its later deletion, disappearance,
 //!   trainer exit, or its own sidecar's records of its peers, no new loss,
@@ -692,14 +692,14 @@ pub fn parse_time(text: &str) -> Option<Timestamp> {
     text.parse().ok()
 }
 
-/// A sidecar's loss record's time of the loss: the earliest of `lostAt`
-/// (the first heartbeat unanswered), `suspectedAt` and `at` (its action, at
-/// the confirmation); the sidecar's clock, but never in the future of ours.
+/// A sidecar's loss record's time of the loss: the earliest of
+/// `suspectedAt` (the first heartbeat unanswered, or the watch event that
+/// first showed it) and `at` (its action, at the confirmation); the
+/// sidecar's clock, but never in the future of ours.
 fn record_loss_time(r: &PeerLossRecord, now: Timestamp) -> Timestamp {
     [
         Some(r.at.as_str()),
         r.suspected_at.as_deref(),
-        r.lost_at.as_deref(),
     ]
     .into_iter()
     .flatten()

@@ -9,18 +9,29 @@
 //! formed may still be loading its checkpoint (1–2 s there, minutes for a
 //! large model), so neither is the resumption when more can be seen.
 //!
-//! Read from `/proc/<pid>/fd` (the worker's sockets, by inode),
-//! `/proc/<pid>/net/tcp{,6}` (its network namespace's TCP table),
-//! `/proc/<pid>/environ` (what torchrun told it of its world) and the
-//! kernel's socket diagnostics (`sock_diag`, what `ss -i` reads: the bytes
-//! each connection carried). A connection to the rendezvous store (its
-//! port) or to the loopback does not count: every agent and worker talks to
-//! the store before its peers.
+//! The sockets come from the kernel's socket diagnostics (`sock_diag`, what
+//! `ss -tie` reads) of the pod's network namespace, which the sidecar shares
+//! with the trainer: every established TCP socket with its owner's UID, its
+//! inode, both ends and the bytes it carried (`tcp_info`). Nothing of the
+//! trainer's `/proc/<pid>` is needed for that, so it holds for a root
+//! trainer beside a sidecar with only `CAP_KILL`, and for a trainer of
+//! another user (reading another process's `/proc/<pid>/fd`, `environ` or
+//! `maps` needs ptrace read access: the same user and no more capabilities,
+//! or `CAP_SYS_PTRACE`). Which sockets are the collective's ([`select`]):
+//! established, not on the loopback, neither end on a rendezvous store's
+//! port nor on the sidecar's own port, not the sidecar's own sockets (its
+//! `/proc/self/fd`), owned by the workers' UID (`/proc/<pid>/status` is
+//! readable by everyone), to a peer pod this sidecar knows when there is
+//! one. When the workers' `/proc/<pid>/fd` is readable (the same user), the
+//! choice narrows to their own sockets (the agent's are left out), and
+//! their `/proc/<pid>/environ` tells torch's node rank and whether they
+//! expect peers at all.
 //!
 //! [`Watch`] turns the scans into the one observation that training runs,
 //! with what it was seen by ([`TrainingSeenBy`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::SystemTime;
 
@@ -28,38 +39,138 @@ use trainwire_contract::peer_loss::{
     STEP_BURSTS, TRAFFIC_WAIT, TRAINING_SETTLE, TrainingSeenBy, UNCONNECTED_WAIT,
 };
 
-/// One row of `/proc/net/tcp{,6}`: its remote end and state.
+/// One TCP socket of the pod's network namespace, as the kernel's socket
+/// diagnostics (or `/proc/net/tcp{,6}`) report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TcpRow {
-    pub remote: std::net::IpAddr,
-    pub remote_port: u16,
+pub struct SocketRow {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
     pub established: bool,
+    /// The socket's owner (`idiag_uid`): the user that created it.
+    pub uid: u32,
     pub inode: u64,
+    /// The bytes it carried, sent and acknowledged plus received
+    /// (`tcpi_bytes_acked + tcpi_bytes_received`); `None` when the source
+    /// does not say (`/proc/net/tcp`, a kernel older than 4.1).
+    pub carried: Option<u64>,
+}
+
+/// What tells the collective's sockets apart from the others of the pod
+/// ([`select`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    /// The rendezvous store's ports: every agent and worker talks to the
+    /// store before its peers. Either end.
+    pub store_ports: Vec<u16>,
+    /// The sidecar's own ports (health, heartbeats, probes). Either end.
+    pub own_ports: Vec<u16>,
+    /// The sidecar's own sockets (its `/proc/self/fd`).
+    pub own_inodes: BTreeSet<u64>,
+    /// The workers' users (`/proc/<pid>/status`); empty when unknown.
+    pub workers_uids: BTreeSet<u32>,
+    /// The workers' own sockets, when their `/proc/<pid>/fd` is readable.
+    pub worker_inodes: Option<BTreeSet<u64>>,
+    /// Addresses of peer pods this sidecar knows (the pods it watches).
+    pub peers: BTreeSet<IpAddr>,
+}
+
+/// The sockets [`select`] chose.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Chosen {
+    /// The collective's connections, by inode, with the bytes each carried
+    /// when known.
+    pub peers: BTreeMap<u64, Option<u64>>,
+    /// Whether the workers hold any established TCP connection at all (to
+    /// the store, on the loopback too).
+    pub any: bool,
+}
+
+/// An address with an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, a dual
+/// stack socket's view of an IPv4 peer) as the IPv4 address it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The workers' sockets among `rows` that are their collective's
+/// connections: established, not on the loopback, neither end on a store
+/// port or on the sidecar's own port, not the sidecar's own, owned by the
+/// workers' UID (when known), the workers' own (when their descriptors are
+/// readable); and, when some of them lead to a peer pod this sidecar knows,
+/// only those (a data or logging service the workers also talk to is not
+/// their collective). Pure.
+pub fn select(rows: &[SocketRow], scope: &Scope) -> Chosen {
+    let theirs = |r: &&SocketRow| {
+        r.established
+            && !scope.own_inodes.contains(&r.inode)
+            && (scope.workers_uids.is_empty() || scope.workers_uids.contains(&r.uid))
+            && scope
+                .worker_inodes
+                .as_ref()
+                .is_none_or(|inodes| inodes.contains(&r.inode))
+    };
+    let on = |ports: &[u16], r: &SocketRow| {
+        ports.contains(&r.local.port()) || ports.contains(&r.remote.port())
+    };
+    let workers: Vec<&SocketRow> = rows
+        .iter()
+        .filter(theirs)
+        // The sidecar's own connections are never the workers'.
+        .filter(|r| !on(&scope.own_ports, r))
+        .collect();
+    let candidates: Vec<&SocketRow> = workers
+        .iter()
+        .copied()
+        .filter(|r| {
+            !canonical(r.remote.ip()).is_loopback()
+                && !canonical(r.local.ip()).is_loopback()
+                && !on(&scope.store_ports, r)
+        })
+        .collect();
+    let known = |r: &&SocketRow| scope.peers.contains(&canonical(r.remote.ip()));
+    let to_known = candidates.iter().any(known);
+    Chosen {
+        peers: candidates
+            .into_iter()
+            .filter(|r| !to_known || known(r))
+            .map(|r| (r.inode, r.carried))
+            .collect(),
+        any: !workers.is_empty(),
+    }
 }
 
 /// The rows of a `/proc/net/tcp` or `/proc/net/tcp6` text; lines that do
 /// not parse are skipped.
-pub fn parse_tcp_table(text: &str) -> Vec<TcpRow> {
+pub fn parse_tcp_table(text: &str) -> Vec<SocketRow> {
     text.lines().skip(1).filter_map(parse_row).collect()
 }
 
-fn parse_row(line: &str) -> Option<TcpRow> {
+fn parse_row(line: &str) -> Option<SocketRow> {
     let fields: Vec<&str> = line.split_whitespace().collect();
     // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
-    let (addr, port) = fields.get(2)?.split_once(':')?;
+    let end = |i: usize| -> Option<SocketAddr> {
+        let (addr, port) = fields.get(i)?.split_once(':')?;
+        Some(SocketAddr::new(
+            parse_addr(addr)?,
+            u16::from_str_radix(port, 16).ok()?,
+        ))
+    };
     let state = u8::from_str_radix(fields.get(3)?, 16).ok()?;
-    let inode = fields.get(9)?.parse().ok()?;
-    Some(TcpRow {
-        remote: parse_addr(addr)?,
-        remote_port: u16::from_str_radix(port, 16).ok()?,
+    Some(SocketRow {
+        local: end(1)?,
+        remote: end(2)?,
         established: state == 0x01,
-        inode,
+        uid: fields.get(7)?.parse().ok()?,
+        inode: fields.get(9)?.parse().ok()?,
+        carried: None,
     })
 }
 
 /// An address as the kernel prints it: 32-bit words in host byte order
 /// (little-endian here), in hex.
-fn parse_addr(hex: &str) -> Option<std::net::IpAddr> {
+fn parse_addr(hex: &str) -> Option<IpAddr> {
     let word = |i: usize| -> Option<[u8; 4]> {
         let w = u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok()?;
         Some(w.to_le_bytes())
@@ -71,87 +182,87 @@ fn parse_addr(hex: &str) -> Option<std::net::IpAddr> {
             for i in 0..4 {
                 bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
             }
-            let v6 = std::net::Ipv6Addr::from(bytes);
-            Some(match v6.to_ipv4_mapped() {
-                Some(v4) => v4.into(),
-                None => v6.into(),
-            })
+            Some(canonical(std::net::Ipv6Addr::from(bytes).into()))
         }
         _ => None,
     }
 }
 
-/// Whether `row` is a connection to a peer: established, not to the
-/// loopback, not to one of `store_ports`.
-pub fn is_peer(row: &TcpRow, store_ports: &[u16]) -> bool {
-    row.established && !row.remote.is_loopback() && !store_ports.contains(&row.remote_port)
-}
-
-/// The socket inodes among `/proc/<pid>/fd`; `None` when the directory
-/// cannot be read (another user's process without `CAP_SYS_PTRACE`).
-fn socket_inodes(proc_root: &Path, pid: i32) -> Option<BTreeSet<u64>> {
-    let dir = std::fs::read_dir(proc_root.join(pid.to_string()).join("fd")).ok()?;
-    Some(
-        dir.flatten()
-            // A process has at most a few thousand descriptors; bounded anyway.
-            .take(65_536)
-            .filter_map(|e| std::fs::read_link(e.path()).ok())
-            .filter_map(|target| {
-                target
-                    .to_str()?
-                    .strip_prefix("socket:[")?
-                    .strip_suffix(']')?
-                    .parse()
-                    .ok()
-            })
-            .collect(),
-    )
-}
-
-/// The sockets of `workers` that are connections to a peer ([`is_peer`]),
-/// by inode (empty when none is), and whether they hold any established TCP
-/// connection at all (to the store, the loopback too); `None` when no
-/// worker's sockets could be read.
-fn connections(
-    proc_root: &Path,
-    workers: &[i32],
-    store_ports: &[u16],
-) -> Option<(BTreeSet<u64>, bool)> {
-    let mut readable = false;
-    let mut any = false;
-    let mut peers = BTreeSet::new();
-    for &pid in workers {
-        let Some(inodes) = socket_inodes(proc_root, pid) else {
-            continue;
+/// The socket inodes among `/proc/<pid>/fd`; `None` when the descriptors
+/// cannot be read (another user's process, or a root process with more
+/// capabilities than the reader, without `CAP_SYS_PTRACE`: the directory
+/// of a process of the same UID lists, but none of its links reads).
+pub fn socket_inodes(proc_root: &Path, pid: &str) -> Option<BTreeSet<u64>> {
+    let dir = std::fs::read_dir(proc_root.join(pid).join("fd")).ok()?;
+    let mut inodes = BTreeSet::new();
+    // A process has at most a few thousand descriptors; bounded anyway.
+    for entry in dir.flatten().take(65_536) {
+        let target = match std::fs::read_link(entry.path()) {
+            Ok(target) => target,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return None,
+            // Closed since the listing.
+            Err(_) => continue,
         };
-        readable = true;
-        if inodes.is_empty() {
-            continue;
-        }
-        for table in ["tcp", "tcp6"] {
-            let path = proc_root.join(pid.to_string()).join("net").join(table);
-            // The table of a namespace with many connections is large;
-            // read at most 4 MiB of it.
-            let Ok(file) = std::fs::File::open(&path) else {
-                continue;
-            };
-            let mut text = String::new();
-            use std::io::Read;
-            if file.take(4 << 20).read_to_string(&mut text).is_err() {
-                continue;
-            }
-            for row in parse_tcp_table(&text)
-                .iter()
-                .filter(|r| inodes.contains(&r.inode) && r.established)
-            {
-                any = true;
-                if is_peer(row, store_ports) {
-                    peers.insert(row.inode);
-                }
-            }
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+            .and_then(|t| t.parse().ok())
+        {
+            inodes.insert(inode);
         }
     }
-    readable.then_some((peers, any))
+    Some(inodes)
+}
+
+/// The file-system UID of a process from the text of its
+/// `/proc/<pid>/status` (the line `Uid: real effective saved fs`): the
+/// owner of the sockets it creates. `None` when there is no such line.
+pub fn parse_status_uid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// A process's file-system UID; `None` when its status cannot be read
+/// (it has exited). `/proc/<pid>/status` is readable by every user.
+pub fn process_uid(proc_root: &Path, pid: i32) -> Option<u32> {
+    use std::io::Read;
+    let file = std::fs::File::open(proc_root.join(pid.to_string()).join("status")).ok()?;
+    let mut text = String::new();
+    // A status is a few KiB; bounded anyway.
+    file.take(64 << 10).read_to_string(&mut text).ok()?;
+    parse_status_uid(&text)
+}
+
+/// Every established TCP socket of this network namespace (the pod's), with
+/// the bytes each carried: from the kernel's socket diagnostics, else (no
+/// answer from the kernel) from `/proc/self/net/tcp{,6}` without the bytes.
+/// `None` when neither answers.
+pub fn namespace_sockets() -> Option<Vec<SocketRow>> {
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6};
+    let mut rows = Vec::new();
+    let diag = [AF_INET, AF_INET6]
+        .into_iter()
+        .try_for_each(|family| diag::dump(family, &mut rows));
+    if diag.is_ok() {
+        return Some(rows);
+    }
+    let mut rows = Vec::new();
+    let mut any = false;
+    for table in ["tcp", "tcp6"] {
+        let Ok(file) = std::fs::File::open(Path::new("/proc/self/net").join(table)) else {
+            continue;
+        };
+        let mut text = String::new();
+        use std::io::Read;
+        // The table of a namespace with many connections is large; read at
+        // most 4 MiB of it.
+        if file.take(4 << 20).read_to_string(&mut text).is_ok() {
+            any = true;
+            rows.extend(parse_tcp_table(&text).into_iter().filter(|r| r.established));
+        }
+    }
+    any.then_some(rows)
 }
 
 /// What torchrun told a worker about its world, from its environment.
@@ -219,25 +330,9 @@ pub fn worker_env(proc_root: &Path, pid: i32) -> Option<WorkerEnv> {
     Some(WorkerEnv::parse(&bytes))
 }
 
-/// The bytes each of `inodes` carried, sent and acknowledged plus
-/// received (`tcpi_bytes_acked + tcpi_bytes_received`), from the kernel's
-/// socket diagnostics of this network namespace (the pod's, shared by the
-/// sidecar and the trainer; no privilege needed). `None` when the kernel
-/// does not answer or none of `inodes` is in this namespace.
-pub fn traffic(inodes: &BTreeSet<u64>) -> Option<BTreeMap<u64, u64>> {
-    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6};
-    let mut carried = BTreeMap::new();
-    for family in [AF_INET, AF_INET6] {
-        diag::dump(family, inodes, &mut carried).ok()?;
-    }
-    (!carried.is_empty()).then_some(carried)
-}
-
 mod diag {
     //! One `SOCK_DIAG_BY_FAMILY` dump of the established TCP sockets of a
-    //! family, with their `tcp_info`.
-    use std::collections::{BTreeMap, BTreeSet};
-
+    //! family, with their owner, inode, ends and `tcp_info`.
     use netlink_packet_core::{
         NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
     };
@@ -248,6 +343,8 @@ mod diag {
     };
     use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 
+    use super::SocketRow;
+
     /// Offsets in `struct tcp_info` (linux/tcp.h) of `tcpi_bytes_acked`
     /// and `tcpi_bytes_received` (Linux 4.1 and later), both `__u64`.
     const BYTES_ACKED: usize = 120;
@@ -255,12 +352,17 @@ mod diag {
     /// Bounds on one dump: datagrams read and bytes in all.
     const MAX_DATAGRAMS: usize = 4096;
     const MAX_BYTES: usize = 64 << 20;
+    /// The TCP state `ESTABLISHED` (`include/net/tcp_states.h`).
+    const TCP_ESTABLISHED: u8 = 1;
 
-    pub fn dump(
-        family: u8,
-        inodes: &BTreeSet<u64>,
-        carried: &mut BTreeMap<u64, u64>,
-    ) -> std::io::Result<()> {
+    /// Whether a datagram ended the dump.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Next {
+        More,
+        Done,
+    }
+
+    pub fn dump(family: u8, rows: &mut Vec<SocketRow>) -> std::io::Result<()> {
         let mut socket = Socket::new(NETLINK_SOCK_DIAG)?;
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
@@ -292,37 +394,62 @@ mod diag {
             if datagram.is_empty() || total > MAX_BYTES {
                 return Ok(());
             }
-            let mut offset = 0;
-            while offset < datagram.len() {
-                let Ok(message) =
-                    NetlinkMessage::<SockDiagMessage>::deserialize(&datagram[offset..])
-                else {
-                    return Ok(());
-                };
-                let length = message.header.length as usize;
-                match message.payload {
-                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
-                        let inode = u64::from(response.header.inode);
-                        if inodes.contains(&inode) {
-                            let info = response.nlas.iter().find_map(|nla| match nla {
-                                Nla::TcpInfo(bytes) => Some(bytes),
-                                _ => None,
-                            });
-                            if let Some(bytes) = info.and_then(|b| carried_bytes(b)) {
-                                carried.insert(inode, bytes);
-                            }
-                        }
-                    }
-                    NetlinkPayload::Done(_) | NetlinkPayload::Error(_) => return Ok(()),
-                    _ => {}
-                }
-                if length == 0 {
-                    return Ok(());
-                }
-                offset += length;
+            match parse_datagram(&datagram, rows) {
+                Ok(Next::More) => {}
+                Ok(Next::Done) => return Ok(()),
+                Err(e) => return Err(std::io::Error::other(e)),
             }
         }
         Ok(())
+    }
+
+    /// The sockets in one datagram of a dump, appended to `rows`; whether
+    /// the dump is over. A message that does not parse ends the dump; an
+    /// error message from the kernel is an error (the dump said nothing).
+    pub fn parse_datagram(datagram: &[u8], rows: &mut Vec<SocketRow>) -> Result<Next, String> {
+        let mut offset = 0;
+        while offset < datagram.len() {
+            let Some(rest) = datagram.get(offset..) else {
+                return Ok(Next::Done);
+            };
+            let Ok(message) = NetlinkMessage::<SockDiagMessage>::deserialize(rest) else {
+                return Ok(Next::Done);
+            };
+            let length = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
+                    let id = &response.header.socket_id;
+                    let info = response.nlas.iter().find_map(|nla| match nla {
+                        Nla::TcpInfo(bytes) => Some(bytes),
+                        _ => None,
+                    });
+                    rows.push(SocketRow {
+                        local: std::net::SocketAddr::new(
+                            super::canonical(id.source_address),
+                            id.source_port,
+                        ),
+                        remote: std::net::SocketAddr::new(
+                            super::canonical(id.destination_address),
+                            id.destination_port,
+                        ),
+                        established: response.header.state == TCP_ESTABLISHED,
+                        uid: response.header.uid,
+                        inode: u64::from(response.header.inode),
+                        carried: info.and_then(|b| carried_bytes(b)),
+                    });
+                }
+                NetlinkPayload::Done(_) => return Ok(Next::Done),
+                NetlinkPayload::Error(e) => {
+                    return Err(format!("the kernel refused the socket dump: {e}"));
+                }
+                _ => {}
+            }
+            if length == 0 {
+                return Ok(Next::Done);
+            }
+            offset = offset.saturating_add(length);
+        }
+        Ok(Next::More)
     }
 
     /// `tcpi_bytes_acked + tcpi_bytes_received` of a `tcp_info`; `None`
@@ -338,7 +465,7 @@ mod diag {
 /// What one scan saw of the workers' collective.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Collective {
-    /// No worker runs, or their sockets could not be read.
+    /// No worker runs, or their sockets could not be seen.
     #[default]
     Unreadable,
     /// The workers were given no peers on other nodes
@@ -357,10 +484,56 @@ pub enum Collective {
     Formed { traffic: Option<BTreeMap<u64, u64>> },
 }
 
+/// How one scan tells the sidecar's own sockets and the store's apart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ports {
+    /// The rendezvous store's ports.
+    pub store: Vec<u16>,
+    /// The sidecar's own ports.
+    pub own: Vec<u16>,
+}
+
 /// One scan of the collective of `workers` (the trainer's workers on this
-/// pod); the rendezvous store's `store_ports` are not peers. With the
-/// workers' torch node rank, when readable.
-pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collective, Option<u32>) {
+/// pod), from the sockets of this network namespace ([`namespace_sockets`],
+/// the pod's) chosen by [`select`]: `ports` are neither the collective's
+/// (the store's, the sidecar's own), `peers` the peer pods' addresses this
+/// sidecar knows, and the sidecar's own sockets (`/proc/self/fd`, read
+/// before and after the dump) are left out. With the workers' torch node
+/// rank, when their environment is readable.
+pub fn scan(
+    proc_root: &Path,
+    workers: &[i32],
+    ports: &Ports,
+    peers: &BTreeSet<IpAddr>,
+) -> (Collective, Option<u32>) {
+    if workers.is_empty() {
+        return (Collective::Unreadable, None);
+    }
+    let own_before = socket_inodes(Path::new("/proc"), "self").unwrap_or_default();
+    let rows = namespace_sockets();
+    let own_after = socket_inodes(Path::new("/proc"), "self").unwrap_or_default();
+    let scope = Scope {
+        store_ports: ports.store.clone(),
+        own_ports: ports.own.clone(),
+        own_inodes: own_before.union(&own_after).copied().collect(),
+        workers_uids: workers
+            .iter()
+            .filter_map(|&w| process_uid(proc_root, w))
+            .collect(),
+        worker_inodes: None,
+        peers: peers.clone(),
+    };
+    scan_rows(proc_root, workers, rows.as_deref(), scope)
+}
+
+/// [`scan`] over the namespace's sockets `rows` (`None`: not readable),
+/// with `scope` (the workers' descriptors and environment are read here).
+pub fn scan_rows(
+    proc_root: &Path,
+    workers: &[i32],
+    rows: Option<&[SocketRow]>,
+    mut scope: Scope,
+) -> (Collective, Option<u32>) {
     if workers.is_empty() {
         return (Collective::Unreadable, None);
     }
@@ -369,27 +542,76 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
         .filter_map(|&w| worker_env(proc_root, w))
         .collect();
     let torch_rank = envs.iter().find_map(|e| e.group_rank);
-    let collective = match connections(proc_root, workers, store_ports) {
-        None => Collective::Unreadable,
-        Some((peers, _)) if !peers.is_empty() => Collective::Formed {
-            traffic: traffic(&peers),
-        },
-        Some(_) if !envs.is_empty() && !envs.iter().any(WorkerEnv::expects_peers) => {
-            Collective::NotExpected
+    // The workers' own descriptors, when readable: their sockets alone.
+    let readable: Vec<BTreeSet<u64>> = workers
+        .iter()
+        .filter_map(|&w| socket_inodes(proc_root, &w.to_string()))
+        .collect();
+    if !readable.is_empty() {
+        scope.worker_inodes = Some(readable.into_iter().flatten().collect());
+    }
+    let Some(rows) = rows else {
+        return (Collective::Unreadable, torch_rank);
+    };
+    let chosen = select(rows, &scope);
+    let collective = if !chosen.peers.is_empty() {
+        let traffic: BTreeMap<u64, u64> = chosen
+            .peers
+            .iter()
+            .filter_map(|(inode, bytes)| Some((*inode, (*bytes)?)))
+            .collect();
+        Collective::Formed {
+            traffic: (!traffic.is_empty()).then_some(traffic),
         }
-        Some((_, true)) => Collective::Forming,
+    } else if !envs.is_empty() && !envs.iter().any(WorkerEnv::expects_peers) {
+        Collective::NotExpected
+    } else if chosen.any {
+        Collective::Forming
+    } else if workers
+        .iter()
+        .any(|&w| torch_loaded(proc_root, w) == Some(true))
+    {
         // torch loaded and not yet connected: a script that loads its data
         // before `init_process_group`; waited for like a forming one.
-        Some((_, false))
-            if workers
-                .iter()
-                .any(|&w| torch_loaded(proc_root, w) == Some(true)) =>
-        {
-            Collective::Forming
-        }
-        Some((_, false)) => Collective::Unconnected,
+        Collective::Forming
+    } else {
+        Collective::Unconnected
     };
     (collective, torch_rank)
+}
+
+/// The sockets of `pids` (by their readable `/proc/<pid>/fd`) in their
+/// namespace's TCP tables: whether any is an established connection;
+/// `None` when no descriptor table could be read.
+fn connected(proc_root: &Path, pids: &[i32]) -> Option<bool> {
+    let mut readable = false;
+    for &pid in pids {
+        let Some(inodes) = socket_inodes(proc_root, &pid.to_string()) else {
+            continue;
+        };
+        readable = true;
+        if inodes.is_empty() {
+            continue;
+        }
+        for table in ["tcp", "tcp6"] {
+            let path = proc_root.join(pid.to_string()).join("net").join(table);
+            let Ok(file) = std::fs::File::open(&path) else {
+                continue;
+            };
+            let mut text = String::new();
+            use std::io::Read;
+            if file.take(4 << 20).read_to_string(&mut text).is_err() {
+                continue;
+            }
+            if parse_tcp_table(&text)
+                .iter()
+                .any(|r| r.established && inodes.contains(&r.inode))
+            {
+                return Some(true);
+            }
+        }
+    }
+    readable.then_some(false)
 }
 
 /// One scan of an agent that runs no workers (`agents`, the trainer's
@@ -400,8 +622,8 @@ pub fn scan(proc_root: &Path, workers: &[i32], store_ports: &[u16]) -> (Collecti
 /// rendezvous, or waiting as a spare, holds a connection to its store and
 /// has torch loaded; one that cannot be read is not taken as training).
 pub fn scan_agents(proc_root: &Path, agents: &[i32]) -> Collective {
-    match connections(proc_root, agents, &[]) {
-        Some((_, false))
+    match connected(proc_root, agents) {
+        Some(false)
             if !agents.is_empty()
                 && agents
                     .iter()
@@ -543,13 +765,14 @@ impl Watch {
 }
 
 #[cfg(test)]
+#[cfg(test)]
 mod tests {
     use super::*;
 
     const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 00000000:7468 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1001 1 0000000000000000 100 0 0 10 0
    1: 0B004D0A:9C40 0A004D0A:7468 01 00000000:00000000 00:00000000 00000000     0        0 1002 1 0000000000000000 20 4 30 10 -1
-   2: 0B004D0A:9C42 0A004D0A:D431 01 00000000:00000000 00:00000000 00000000     0        0 1003 1 0000000000000000 20 4 30 10 -1
+   2: 0B004D0A:9C42 0A004D0A:D431 01 00000000:00000000 00:00000000 00000000  1000        0 1003 1 0000000000000000 20 4 30 10 -1
    3: 0100007F:9C44 0100007F:7530 01 00000000:00000000 00:00000000 00000000     0        0 1004 1 0000000000000000 20 4 30 10 -1
    4: 0B004D0A:9C46 0A004D0A:D432 06 00000000:00000000 00:00000000 00000000     0        0 0 3 0000000000000000
 ";
@@ -558,19 +781,22 @@ mod tests {
     fn the_tcp_table_reads_as_the_kernel_writes_it() {
         let rows = parse_tcp_table(TCP);
         assert_eq!(rows.len(), 5);
-        assert_eq!(rows[1].remote, std::net::Ipv4Addr::new(10, 77, 0, 10));
-        assert_eq!(rows[1].remote_port, 29800);
+        assert_eq!(rows[1].remote, SocketAddr::from(([10, 77, 0, 10], 29800)));
+        assert_eq!(rows[1].local, SocketAddr::from(([10, 77, 0, 11], 40000)));
         assert!(rows[1].established);
         assert_eq!(rows[1].inode, 1002);
+        assert_eq!(rows[2].uid, 1000);
+        assert_eq!(rows[1].carried, None);
         assert!(!rows[0].established);
         assert!(!rows[4].established, "TIME_WAIT");
         // Store port 29800 (0x7468) excluded; the loopback too.
-        let peers: Vec<u64> = rows
-            .iter()
-            .filter(|r| is_peer(r, &[29800]))
-            .map(|r| r.inode)
-            .collect();
-        assert_eq!(peers, vec![1003]);
+        let scope = Scope {
+            store_ports: vec![29800],
+            ..Scope::default()
+        };
+        let chosen = select(&rows, &scope);
+        assert_eq!(chosen.peers, BTreeMap::from([(1003, None)]));
+        assert!(chosen.any);
     }
 
     #[test]
@@ -584,55 +810,218 @@ mod tests {
         assert_eq!(parse_row("garbage"), None);
     }
 
-    /// This test process's own connection to a listener on the loopback is
-    /// not a peer; the scan reads this process's fds.
+    /// A row of the pod's namespace.
+    fn row(local: ([u8; 4], u16), remote: ([u8; 4], u16), uid: u32, inode: u64) -> SocketRow {
+        SocketRow {
+            local: SocketAddr::from(local),
+            remote: SocketAddr::from(remote),
+            established: true,
+            uid,
+            inode,
+            carried: Some(inode * 10),
+        }
+    }
+
+    /// This test process's user.
+    fn own_uid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").expect("/proc/self").uid()
+    }
+
+    const POD: [u8; 4] = [10, 0, 0, 11];
+    const PEER: [u8; 4] = [10, 0, 0, 12];
+    const HOST: [u8; 4] = [10, 0, 0, 10];
+    const ELSEWHERE: [u8; 4] = [192, 0, 2, 7];
+    const LO: [u8; 4] = [127, 0, 0, 1];
+
+    /// A pod's namespace as a root trainer beside a root sidecar has it:
+    /// every socket owned by UID 0; which are the collective's.
+    fn pod_sockets() -> Vec<SocketRow> {
+        vec![
+            // The workers' gloo connections, both directions of the mesh.
+            row((POD, 41000), (PEER, 52000), 0, 1),
+            row((POD, 43000), (PEER, 41001), 0, 2),
+            // The agent and a worker to the rendezvous store (its port).
+            row((POD, 42000), (HOST, 29500), 0, 3),
+            row((POD, 42001), (HOST, 29500), 0, 4),
+            // The store's own end, on the rendezvous host.
+            row((POD, 29500), (PEER, 40000), 0, 5),
+            // Loopback between the workers of this pod.
+            row((LO, 44000), (LO, 44001), 0, 6),
+            // The sidecar: heartbeats out and in (its port), its API
+            // connection (its own socket).
+            row((POD, 45000), (PEER, 29600), 0, 7),
+            row((POD, 29600), (PEER, 46000), 0, 8),
+            row((POD, 47000), (ELSEWHERE, 443), 0, 9),
+            // Another container of the pod (a log shipper of another user).
+            row((POD, 48000), (ELSEWHERE, 9200), 999, 10),
+        ]
+    }
+
+    fn pod_scope() -> Scope {
+        Scope {
+            store_ports: vec![29500],
+            own_ports: vec![29600],
+            own_inodes: BTreeSet::from([9]),
+            workers_uids: BTreeSet::from([0]),
+            worker_inodes: None,
+            peers: BTreeSet::new(),
+        }
+    }
+
+    /// Owner UID, ports and the sidecar's own sockets leave the gloo
+    /// connections alone, with the bytes each carried.
     #[test]
-    fn a_process_without_peer_connections_is_not_connected() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-        let _c =
-            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
-        let me = std::process::id() as i32;
+    fn the_collective_is_chosen_among_the_pods_sockets() {
+        let rows = pod_sockets();
+        let chosen = select(&rows, &pod_scope());
+        assert_eq!(chosen.peers, BTreeMap::from([(1, Some(10)), (2, Some(20))]));
+        assert!(chosen.any);
+        // Without the owner's UID, another container's connection counts
+        // as well (nothing tells it apart).
+        let anyone = Scope {
+            workers_uids: BTreeSet::new(),
+            ..pod_scope()
+        };
         assert_eq!(
-            connections(Path::new("/proc"), &[me], &[]),
-            Some((BTreeSet::new(), true))
+            select(&rows, &anyone)
+                .peers
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1, 2, 10]
         );
-        // No such process: nothing readable.
-        assert_eq!(connections(Path::new("/proc"), &[i32::MAX], &[]), None);
+        // The sidecar's own sockets are never the workers', whatever the user.
+        let no_self = Scope {
+            own_inodes: BTreeSet::new(),
+            ..pod_scope()
+        };
         assert_eq!(
-            scan(Path::new("/proc"), &[i32::MAX], &[]),
-            (Collective::Unreadable, None)
+            select(&rows, &no_self)
+                .peers
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1, 2, 9]
         );
+        // Workers of UID 1000: none of these sockets is theirs.
+        let other = Scope {
+            workers_uids: BTreeSet::from([1000]),
+            ..pod_scope()
+        };
+        assert_eq!(select(&rows, &other), Chosen::default());
+        // The workers' descriptors readable: their own sockets alone.
+        let readable = Scope {
+            worker_inodes: Some(BTreeSet::from([2, 4])),
+            ..pod_scope()
+        };
+        let chosen = select(&rows, &readable);
+        assert_eq!(chosen.peers, BTreeMap::from([(2, Some(20))]));
+        assert!(chosen.any);
+        // Only the store and the loopback: forming, not formed.
+        let forming = Scope {
+            worker_inodes: Some(BTreeSet::from([4, 6])),
+            ..pod_scope()
+        };
+        let chosen = select(&rows, &forming);
+        assert!(chosen.peers.is_empty() && chosen.any);
+        // Nothing of theirs at all.
+        assert!(!select(&[], &pod_scope()).any);
+        // Not established: never.
+        let closing = SocketRow {
+            established: false,
+            ..row((POD, 41000), (PEER, 52000), 0, 1)
+        };
+        assert_eq!(select(&[closing], &pod_scope()), Chosen::default());
+    }
+
+    /// With a peer pod it knows among them, the connections to it alone: a
+    /// service the workers also talk to is not their collective; to no
+    /// known peer at all, every candidate.
+    #[test]
+    fn known_peer_pods_are_preferred() {
+        let mut rows = pod_sockets();
+        rows.push(row((POD, 49000), (ELSEWHERE, 8080), 0, 11));
+        let known = Scope {
+            peers: BTreeSet::from([IpAddr::from(PEER)]),
+            ..pod_scope()
+        };
         assert_eq!(
-            scan(Path::new("/proc"), &[], &[]),
-            (Collective::Unreadable, None)
+            select(&rows, &known)
+                .peers
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        let unknown = Scope {
+            peers: BTreeSet::from([IpAddr::from([10, 0, 0, 99])]),
+            ..pod_scope()
+        };
+        assert_eq!(
+            select(&rows, &unknown)
+                .peers
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![1, 2, 11]
+        );
+        // An IPv4 peer seen through a dual-stack socket is the same peer.
+        let mapped = SocketRow {
+            remote: SocketAddr::new(
+                std::net::Ipv4Addr::from(PEER).to_ipv6_mapped().into(),
+                52000,
+            ),
+            ..row((POD, 41000), (PEER, 52000), 0, 12)
+        };
+        assert_eq!(
+            select(&[mapped], &known)
+                .peers
+                .keys()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![12]
         );
     }
 
-    /// The kernel's socket diagnostics count what a real connection of this
-    /// process carried, both ways, by the socket's inode.
     #[test]
-    fn the_traffic_of_a_connection_is_read_from_the_kernel() {
+    fn the_owner_of_a_process_is_read_from_its_status() {
+        let status = "Name:\tpython3\nUmask:\t0022\nState:\tS (sleeping)\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1000\t1000\t1000\n";
+        assert_eq!(parse_status_uid(status), Some(1000));
+        assert_eq!(parse_status_uid("Uid:\t0\t0\t0\t4\n"), Some(4), "fs UID");
+        assert_eq!(parse_status_uid("Uid:\t0\t0\n"), None);
+        assert_eq!(parse_status_uid("Name: x\n"), None);
+        let me = std::process::id() as i32;
+        assert_eq!(process_uid(Path::new("/proc"), me), Some(own_uid()));
+        assert_eq!(process_uid(Path::new("/proc"), i32::MAX), None);
+    }
+
+    /// A real connection of this process, seen through the namespace's
+    /// sockets with its owner, ends and the bytes it carried both ways;
+    /// the scan over them finds it for this process as the worker, and
+    /// leaves it out as the sidecar's own.
+    #[test]
+    fn the_namespace_sockets_show_a_real_connection() {
         use std::io::{Read, Write};
-        use std::os::fd::AsRawFd;
+        // A non-loopback address of this host, when there is one (the
+        // collective never runs over the loopback).
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
         let mut client =
             std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
         let (mut server, _) = listener.accept().expect("accept");
-        let inode = |fd: i32| -> u64 {
-            let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).expect("fd link");
-            link.to_str()
-                .and_then(|l| l.strip_prefix("socket:["))
-                .and_then(|l| l.strip_suffix(']'))
-                .and_then(|l| l.parse().ok())
-                .expect("a socket inode")
+        let local = client.local_addr().expect("local");
+        let remote = listener.local_addr().expect("listener");
+        let find = || -> Option<SocketRow> {
+            namespace_sockets()?
+                .into_iter()
+                .find(|r| r.local == local && r.remote == remote)
         };
-        let ino = inode(client.as_raw_fd());
-        let mine = BTreeSet::from([ino]);
-        // A new connection: its handshake only (the client's SYN counts
-        // as one byte acknowledged).
-        let before = traffic(&mine)
-            .and_then(|t| t.get(&ino).copied())
-            .expect("the connection's counters");
+        let found = find().expect("the connection in the namespace's sockets");
+        assert!(found.established);
+        assert_eq!(found.uid, own_uid());
+        let mine = socket_inodes(Path::new("/proc"), "self").expect("own fds");
+        assert!(mine.contains(&found.inode), "{found:?}");
+        let before = found.carried.expect("tcp_info bytes");
         assert!(before <= 1, "{before}");
         client.write_all(&[7u8; 5000]).expect("write");
         let mut got = vec![0u8; 5000];
@@ -643,15 +1032,53 @@ mod tests {
         // The acknowledgement of the last bytes may trail the read.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let carried = loop {
-            let c = traffic(&mine).and_then(|t| t.get(&ino).copied());
+            let c = find().and_then(|r| r.carried);
             if c == Some(before + 5300) || std::time::Instant::now() > deadline {
                 break c;
             }
             std::thread::yield_now();
         };
         assert_eq!(carried, Some(before + 5300));
-        // Inodes not in this namespace's TCP table: nothing to say.
-        assert_eq!(traffic(&BTreeSet::from([u64::MAX])), None);
+        // This process as the worker, its connection not on the loopback
+        // (as a peer pod's would be): formed, with its traffic.
+        let me = std::process::id() as i32;
+        let rows: Vec<SocketRow> = namespace_sockets()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r.inode == found.inode)
+            .map(|r| SocketRow {
+                remote: SocketAddr::from((PEER, r.remote.port())),
+                local: SocketAddr::from((POD, r.local.port())),
+                ..r
+            })
+            .collect();
+        let (collective, _) = scan_rows(Path::new("/proc"), &[me], Some(&rows), Scope::default());
+        assert_eq!(
+            collective,
+            Collective::Formed {
+                traffic: Some(BTreeMap::from([(found.inode, before + 5300)]))
+            }
+        );
+        // The same connection as the sidecar's own: nothing of the workers'.
+        let own = Scope {
+            own_inodes: mine,
+            ..Scope::default()
+        };
+        let (collective, _) = scan_rows(Path::new("/proc"), &[me], Some(&rows), own);
+        assert_eq!(
+            collective,
+            Collective::NotExpected,
+            "no torchrun variables here"
+        );
+        // No workers, or no sockets to see: unreadable.
+        assert_eq!(
+            scan_rows(Path::new("/proc"), &[], Some(&rows), Scope::default()).0,
+            Collective::Unreadable
+        );
+        assert_eq!(
+            scan_rows(Path::new("/proc"), &[me], None, Scope::default()).0,
+            Collective::Unreadable
+        );
     }
 
     /// torch's library in a process's map; this test process has none.
@@ -825,5 +1252,103 @@ mod tests {
         std::fs::write(dir.join("environ"), b"GROUP_RANK=x\0").expect("write");
         assert_eq!(group_rank(root.path(), 42), None);
         assert_eq!(group_rank(root.path(), 43), None);
+    }
+
+    proptest::proptest! {
+        /// Whatever the kernel (or anything posing as it) sends, reading a
+        /// dump's datagram never panics, and every row it yields came from
+        /// a whole message.
+        #[test]
+        fn a_diag_datagram_of_any_bytes_never_panics(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+        ) {
+            let mut rows = Vec::new();
+            let _ = diag::parse_datagram(&bytes, &mut rows);
+            proptest::prop_assert!(rows.len() <= bytes.len() / 16 + 1);
+            let _ = diag::carried_bytes(&bytes);
+        }
+
+        /// Well-framed netlink messages of a socket dump's type (and of
+        /// done and error) whose bodies are any bytes: no panic.
+        #[test]
+        fn a_diag_message_with_any_body_never_panics(
+            messages in proptest::collection::vec(
+                (proptest::sample::select(vec![2u16, 3, 20]), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)),
+                1..6,
+            ),
+        ) {
+            let mut datagram = Vec::new();
+            for (kind, body) in &messages {
+                let length = u32::try_from(16 + body.len()).unwrap_or(u32::MAX);
+                datagram.extend_from_slice(&length.to_ne_bytes());
+                datagram.extend_from_slice(&kind.to_ne_bytes());
+                datagram.extend_from_slice(&[0u8; 10]);
+                datagram.extend_from_slice(body);
+            }
+            let mut rows = Vec::new();
+            let _ = diag::parse_datagram(&datagram, &mut rows);
+            proptest::prop_assert!(rows.len() <= messages.len());
+        }
+
+        /// Any text as a TCP table or a process status: no panic.
+        #[test]
+        fn tables_and_statuses_of_any_text_never_panic(text in ".{0,512}") {
+            let _ = parse_tcp_table(&text);
+            let _ = parse_status_uid(&text);
+            for line in text.lines() {
+                let _ = parse_row(line);
+            }
+        }
+
+        /// What is chosen is always among the rows: established, the
+        /// workers' (by owner and descriptors), never the sidecar's own,
+        /// never on the loopback or a store or sidecar port.
+        #[test]
+        fn the_choice_keeps_to_its_rules(
+            rows in proptest::collection::vec(
+                (proptest::prelude::any::<bool>(), 0u8..4, 0u8..4, 0u16..6, 0u16..6, 0u32..3, 0u64..12),
+                0..24,
+            ),
+            own in proptest::collection::btree_set(0u64..12, 0..4),
+            uids in proptest::collection::btree_set(0u32..3, 0..2),
+            inodes in proptest::option::of(proptest::collection::btree_set(0u64..12, 0..6)),
+            known in proptest::collection::btree_set(0u8..4, 0..2),
+        ) {
+            let ip = |i: u8| -> IpAddr { if i == 0 { IpAddr::from(LO) } else { IpAddr::from([10, 0, 0, i]) } };
+            let port = |p: u16| 29_500 + p * 50;
+            let rows: Vec<SocketRow> = rows
+                .into_iter()
+                .map(|(established, l, r, lp, rp, uid, inode)| SocketRow {
+                    local: SocketAddr::new(ip(l), port(lp)),
+                    remote: SocketAddr::new(ip(r), port(rp)),
+                    established,
+                    uid,
+                    inode,
+                    carried: Some(inode),
+                })
+                .collect();
+            let scope = Scope {
+                store_ports: vec![port(0)],
+                own_ports: vec![port(2)],
+                own_inodes: own,
+                workers_uids: uids,
+                worker_inodes: inodes,
+                peers: known.into_iter().map(ip).collect(),
+            };
+            let chosen = select(&rows, &scope);
+            for inode in chosen.peers.keys() {
+                let ok = rows.iter().any(|r| {
+                    r.inode == *inode
+                        && r.established
+                        && !scope.own_inodes.contains(inode)
+                        && (scope.workers_uids.is_empty() || scope.workers_uids.contains(&r.uid))
+                        && scope.worker_inodes.as_ref().is_none_or(|w| w.contains(inode))
+                        && !r.remote.ip().is_loopback()
+                        && ![r.local.port(), r.remote.port()].iter().any(|p| *p == port(0) || *p == port(2))
+                });
+                proptest::prop_assert!(ok, "{inode} chosen against the rules");
+            }
+            proptest::prop_assert!(chosen.peers.is_empty() || chosen.any);
+        }
     }
 }

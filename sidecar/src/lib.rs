@@ -139,11 +139,27 @@ pub fn choose_detection(config: &Config, kube_allowed: Result<(), String>) -> De
             kubernetes: true,
             why: "TRAINWIRE_DETECTION=both: the first to see a loss wins".into(),
         },
+        // The two sources answer different questions: the watch sees a pod
+        // deleted, failed, replaced or restarted at once; heartbeats see a
+        // pod that stops answering while its object stays as it was (a
+        // partition, a dead node before the node controller's grace, a
+        // frozen host). `auto` runs every source it can.
         Detection::Auto => match kube_allowed {
+            Ok(()) if hb_possible => DetectionChoice {
+                heartbeat: true,
+                kubernetes: true,
+                why: format!(
+                    "auto: the Kubernetes watch (the service account may list and watch pods: deletions, failures, restarts and replacements at once) and heartbeats ({} is set: a pod that stops answering while its object is unchanged)",
+                    env::PEER_HOSTS
+                ),
+            },
             Ok(()) => DetectionChoice {
                 heartbeat: false,
                 kubernetes: true,
-                why: "auto: the service account may list and watch pods".into(),
+                why: format!(
+                    "auto: the Kubernetes watch only (the service account may list and watch pods; {} is not set, so a pod that stops answering while its object is unchanged is not seen)",
+                    env::PEER_HOSTS
+                ),
             },
             Err(why) if hb_possible => DetectionChoice {
                 heartbeat: true,
@@ -372,5 +388,50 @@ async fn coordinate(
             Some(loss) => responder.on_loss(&loss, &peers).await,
             None => responder.on_observation(&obs, &peers).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(detection: &str, peer_hosts: bool) -> Config {
+        let mut vars = vec![
+            (env::NNODES, "2"),
+            (env::NODE_RANK, "0"),
+            (env::DETECTION, detection),
+            (env::SELECTOR, "app=train"),
+        ];
+        if peer_hosts {
+            vars.push((env::PEER_HOSTS, "train-{i}.train"));
+        }
+        Config::from_source(vars.as_slice()).expect("config")
+    }
+
+    /// `auto` runs both sources when both are possible: a pod whose
+    /// network dies keeps its object as it was, and only heartbeats see it.
+    #[test]
+    fn auto_runs_every_source_it_can() {
+        let both = choose_detection(&config("auto", true), Ok(()));
+        assert!(both.heartbeat && both.kubernetes, "{both:?}");
+        assert!(both.why.contains("heartbeats"), "{}", both.why);
+        let watch = choose_detection(&config("auto", false), Ok(()));
+        assert!(!watch.heartbeat && watch.kubernetes, "{watch:?}");
+        assert!(watch.why.contains("not seen"), "{}", watch.why);
+        let beats = choose_detection(&config("auto", true), Err("no right".into()));
+        assert!(beats.heartbeat && !beats.kubernetes, "{beats:?}");
+        assert!(beats.why.contains("no right"), "{}", beats.why);
+        let none = choose_detection(&config("auto", false), Err("no right".into()));
+        assert!(!none.heartbeat && !none.kubernetes, "{none:?}");
+    }
+
+    #[test]
+    fn a_chosen_source_is_kept() {
+        let k = choose_detection(&config("kubernetes", true), Ok(()));
+        assert!(!k.heartbeat && k.kubernetes);
+        let h = choose_detection(&config("heartbeat", true), Ok(()));
+        assert!(h.heartbeat && !h.kubernetes);
+        let b = choose_detection(&config("both", true), Ok(()));
+        assert!(b.heartbeat && b.kubernetes);
     }
 }

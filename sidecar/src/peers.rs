@@ -25,8 +25,8 @@ impl Source {
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Source::Heartbeat => "heartbeat",
-            Source::Kubernetes => "kubernetes",
+            Source::Heartbeat => trainwire_contract::peer_loss::LOST_BY_HEARTBEAT,
+            Source::Kubernetes => trainwire_contract::peer_loss::LOST_BY_KUBERNETES,
         }
     }
 }
@@ -160,6 +160,8 @@ pub struct Peer {
     pub identity: Option<Identity>,
     pub misses: u32,
     pub last_good: Option<Instant>,
+    /// The last heartbeat answer (the last good evidence of heartbeats).
+    pub last_answer: Option<Instant>,
     /// When the trouble that led (or may lead) to a loss was first
     /// observable: the first missed beat, or the first watch event that
     /// showed the pod in trouble. Cleared by good evidence.
@@ -182,6 +184,9 @@ pub struct Loss {
     /// The last good evidence about the peer before the loss (heartbeat
     /// reply or healthy pod state); `None` if the source could not know.
     pub last_good: Option<Instant>,
+    /// The last heartbeat answer before the loss, if any: for a loss
+    /// heartbeats saw, the outage began after it.
+    pub last_answer: Option<Instant>,
     /// When the loss became observable: the first missed beat, or the
     /// watch event that first showed the pod in trouble (this loss's own
     /// event when nothing came before it).
@@ -247,6 +252,7 @@ impl Peers {
                         identity: None,
                         misses: 0,
                         last_good: None,
+                        last_answer: None,
                         trouble_since: None,
                         lost_by: None,
                         reason: None,
@@ -308,6 +314,10 @@ impl Peers {
         match obs.evidence {
             Evidence::Alive(identity) => {
                 let known = peer.identity.clone();
+                // A pod the watch shows healthy while its heartbeats are
+                // missed is no answer: its object does not change when its
+                // network dies. Only an answer ends missed beats.
+                let heals = !(obs.source == Source::Kubernetes && peer.misses > 0);
                 match (peer.state, known) {
                     (State::Unknown | State::Absent | State::NotWatched, _) | (_, None) => {
                         set_state(peer, State::Healthy, at);
@@ -340,7 +350,7 @@ impl Peers {
                             ));
                             lost_identity = Some(old);
                             peer.identity = Some(identity);
-                        } else if peer.state != State::Healthy {
+                        } else if peer.state != State::Healthy && heals {
                             // A suspect that answers again, or a replacement
                             // that keeps answering, is healthy.
                             set_state(peer, State::Healthy, at);
@@ -348,7 +358,10 @@ impl Peers {
                         }
                     }
                 }
-                if lost.is_none() {
+                if obs.source == Source::Heartbeat {
+                    peer.last_answer = Some(at);
+                }
+                if lost.is_none() && heals {
                     peer.misses = 0;
                     peer.last_good = Some(at);
                     peer.trouble_since = None;
@@ -420,6 +433,7 @@ impl Peers {
             detail,
             seen_at: at,
             last_good: peer.last_good,
+            last_answer: peer.last_answer,
             observable_at,
             identity,
         })
@@ -508,6 +522,41 @@ mod tests {
             .is_none()
         );
         assert_eq!(p.get(1).map(|x| x.lost_by), Some(Some(Source::Heartbeat)));
+    }
+
+    /// The watch showing the pod healthy while its heartbeats are missed
+    /// (its network cut, its object unchanged) does not reset the misses:
+    /// the peer is lost after them all the same.
+    #[test]
+    fn a_ready_pod_in_the_watch_does_not_answer_for_missed_beats() {
+        let t = Instant::now();
+        let mut p = Peers::new(NodeCount::Fixed(2), 0, 3, t);
+        let at = |s| t + Duration::from_secs(s);
+        p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("a")), at(0)));
+        p.observe(obs(1, Source::Kubernetes, Evidence::Alive(id("a")), at(0)));
+        for s in [1, 2] {
+            let miss = Evidence::Missed("timeout".into());
+            assert!(p.observe(obs(1, Source::Heartbeat, miss, at(s))).is_none());
+            let ready = Evidence::Alive(id("a"));
+            assert!(
+                p.observe(obs(1, Source::Kubernetes, ready, at(s)))
+                    .is_none()
+            );
+            assert_eq!(p.get(1).map(|x| x.state), Some(State::Suspect));
+        }
+        let loss = p
+            .observe(obs(
+                1,
+                Source::Heartbeat,
+                Evidence::Missed("timeout".into()),
+                at(3),
+            ))
+            .expect("lost after three misses");
+        assert_eq!(loss.last_answer, Some(at(0)));
+        assert_eq!(loss.observable_at, at(1));
+        // A new pod in the watch is still a replacement.
+        p.observe(obs(1, Source::Kubernetes, Evidence::Alive(id("b")), at(4)));
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Replaced));
     }
 
     #[test]

@@ -42,7 +42,12 @@ const PERMISSION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     let matcher = AgentMatcher::new(shared.config.agent_match.clone());
     let self_pid = std::process::id() as i32;
-    let store_ports: Vec<u16> = shared.config.rdzv_port.into_iter().collect();
+    // Neither the store's connections nor the sidecar's own are the
+    // collective's.
+    let ports = crate::collective::Ports {
+        store: shared.config.rdzv_port.into_iter().collect(),
+        own: vec![shared.config.health_port],
+    };
     let mut last: Option<PermissionState> = None;
     let mut role = Role::default();
     let mut resumed = Resumed::default();
@@ -74,7 +79,8 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             Some(pending) => pending,
             None => {
                 let matcher = matcher.clone();
-                let store_ports = store_ports.clone();
+                let ports = ports.clone();
+                let peers = shared.peer_addresses();
                 match signal::on_own_thread("trainwire-check", move || {
                     let root = std::path::Path::new("/proc");
                     let procs = signal::scan(root);
@@ -89,7 +95,7 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                         let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
                         (crate::collective::scan_agents(root, &agents), None)
                     } else {
-                        crate::collective::scan(root, &workers, &store_ports)
+                        crate::collective::scan(root, &workers, &ports, &peers)
                     };
                     (
                         signal::check_permission(&trainers),
@@ -220,19 +226,28 @@ pub struct RecordedLoss {
     pub result: String,
     /// When it acted, RFC 3339 (the record's `at`).
     pub at: String,
-    /// When the loss was first suspected.
+    /// When the loss became observable (the record's `suspectedAt`).
     pub suspected_at: SystemTime,
+    /// The source that saw it first, and why (the record's `lostBy`,
+    /// `reason`).
+    pub lost_by: String,
+    pub reason: String,
+    /// For heartbeats: the lost pod's last answer (`lastAnswerAt`).
+    pub last_answer_at: Option<String>,
 }
 
 impl RecordedLoss {
     /// The loss of the last action, when its episode says when it began.
     fn of(status: &crate::status::StatusDoc) -> Option<RecordedLoss> {
         let action = status.last_action.as_ref()?;
-        let suspected = status
+        let episode = status
             .last_loss
             .as_ref()
-            .filter(|l| l.generation == action.generation)
-            .and_then(|l| l.suspected_at.parse::<k8s_openapi::jiff::Timestamp>().ok())?;
+            .filter(|l| l.generation == action.generation)?;
+        let suspected = episode
+            .suspected_at
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()?;
         Some(RecordedLoss {
             generation: action.generation,
             lost_rank: action.lost_rank,
@@ -245,6 +260,9 @@ impl RecordedLoss {
             result: action.result.to_string(),
             at: action.at.clone(),
             suspected_at: SystemTime::from(suspected),
+            lost_by: action.lost_by.to_string(),
+            reason: action.reason.to_string(),
+            last_answer_at: episode.last_answer_at.clone(),
         })
     }
 }
@@ -328,6 +346,9 @@ impl Resumed {
                 result: loss.result.clone(),
                 at: loss.at.clone(),
                 suspected_at: Some(rfc3339(loss.suspected_at)),
+                lost_by: Some(loss.lost_by.clone()),
+                reason: Some(loss.reason.clone()),
+                last_answer_at: loss.last_answer_at.clone(),
                 training_since: Some(rfc3339(since)),
                 torch_rank: seen.torch_rank,
                 training_seen_by: Some(by.as_str().to_string()),
@@ -346,11 +367,10 @@ impl Resumed {
             action: TRAINER_RESTARTED.to_string(),
             result: "training".to_string(),
             at: rfc3339(restarted),
-            suspected_at: None,
             training_since: Some(rfc3339(since)),
             torch_rank: seen.torch_rank,
             training_seen_by: Some(by.as_str().to_string()),
-            ..Default::default()
+            ..PeerLossRecord::default()
         })
     }
 
@@ -721,6 +741,9 @@ mod tests {
                 result: "signalled".into(),
                 at: text(suspected + 1),
                 suspected_at: t(suspected),
+                lost_by: "kubernetes".into(),
+                reason: "deleted".into(),
+                last_answer_at: None,
             }
         }
 

@@ -321,7 +321,16 @@ pub struct EpisodeStatus {
     pub detail: String,
     /// `suspect` (reported, nothing touched), `confirmed`, `closed`.
     pub state: &'static str,
+    /// When the loss became observable: the first missed heartbeat, or the
+    /// watch event that first showed the pod in trouble (the record's
+    /// `suspectedAt`).
     pub suspected_at: String,
+    /// For a loss heartbeats saw: the lost pod's last answer before the
+    /// outage (the loss lies between it and `suspected_at`).
+    pub last_answer_at: Option<String>,
+    /// When the loss was decided (the last missed beat, after the
+    /// helpers' answers; the watch event).
+    pub detected_at: String,
     pub confirmed_by: Option<crate::decide::Confirmation>,
     pub confirmed_at: Option<String>,
     pub replacement_ready: bool,
@@ -438,6 +447,9 @@ pub struct Shared {
     generation: AtomicU64,
     ready: AtomicBool,
     world: std::sync::OnceLock<crate::world::Reader>,
+    /// The addresses of the peer pods seen (heartbeat answers, the pods'
+    /// `status.podIP`), for telling the collective's connections apart.
+    peer_addresses: Mutex<std::collections::BTreeSet<std::net::IpAddr>>,
 }
 
 impl Shared {
@@ -480,6 +492,7 @@ impl Shared {
             generation: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             world: std::sync::OnceLock::new(),
+            peer_addresses: Mutex::new(Default::default()),
         })
     }
 
@@ -513,8 +526,24 @@ impl Shared {
         self.ready.load(Ordering::Relaxed)
     }
 
+    /// The addresses of the peer pods seen so far.
+    pub fn peer_addresses(&self) -> std::collections::BTreeSet<std::net::IpAddr> {
+        match self.peer_addresses.lock() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
     /// Copies the peers' state machine into `/status` and the gauges.
     pub fn publish_peers(&self, peers: &Peers) {
+        let addresses = peers
+            .iter()
+            .filter_map(|p| p.identity.as_ref()?.address)
+            .collect();
+        match self.peer_addresses.lock() {
+            Ok(mut g) => *g = addresses,
+            Err(poisoned) => *poisoned.into_inner() = addresses,
+        }
         let now = Instant::now();
         let wall = SystemTime::now();
         let list: Vec<PeerStatus> = peers

@@ -86,6 +86,11 @@ struct Cluster {
     nnodes: u32,
     /// Processes that run beside the pods (the silent nameservers).
     _others: Vec<Proc>,
+    /// Whether the sidecars get this test's fast detection settings; off,
+    /// they run with the defaults (what the webhook injects).
+    tuned: bool,
+    /// More sidecar environment.
+    extra: Vec<(&'static str, String)>,
 }
 
 impl Cluster {
@@ -97,6 +102,8 @@ impl Cluster {
             log: Log::new("netns"),
             nnodes: 2,
             _others: Vec::new(),
+            tuned: true,
+            extra: Vec::new(),
         })
     }
 
@@ -169,13 +176,18 @@ impl Cluster {
             (tw::HEALTH_PORT, PORT.to_string()),
             (tw::BIND_ADDRESS, "0.0.0.0".to_string()),
             (tw::ON_PEER_LOSS, action.to_string()),
-            (tw::DETECTION, "heartbeat".to_string()),
-            (tw::HEARTBEAT_INTERVAL, format!("{INTERVAL_MS}ms")),
-            (tw::HEARTBEAT_MISSES, MISSES.to_string()),
-            (tw::CONFIRM_AFTER, format!("{}s", CONFIRM.as_secs())),
             (tw::AGENT_MATCH, token.clone()),
             ("RUST_LOG", "info".to_string()),
         ]);
+        if self.tuned {
+            cmd.envs([
+                (tw::DETECTION, "heartbeat".to_string()),
+                (tw::HEARTBEAT_INTERVAL, format!("{INTERVAL_MS}ms")),
+                (tw::HEARTBEAT_MISSES, MISSES.to_string()),
+                (tw::CONFIRM_AFTER, format!("{}s", CONFIRM.as_secs())),
+            ]);
+        }
+        cmd.envs(self.extra.iter().cloned());
         let sidecar = Proc::spawn_as(
             &mut cmd,
             self.tag.value(),
@@ -515,4 +527,124 @@ fn slow_dns_does_not_starve_the_action() {
         Some(true),
         "the permission check was starved: {s1:#}"
     );
+}
+
+/// The default settings (what the webhook injects: `auto` detection, 1 s ×
+/// 3 heartbeats, `auto` confirmation) in a world of 2 with a hot spare and
+/// its rendezvous store outside the world, as on the real node. Rank 1's
+/// link is cut silently: both other sidecars (its ring neighbours) must
+/// record the loss within 5 s of the cut, in `/status` (confirmed by the
+/// outage, its report done) and the metrics, dated at the first missed
+/// beat, the last answer before it and its source said. Nothing is
+/// signalled (a spare takes the lost node's place).
+#[test]
+fn a_silent_cut_is_recorded_within_5s_with_default_settings() {
+    let test = "a_silent_cut_is_recorded_within_5s_with_default_settings";
+    if !netns::require_netns(test) {
+        return;
+    }
+    let mut c = Cluster::new().unwrap_or_else(|e| panic!("{test}: {e}"));
+    c.tuned = false;
+    c.extra = vec![
+        (tw::SPARES, "1".to_string()),
+        (tw::RDZV_HOST_RANK, "none".to_string()),
+    ];
+    // The pods of the world and its spare.
+    c.nnodes = 2;
+    for (label, rank) in [("n0", 0), ("n1", 1), ("n2", 2)] {
+        c.start_pod(label, rank, "auto")
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    }
+    let survivors = [("n0", 0u64), ("n2", 2u64)];
+    c.until(
+        "every sidecar to see its peers healthy",
+        Duration::from_secs(60),
+        || {
+            survivors
+                .iter()
+                .all(|(l, _)| c.peer_state(l, 1).as_deref() == Some("healthy"))
+                && c.peer_state("n1", 0).as_deref() == Some("healthy")
+        },
+    );
+    let detection = c.status("n0").unwrap_or_else(|e| panic!("{e}"))["detection"].clone();
+    assert_eq!(detection["configured"], "auto", "{detection:#}");
+
+    c.net
+        .cut(&c.pod("n1").node)
+        .unwrap_or_else(|e| panic!("cut: {e}"));
+    let cut = Instant::now();
+    let cut_wall = std::time::SystemTime::now();
+    let mut lost = [None, None];
+    let mut recorded = [None, None];
+    while recorded.iter().any(Option::is_none) && cut.elapsed() < Duration::from_secs(20) {
+        for (i, (label, _)) in survivors.iter().enumerate() {
+            let Ok(s) = c.status(label) else { continue };
+            if lost[i].is_none() && c.peer_state(label, 1).as_deref() == Some("lost") {
+                lost[i] = Some(cut.elapsed());
+            }
+            if recorded[i].is_none()
+                && s["last_action"]["lost_rank"] == 1
+                && s["last_action"]["result"] == "reported"
+            {
+                recorded[i] = Some(cut.elapsed());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let secs = |d: &Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+    println!(
+        "SILENT_CUT_DEFAULTS lost_s=[{:.2}, {:.2}] recorded_s=[{:.2}, {:.2}]",
+        secs(&lost[0]),
+        secs(&lost[1]),
+        secs(&recorded[0]),
+        secs(&recorded[1])
+    );
+    let time = |t: &Value| -> std::time::SystemTime {
+        t.as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(std::time::SystemTime::from)
+            .unwrap_or_else(|| panic!("not a time: {t}"))
+    };
+    for (i, (label, _)) in survivors.iter().enumerate() {
+        let s = c.status(label).unwrap_or_else(|e| panic!("{e}"));
+        let took = recorded[i]
+            .unwrap_or_else(|| panic!("{label} recorded nothing: {s:#}\n{}", c.log.tail(80)));
+        assert!(
+            took <= Duration::from_secs(5),
+            "{label} recorded the loss {took:?} after the cut: {s:#}"
+        );
+        let loss = &s["last_loss"];
+        assert_eq!(loss["lost_by"], "heartbeat", "{s:#}");
+        assert_eq!(loss["reason"], "missed-heartbeats", "{s:#}");
+        assert_eq!(loss["confirmed_by"]["by"], "outage", "{s:#}");
+        // Dated at the first missed beat: within one interval (and the
+        // probe's scheduling) after the cut; the last answer before it.
+        let first_miss = time(&loss["suspected_at"]);
+        let last_answer = time(&loss["last_answer_at"]);
+        let after = |a: std::time::SystemTime, b: std::time::SystemTime| {
+            b.duration_since(a)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or_else(|e| -e.duration().as_secs_f64())
+        };
+        println!(
+            "SILENT_CUT_DATES {label} last_answer_after_cut_s={:.2} first_miss_after_cut_s={:.2}",
+            after(cut_wall, last_answer),
+            after(cut_wall, first_miss)
+        );
+        assert!(after(cut_wall, last_answer) <= 0.1, "{s:#}");
+        assert!((0.0..=2.1).contains(&after(cut_wall, first_miss)), "{s:#}");
+        assert_eq!(s["actions_total"], 0, "{s:#}");
+        let metrics = netns::http_get(
+            &c.pod(label).node.ns,
+            SocketAddr::from(([127, 0, 0, 1], PORT)),
+            "/metrics",
+        )
+        .unwrap_or_default();
+        for series in [
+            r#"trainwire_sidecar_peers_lost_total{source="heartbeat",reason="missed-heartbeats"} 1"#,
+            r#"trainwire_sidecar_losses_confirmed_total{confirmation="outage"} 1"#,
+        ] {
+            assert!(metrics.lines().any(|l| l == series), "{series}:\n{metrics}");
+        }
+    }
 }

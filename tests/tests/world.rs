@@ -542,8 +542,8 @@ async fn a_silent_loss_is_dated_at_the_cut_and_its_deletion_is_no_new_loss() -> 
 
     let record = |since: Option<i64>| {
         let mut r = json!({"generation": 1, "lostRank": 1, "action": "report", "result": "reported",
-            "at": at(103).to_string(), "suspectedAt": at(102).to_string(),
-            "lostBy": "heartbeat", "lostAt": at(101).to_string()});
+            "at": at(103).to_string(), "suspectedAt": at(101).to_string(),
+            "lostBy": "heartbeat"});
         if let Some(t) = since {
             r["trainingSince"] = json!(at(t).to_string());
             r["trainingSeenBy"] = json!("collective-traffic");

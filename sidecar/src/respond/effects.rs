@@ -286,7 +286,10 @@ impl Effects {
                 action: plan.as_str().to_string(),
                 result: outcome.as_str().to_string(),
                 at: rfc3339(SystemTime::now()),
-                suspected_at: Some(rfc3339(ep.suspected_wall)),
+                suspected_at: Some(rfc3339(ep.observable_wall)),
+                lost_by: Some(ep.source.as_str().to_string()),
+                reason: Some(ep.reason.as_str().to_string()),
+                last_answer_at: ep.last_answer_wall.map(rfc3339),
                 ..Default::default()
             });
         let warning = !matches!(outcome, Outcome::Reported);

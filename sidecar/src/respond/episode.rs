@@ -62,8 +62,15 @@ pub struct Episode {
     pub reason: LossReason,
     pub detail: String,
     pub identity: Option<Identity>,
+    /// When the loss was decided (the last miss, the watch event).
     pub suspected_at: Instant,
     pub suspected_wall: SystemTime,
+    /// [`Episode::observable_at`] on the wall clock: the loss's time in
+    /// `/status` and in the record on the pod (`suspectedAt`).
+    pub observable_wall: SystemTime,
+    /// [`Episode::last_good`] on the wall clock, for a loss heartbeats saw
+    /// (the last answer before the outage).
+    pub last_answer_wall: Option<SystemTime>,
     /// Last good evidence before the loss (outage start for heartbeats).
     pub last_good: Option<Instant>,
     /// When the loss became observable (the first missed beat, or the
@@ -137,7 +144,9 @@ impl Episode {
             reason: self.reason.as_str(),
             detail: self.detail.clone(),
             state,
-            suspected_at: rfc3339(self.suspected_wall),
+            suspected_at: rfc3339(self.observable_wall),
+            last_answer_at: self.last_answer_wall.map(rfc3339),
+            detected_at: rfc3339(self.suspected_wall),
             confirmed_by: self.confirmation,
             confirmed_at: self.confirmed_wall.map(rfc3339),
             replacement_ready: self.replacement_ready,

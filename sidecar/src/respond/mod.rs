@@ -106,9 +106,12 @@ impl Responder {
             let ago = now.saturating_duration_since(loss.seen_at);
             t.saturating_sub((ago.as_secs_f64() * signal::TICKS_PER_SECOND as f64) as u64)
         });
-        let wall = SystemTime::now()
-            .checked_sub(now.saturating_duration_since(loss.seen_at))
-            .unwrap_or_else(SystemTime::now);
+        let wall_of = |at: Instant| {
+            SystemTime::now()
+                .checked_sub(now.saturating_duration_since(at))
+                .unwrap_or_else(SystemTime::now)
+        };
+        let wall = wall_of(loss.seen_at);
         // A lost identity already replaced (the replacement answered first).
         let confirmation = match (loss.source, loss.reason) {
             (Source::Heartbeat, LossReason::IdentityChanged) => {
@@ -158,7 +161,17 @@ impl Responder {
             identity: loss.identity.clone(),
             suspected_at: loss.seen_at,
             suspected_wall: wall,
-            last_good: loss.last_good,
+            observable_wall: wall_of(loss.observable_at),
+            last_answer_wall: match loss.source {
+                Source::Heartbeat => loss.last_answer.map(wall_of),
+                Source::Kubernetes => None,
+            },
+            // For heartbeats the outage runs from the last answer (the
+            // watch may have shown the pod healthy since).
+            last_good: match loss.source {
+                Source::Heartbeat => loss.last_answer.or(loss.last_good),
+                Source::Kubernetes => loss.last_good,
+            },
             observable_at: loss.observable_at,
             confirmation: None,
             confirmed_at: None,
@@ -186,6 +199,9 @@ impl Responder {
         if let Some(c) = confirmation {
             self.confirm(loss.rank, c, now);
         }
+        // An outage already long enough confirms at once, not at the next
+        // tick.
+        self.confirm_outage(loss.rank, now);
         self.check_replacement(loss.rank).await;
         // An elastic world's decision counts the survivors: the peers this
         // sidecar does not watch by the controllers' view, read now.
@@ -295,12 +311,7 @@ impl Responder {
             if ep.closed.is_some() {
                 continue;
             }
-            if ep.confirmation.is_none() && ep.source == Source::Heartbeat {
-                let limit = self.shared.config.confirm_after_for(rank);
-                if now.saturating_duration_since(ep.outage_start()) >= limit {
-                    self.confirm(rank, Confirmation::Outage, now);
-                }
-            }
+            self.confirm_outage(rank, now);
             self.check_replacement(rank).await;
             self.step(rank, peers).await;
         }
@@ -399,6 +410,23 @@ impl Responder {
                 "the replacement is up and the rank's name leads to it"
             );
             ep.replacement_ready = true;
+        }
+    }
+
+    /// Confirms `rank`'s loss seen by heartbeats once its outage (from the
+    /// last answer) reaches `TRAINWIRE_CONFIRM_AFTER` for it: longer than
+    /// training itself rides out. The Kubernetes watch may still show the
+    /// pod Ready meanwhile (a partition, a dead node within the node
+    /// controller's grace): that is no answer.
+    fn confirm_outage(&mut self, rank: u32, now: Instant) {
+        let Some(ep) = self.episodes.get(&rank) else {
+            return;
+        };
+        if ep.confirmation.is_none() && ep.closed.is_none() && ep.source == Source::Heartbeat {
+            let limit = self.shared.config.confirm_after_for(rank);
+            if now.saturating_duration_since(ep.outage_start()) >= limit {
+                self.confirm(rank, Confirmation::Outage, now);
+            }
         }
     }
 
@@ -605,6 +633,190 @@ mod tests {
             feed(&mut peers, &mut responder, Source::Heartbeat, e).await;
         }
         (responder, peers)
+    }
+
+    /// The default on a real node: `auto` runs the Kubernetes watch and
+    /// heartbeats, a world of 2 with a hot spare and its store outside the
+    /// world. Rank 0's network is cut: its pod object stays as it was (the
+    /// watch keeps saying Ready), its heartbeats stop. After the misses the
+    /// loss is confirmed by the outage (torchrun's keep-alive window: the
+    /// spare takes its place) and recorded at once, dated at the first
+    /// missed beat, with the last answer before it and its source; the
+    /// watch's Ready changes nothing, and a deletion later is no new loss.
+    #[tokio::test]
+    async fn a_silent_loss_is_recorded_while_the_watch_still_shows_the_pod_ready() {
+        use crate::env;
+        let config = host_loss_config(
+            "train-{i}.train",
+            "both",
+            &[
+                (env::SPARES, "1"),
+                (env::RDZV_HOST_RANK, "none"),
+                (env::SELECTOR, "app=train"),
+            ],
+        );
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(
+            shared.clone(),
+            EventSink::disabled(),
+            true,
+            Resolver::table(Default::default()),
+        );
+        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
+        let t0 = Instant::now() - Duration::from_millis(3500);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let ready = Identity {
+            uid: "pod0".into(),
+            ready: true,
+            ..Identity::default()
+        };
+        let answer = Identity {
+            uid: "pod0".into(),
+            start_time: "sidecar-start".into(),
+            ..Identity::default()
+        };
+        let mut observe = async |source, evidence, ms| {
+            let obs = Observation {
+                rank: 0,
+                source,
+                evidence,
+                at: at(ms),
+            };
+            match peers.observe(obs.clone()) {
+                Some(loss) => responder.on_loss(&loss, &peers).await,
+                None => responder.on_observation(&obs, &peers).await,
+            }
+        };
+        observe(Source::Kubernetes, Evidence::Alive(ready.clone()), 0).await;
+        observe(Source::Heartbeat, Evidence::Alive(answer), 0).await;
+        // The cut: no answer in three intervals, the watch unchanged.
+        for ms in [1000, 2000] {
+            observe(Source::Heartbeat, Evidence::Missed("no answer".into()), ms).await;
+            observe(Source::Kubernetes, Evidence::Alive(ready.clone()), ms).await;
+        }
+        observe(
+            Source::Heartbeat,
+            Evidence::Missed("no answer".into()),
+            3000,
+        )
+        .await;
+        {
+            let status = shared.status();
+            let last = status.last_loss.as_ref().expect("a loss");
+            assert_eq!(last.lost_by, "heartbeat");
+            assert_eq!(last.reason, "missed-heartbeats");
+            assert_eq!(last.state, "closed", "{last:?}");
+            assert!(
+                matches!(last.confirmed_by, Some(Confirmation::Outage)),
+                "{last:?}"
+            );
+            let time = |t: &str| t.parse::<k8s_openapi::jiff::Timestamp>().expect("a time");
+            let first_miss = time(&last.suspected_at);
+            let last_answer = time(last.last_answer_at.as_deref().expect("the last answer"));
+            let decided = time(&last.detected_at);
+            let gap = |a: k8s_openapi::jiff::Timestamp, b: k8s_openapi::jiff::Timestamp| {
+                (b.as_millisecond() - a.as_millisecond()) as i64
+            };
+            assert!(
+                (900..=1100).contains(&gap(last_answer, first_miss)),
+                "{last:?}"
+            );
+            assert!(
+                (1900..=2100).contains(&gap(first_miss, decided)),
+                "{last:?}"
+            );
+            let action = status.last_action.as_ref().expect("recorded");
+            assert_eq!((action.action, action.result), ("report-only", "reported"));
+            assert_eq!(action.lost_by, "heartbeat");
+        }
+        let metrics = shared.encode_metrics();
+        for series in [
+            r#"trainwire_sidecar_peers_lost_total{source="heartbeat",reason="missed-heartbeats"} 1"#,
+            r#"trainwire_sidecar_losses_confirmed_total{confirmation="outage"} 1"#,
+            r#"trainwire_sidecar_actions_total{action="report-only",result="reported"} 1"#,
+        ] {
+            assert!(metrics.lines().any(|l| l == series), "{series}:\n{metrics}");
+        }
+        // The watch still says Ready, then the pod is deleted: the same
+        // loss, no second one.
+        observe(Source::Kubernetes, Evidence::Alive(ready.clone()), 3400).await;
+        observe(
+            Source::Kubernetes,
+            Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
+            3450,
+        )
+        .await;
+        assert_eq!(peers.generation(), 1);
+        assert_eq!(peers.get(0).map(|p| p.state), Some(State::Lost));
+        assert_eq!(shared.status().actions_total, 0, "nothing signalled");
+    }
+
+    /// A blip shorter than the confirmation is reported suspect and closes
+    /// when the peer answers again: nothing recorded as an action.
+    #[tokio::test]
+    async fn a_blip_with_spares_is_not_recorded() {
+        use crate::env;
+        let config = host_loss_config(
+            "train-{i}.train",
+            "heartbeat",
+            &[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")],
+        );
+        // 3 misses of 500 ms: lost after 1.5 s, confirmed only at 3 s.
+        let config = Config {
+            heartbeat: crate::config::HeartbeatConfig {
+                interval: Duration::from_millis(500),
+                ..config.heartbeat.clone()
+            },
+            ..config
+        };
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(
+            shared.clone(),
+            EventSink::disabled(),
+            true,
+            Resolver::table(Default::default()),
+        );
+        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 3, Instant::now());
+        let t0 = Instant::now() - Duration::from_millis(1600);
+        let answer = Identity {
+            uid: "pod0".into(),
+            ..Identity::default()
+        };
+        let evidence = [
+            (Evidence::Alive(answer.clone()), 0),
+            (Evidence::Missed("no answer".into()), 500),
+            (Evidence::Missed("no answer".into()), 1000),
+            (Evidence::Missed("no answer".into()), 1500),
+        ];
+        for (evidence, ms) in evidence {
+            let obs = Observation {
+                rank: 0,
+                source: Source::Heartbeat,
+                evidence,
+                at: t0 + Duration::from_millis(ms),
+            };
+            match peers.observe(obs.clone()) {
+                Some(loss) => responder.on_loss(&loss, &peers).await,
+                None => responder.on_observation(&obs, &peers).await,
+            }
+        }
+        assert_eq!(
+            shared.status().last_loss.as_ref().map(|l| l.state),
+            Some("suspect")
+        );
+        let back = Observation {
+            rank: 0,
+            source: Source::Heartbeat,
+            evidence: Evidence::Alive(answer),
+            at: Instant::now(),
+        };
+        assert!(peers.observe(back.clone()).is_none());
+        responder.on_observation(&back, &peers).await;
+        responder
+            .tick(Instant::now() + Duration::from_secs(5), &peers)
+            .await;
+        let status = shared.status();
+        assert!(status.last_action.is_none(), "{:?}", status.last_action);
     }
 
     /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the
