@@ -282,9 +282,9 @@ mod tests {
         assert!(record(Some("heartbeats")).lost_by_heartbeat());
         assert!(!record(Some("kubernetes")).lost_by_heartbeat());
         assert!(!record(None).lost_by_heartbeat());
-        let text = r#"{"generation":2,"lostRank":1,"action":"report","result":"reported","at":"2026-11-23T18:00:03Z","suspectedAt":"2026-11-23T18:00:02Z","lostBy":"heartbeat","lostAt":"2026-11-23T18:00:00Z"}"#;
+        let text = r#"{"generation":2,"lostRank":1,"action":"report","result":"reported","at":"2026-11-23T18:00:03Z","suspectedAt":"2026-11-23T18:00:02Z","lostBy":"heartbeat","reason":"missed-heartbeats"}"#;
         let read = PeerLossRecord::from_annotation(text).expect("reads");
-        assert_eq!(read.lost_at.as_deref(), Some("2026-11-23T18:00:00Z"));
+        assert_eq!(read.reason.as_deref(), Some("missed-heartbeats"));
         assert!(read.lost_by_heartbeat());
     }
 
