@@ -1,0 +1,109 @@
+//! A hung world: the stall timeout and what the sidecar does on a stall
+//! (`trainwire.dev/stall-timeout`, `trainwire.dev/on-stall`, the sidecar's
+//! `TRAINWIRE_STALL_TIMEOUT` and `TRAINWIRE_ON_STALL`, the policy's
+//! `sidecar.stallTimeout` and `sidecar.onStall`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Grammar, Invalid, PositiveDuration, string_value};
+
+/// The default stall timeout: 15 minutes. A phase without any collective
+/// traffic on any rank (a checkpoint save, an evaluation on one rank while
+/// the others wait in a barrier) longer than NCCL's own watchdog (10
+/// minutes) already ends an NCCL job, so a job that runs today has none;
+/// the default leaves half that again as margin, and is half of gloo's
+/// 30 minutes. A world whose saves or evaluations are longer sets its own.
+pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// `off`, or how long no rank's collective traffic may stand still before
+/// the world is stalled.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StallTimeout {
+    Off,
+    After(PositiveDuration),
+}
+
+impl StallTimeout {
+    /// The built-in default ([`DEFAULT_STALL_TIMEOUT`]).
+    pub fn default_value() -> StallTimeout {
+        PositiveDuration::new(DEFAULT_STALL_TIMEOUT).map_or(StallTimeout::Off, StallTimeout::After)
+    }
+
+    /// The timeout, `None` when off.
+    pub fn get(self) -> Option<std::time::Duration> {
+        match self {
+            StallTimeout::Off => None,
+            StallTimeout::After(d) => Some(d.get()),
+        }
+    }
+}
+
+impl Default for StallTimeout {
+    fn default() -> Self {
+        StallTimeout::default_value()
+    }
+}
+
+impl FromStr for StallTimeout {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Invalid> {
+        if s == "off" {
+            return Ok(StallTimeout::Off);
+        }
+        s.parse::<PositiveDuration>()
+            .map(StallTimeout::After)
+            .map_err(|e| Invalid::new(s, e.reason, <StallTimeout as Grammar>::ACCEPTED))
+    }
+}
+
+impl fmt::Display for StallTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StallTimeout::Off => f.write_str("off"),
+            StallTimeout::After(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+impl Grammar for StallTimeout {
+    const ACCEPTED: &'static str = "off, or a Go duration above zero such as 90s, 20m, 1h (at most 8760h)";
+}
+
+string_value!(StallTimeout);
+
+crate::values::choice!(
+    /// What the sidecar does when the world is stalled (docs/sidecar.md).
+    StallAction, "restart-workers, none", {
+    /// Restart the local workers (torchrun restarts them from the newest
+    /// checkpoint, and the world with them).
+    RestartWorkers => "restart-workers",
+    /// Report only.
+    None => "none",
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_or_a_positive_duration_round_trips() {
+        for text in ["off", "20s", "15m", "1h30m"] {
+            let t: StallTimeout = text.parse().expect(text);
+            assert_eq!(t.to_string().parse::<StallTimeout>(), Ok(t), "{text}");
+        }
+        assert_eq!("off".parse::<StallTimeout>().map(StallTimeout::get), Ok(None));
+        assert_eq!(
+            StallTimeout::default().get(),
+            Some(std::time::Duration::from_secs(900))
+        );
+        assert_eq!(StallTimeout::read(" 90s ").map(|t| t.get()), Ok(Some(std::time::Duration::from_secs(90))));
+        for bad in ["0s", "0", "-1m", "1d", "Off", "", "never"] {
+            let e = bad.parse::<StallTimeout>().expect_err(bad);
+            assert_eq!(e.accepted, <StallTimeout as Grammar>::ACCEPTED);
+        }
+        assert_eq!("restart-workers".parse(), Ok(StallAction::RestartWorkers));
+        assert_eq!("none".parse(), Ok(StallAction::None));
+        assert!("restart-agent".parse::<StallAction>().is_err());
+    }
+}
