@@ -94,6 +94,9 @@ pub const PEER_LOSS: &str = "trainwire.dev/peer-loss";
 /// The sidecar's record of the newest complete checkpoint, on its own pod
 /// ([`crate::world::CheckpointRecord`]).
 pub const CHECKPOINT: &str = "trainwire.dev/checkpoint";
+/// The sidecar's record of a stall its world had, on its own pod
+/// ([`crate::stall::StallRecord`]).
+pub const STALL: &str = "trainwire.dev/stall";
 /// On a Service or a dedicated store the controllers created: the workload
 /// it serves.
 pub const SERVICE_FOR: &str = "trainwire.dev/service-for";
@@ -109,6 +112,7 @@ pub const WRITTEN: &[&str] = &[
     STOPPED_POD,
     PEER_LOSS,
     CHECKPOINT,
+    STALL,
     SERVICE_FOR,
 ];
 

@@ -82,9 +82,64 @@ crate::values::choice!(
     None => "none",
 });
 
+/// The pod annotation a sidecar writes when its world stalled
+/// ([`StallRecord`]); the world controller reads it.
+pub const ANNOTATION: &str = crate::annotations::STALL;
+/// The longest record read.
+pub const MAX_RECORD_BYTES: usize = 4096;
+/// The most ranks a record names one by one.
+pub const MAX_RANKS_NAMED: usize = 8;
+
+/// What a sidecar records on its own pod about a stall it found: when,
+/// which ranks showed what, and what it did. The world status keeps the
+/// newest of its pods' records (`lastStall`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StallRecord {
+    /// When the stall was found (RFC 3339).
+    pub at: String,
+    /// Which ranks showed what, at most [`MAX_RANKS_NAMED`] named
+    /// (`rank 0 worker 4242 stopped; 2 ranks idle 21s or more`).
+    pub ranks: String,
+    /// `restart-workers` or `none`.
+    pub action: String,
+    /// `signalled`, `reported`, `cooldown`, ...
+    pub result: String,
+}
+
+impl StallRecord {
+    /// The annotation's value; `None` only if serialisation fails.
+    pub fn to_annotation(&self) -> Option<String> {
+        serde_json::to_string(self).ok()
+    }
+
+    /// Read an annotation value; `None` when it is not a record (or too long).
+    pub fn from_annotation(value: &str) -> Option<StallRecord> {
+        if value.len() > MAX_RECORD_BYTES {
+            return None;
+        }
+        serde_json::from_str(value).ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_round_trips_and_a_long_one_is_refused() {
+        let r = StallRecord {
+            at: "2026-12-04T16:40:00Z".into(),
+            ranks: "rank 0 worker 42 stopped; 1 rank idle 21s or more".into(),
+            action: "restart-workers".into(),
+            result: "signalled".into(),
+        };
+        let text = r.to_annotation().expect("json");
+        assert!(text.contains("\"ranks\""), "{text}");
+        assert_eq!(StallRecord::from_annotation(&text), Some(r));
+        assert_eq!(StallRecord::from_annotation("{"), None);
+        assert_eq!(StallRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)), None);
+    }
 
     #[test]
     fn off_or_a_positive_duration_round_trips() {

@@ -94,6 +94,8 @@ pub struct PodView {
     pub sidecar: bool,
     pub peer_loss: Option<PeerLossRecord>,
     pub checkpoint: Option<CheckpointRecord>,
+    /// Its sidecar's record of a stall (`trainwire.dev/stall`).
+    pub stall: Option<trainwire_contract::stall::StallRecord>,
 }
 
 /// The container status of `name` among `statuses`, else of the only one.
@@ -211,6 +213,8 @@ impl PodView {
                 .and_then(|v| PeerLossRecord::from_annotation(v)),
             checkpoint: annotation(world::CHECKPOINT_ANNOTATION)
                 .and_then(|v| CheckpointRecord::from_annotation(v).ok()),
+            stall: annotation(trainwire_contract::stall::ANNOTATION)
+                .and_then(|v| trainwire_contract::stall::StallRecord::from_annotation(v)),
         })
     }
 
@@ -944,6 +948,7 @@ pub fn observe(
             newest_at: t.to_string(),
             reported_by: records.len().try_into().unwrap_or(u32::MAX),
         });
+    status.last_stall = newest_stall(pods).or(status.last_stall.take());
     status.stopped = workload.stopped.clone();
     status.ranks = roles(workload, pods);
     status.ranks_omitted = 0;
@@ -963,6 +968,15 @@ pub fn observe(
         Phase::Forming
     };
     status
+}
+
+/// The newest stall record among the pods' (by when it was found).
+fn newest_stall(pods: &[PodView]) -> Option<trainwire_contract::stall::StallRecord> {
+    pods.iter()
+        .filter_map(|p| p.stall.as_ref())
+        .filter_map(|s| parse_time(&s.at).map(|t| (t, s)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, s)| s.clone())
 }
 
 /// What to do with a computed status.

@@ -28,6 +28,7 @@
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
 //! - [`progress`]: whether the world makes progress; a stalled world
 //!   found and its workers restarted;
+//! - [`ras`]: a client of NCCL's RAS service (collectives completed);
 //! - [`events`]: Kubernetes Events on the sidecar's pod;
 //! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
 //!
@@ -54,6 +55,7 @@ pub mod kubewatch;
 pub mod peers;
 pub mod permission;
 pub mod progress;
+pub mod ras;
 pub mod respond;
 pub mod ring;
 pub mod server;

@@ -38,6 +38,10 @@ const MAX_SCAN_EVERY: Duration = Duration::from_secs(10);
 const MIN_SCAN_EVERY: Duration = Duration::from_secs(1);
 /// The most peers asked at once.
 const MAX_ASKED_AT_ONCE: usize = 32;
+/// How long NCCL's RAS service may take to answer (it asks every rank).
+const RAS_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long after it did not answer it is asked again.
+const RAS_RETRY: Duration = Duration::from_secs(60);
 /// A `/proc` scan that takes longer is abandoned for this round.
 const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -93,6 +97,9 @@ pub struct Sample {
     pub traffic: Option<BTreeMap<u64, u64>>,
     /// Their process states.
     pub states: Vec<(i32, char)>,
+    /// The collective operations NCCL's RAS service counts for the job
+    /// ([`crate::ras`]), when it answers: they move where no TCP byte does.
+    pub collectives: Option<u64>,
     /// When the newest complete checkpoint was written.
     pub checkpoint: Option<SystemTime>,
 }
@@ -102,6 +109,7 @@ pub struct Sample {
 pub struct Local {
     workers: Option<u64>,
     last: Option<BTreeMap<u64, u64>>,
+    last_collectives: Option<u64>,
     moved_at: Option<SystemTime>,
     /// Since when each worker has been in a state other than running.
     odd: BTreeMap<i32, (char, SystemTime)>,
@@ -148,6 +156,12 @@ impl Local {
             }
             self.last = Some(carried.clone());
         }
+        if let Some(count) = s.collectives {
+            if self.last_collectives.is_some_and(|before| count > before) {
+                self.moved_at = Some(now);
+            }
+            self.last_collectives = Some(count);
+        }
         if let Some(written) = s.checkpoint.filter(|w| *w <= now)
             && self.moved_at.is_some_and(|m| written > m)
         {
@@ -176,7 +190,7 @@ impl Local {
                 since: rfc3339(*since),
             })
             .collect();
-        if self.last.is_none() {
+        if self.last.is_none() && self.last_collectives.is_none() {
             return Own {
                 moved_at: None,
                 stuck,
@@ -320,6 +334,7 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
     let mut stalls: u64 = 0;
     // The workers' start the last action was about: acted on once.
     let mut acted_on: Option<u64> = None;
+    let mut ras_next: Option<std::time::Instant> = None;
     {
         let mut s = shared.status();
         s.progress = Some(ProgressStatus {
@@ -344,6 +359,20 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             continue;
         };
         sample.checkpoint = newest_checkpoint(&shared);
+        // NCCL's RAS service, when it listens in the pod (not asked again
+        // for a minute after it did not).
+        if sample.workers.is_some() && ras_next.is_none_or(|n| std::time::Instant::now() >= n) {
+            match crate::ras::status(crate::ras::DEFAULT_ADDR, RAS_TIMEOUT).await {
+                Ok(status) => {
+                    sample.collectives = Some(status.collectives());
+                    ras_next = None;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "no NCCL RAS answer");
+                    ras_next = Some(std::time::Instant::now() + RAS_RETRY);
+                }
+            }
+        }
         let now = SystemTime::now();
         let own = local.observe(&sample, now);
         let idle = own
@@ -428,6 +457,12 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
         );
         tracing::warn!(action, result = result.as_str(), "{note}");
         events.publish(true, "WorldStalled", action, note.clone());
+        events.record_stall(&trainwire_contract::stall::StallRecord {
+            at: rfc3339(now),
+            ranks: ranks_shown(&ranks, timeout),
+            action: action.to_string(),
+            result: result.as_str().to_string(),
+        });
         shared
             .metrics
             .stalls
@@ -450,6 +485,39 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             });
         }
     }
+}
+
+/// Which ranks showed what, for the pod record and the world status: the
+/// ranks with stuck workers by name (at most
+/// [`MAX_RANKS_NAMED`](trainwire_contract::stall::MAX_RANKS_NAMED)), then
+/// how many were idle and how many could not be told.
+pub fn ranks_shown(ranks: &[RankProgress], timeout: Duration) -> String {
+    use trainwire_contract::stall::MAX_RANKS_NAMED;
+    let mut sorted: Vec<&RankProgress> = ranks.iter().collect();
+    sorted.sort_by_key(|r| r.rank);
+    let stuck: Vec<String> = sorted
+        .iter()
+        .flat_map(|r| {
+            r.stuck
+                .iter()
+                .map(move |s| format!("rank {} worker {} {}", r.rank, s.pid, s.state))
+        })
+        .collect();
+    let mut parts: Vec<String> = stuck.iter().take(MAX_RANKS_NAMED).cloned().collect();
+    if stuck.len() > MAX_RANKS_NAMED {
+        parts.push(format!("{} more stuck workers", stuck.len() - MAX_RANKS_NAMED));
+    }
+    let idle = sorted.iter().filter(|r| r.idle_ms.is_some()).count();
+    let unknown = sorted.len() - idle;
+    parts.push(format!(
+        "{idle} {} idle {} or more",
+        if idle == 1 { "rank" } else { "ranks" },
+        crate::config::format_duration(timeout)
+    ));
+    if unknown > 0 {
+        parts.push(format!("{unknown} unknown"));
+    }
+    parts.join("; ")
 }
 
 /// One scan: the trainer's workers, their collective's traffic and states.
@@ -477,6 +545,7 @@ fn sample(root: &Path, matcher: &AgentMatcher, self_pid: i32, store_ports: &[u16
         traffic,
         states: states(root, &workers),
         checkpoint: None,
+        collectives: None,
     }
 }
 
@@ -636,6 +705,7 @@ mod tests {
                 traffic: Some(BTreeMap::new()),
                 states: states(Path::new("/proc"), &[pid]),
                 checkpoint: None,
+                collectives: None,
             };
             let own = local.observe(&sample, t(5));
             if !own.stuck.is_empty() || std::time::Instant::now() > deadline {
@@ -681,6 +751,25 @@ mod tests {
         assert!(l.observe(&Sample::default(), t(42)).moved_at.is_none());
     }
 
+    /// Where no TCP byte moves (NCCL over RDMA), NCCL's RAS counts of
+    /// completed collectives are the progress.
+    #[test]
+    fn the_ras_collective_counts_are_progress_where_traffic_is_unreadable() {
+        let mut l = Local::default();
+        let s = |n: Option<u64>| Sample {
+            workers: Some(1),
+            started: Some(t(0)),
+            collectives: n,
+            ..Sample::default()
+        };
+        assert!(l.observe(&s(None), t(1)).unknown.is_some());
+        assert_eq!(l.observe(&s(Some(10)), t(2)).moved_at, Some(t(0)));
+        assert_eq!(l.observe(&s(Some(12)), t(3)).moved_at, Some(t(3)));
+        let own = l.observe(&s(Some(12)), t(40));
+        assert_eq!(own.moved_at, Some(t(3)));
+        assert_eq!(own.unknown, None);
+    }
+
     #[test]
     fn uninterruptible_sleep_counts_only_when_long() {
         let mut l = Local::default();
@@ -702,6 +791,51 @@ mod tests {
         s2.states = vec![(7, 'R')];
         assert!(l.observe(&s2, t(20)).stuck.is_empty());
         assert!(l.observe(&s, t(21)).stuck.iter().all(|w| w.pid != 7));
+    }
+
+    #[test]
+    fn the_ranks_shown_name_the_stuck_workers_and_count_the_rest() {
+        let stuck = |pid| StuckWorker {
+            pid,
+            state: "stopped".into(),
+            since: "x".into(),
+        };
+        let ranks = vec![
+            RankProgress {
+                rank: 1,
+                idle_ms: Some(25_000),
+                stuck: vec![stuck(42)],
+                unknown: None,
+            },
+            RankProgress {
+                rank: 0,
+                idle_ms: Some(21_000),
+                stuck: Vec::new(),
+                unknown: None,
+            },
+            RankProgress {
+                rank: 2,
+                idle_ms: None,
+                stuck: Vec::new(),
+                unknown: Some("no answer".into()),
+            },
+        ];
+        assert_eq!(
+            ranks_shown(&ranks, Duration::from_secs(20)),
+            "rank 1 worker 42 stopped; 2 ranks idle 20s or more; 1 unknown"
+        );
+        // Bounded, whatever the world's size.
+        let many: Vec<RankProgress> = (0..1000)
+            .map(|rank| RankProgress {
+                rank,
+                idle_ms: Some(30_000),
+                stuck: vec![stuck(rank as i32)],
+                unknown: None,
+            })
+            .collect();
+        let text = ranks_shown(&many, Duration::from_secs(20));
+        assert!(text.len() < 400, "{text}");
+        assert!(text.contains("992 more stuck workers"), "{text}");
     }
 
     #[test]

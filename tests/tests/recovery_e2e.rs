@@ -1231,3 +1231,140 @@ fn latency_on_the_rendezvous_host_restarts_nothing() {
         Err(e) => panic!("{test}: {e}"),
     }
 }
+
+/// The stall timeout of the hung-world test: short, so the test is; the
+/// goals are this plus 5 s to find the stall and plus 15 s to train again.
+const STALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A hung world: one worker of node `label` is stopped (SIGSTOP) while the
+/// world trains; every process stays alive, every heartbeat answers. The
+/// sidecars must find the stall (no collective traffic on any rank for
+/// the stall timeout) within the timeout plus 5 s, restart the workers,
+/// and training must step again from the newest checkpoint within the
+/// timeout plus 15 s, with the stall shown in `/status`.
+fn stalled(label: &str) -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    c.sidecar_env = vec![
+        (
+            tw::STALL_TIMEOUT.to_string(),
+            format!("{}s", STALL_TIMEOUT.as_secs()),
+        ),
+        (tw::ON_STALL.to_string(), "restart-workers".to_string()),
+    ];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let agent = c
+        .trainer(label)
+        .and_then(|t| t.kubelet.pid())
+        .ok_or_else(|| format!("no agent on {label}"))?;
+    let worker = descendants(agent)
+        .into_iter()
+        .find(|p| trainwire_tests::process::stat(*p).is_some_and(|(_, ppid)| ppid == agent))
+        .ok_or_else(|| format!("no worker under the agent {agent} on {label}"))?;
+    let mark = c.log.mark();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGSTOP)
+        .map_err(|e| format!("SIGSTOP {worker}: {e}"))?;
+    let stopped = Instant::now();
+    let at_stop = c.latest_step().ok_or("no checkpoint at the stop")?;
+    c.note(format!(
+        "stopped worker {worker} of {label} (latest checkpoint: step {at_stop})"
+    ));
+
+    // Found: a sidecar's /status shows the stall.
+    let find_by = STALL_TIMEOUT + Duration::from_secs(5);
+    let mut found = None;
+    while stopped.elapsed() < find_by + Duration::from_secs(30) && found.is_none() {
+        for node in ["n0", "n1"] {
+            if let Some(status) = c.status(node)
+                && status["progress"]["last_stall"].is_object()
+            {
+                found = Some((stopped.elapsed(), node, status["progress"].clone()));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (found_after, by, progress) = found.ok_or_else(|| {
+        format!(
+            "no sidecar found the stall within {:?}\n{}",
+            find_by + Duration::from_secs(30),
+            c.log.tail(200)
+        )
+    })?;
+    c.note(format!(
+        "{by}'s sidecar found the stall after {found_after:?}: {progress}"
+    ));
+    let stall = &progress["last_stall"];
+    if stall["action"] != "restart-workers" || stall["result"] != "signalled" {
+        return Err(format!("the stall was not acted on: {stall}\n{}", c.log.tail(200)));
+    }
+    if by == label && progress["stuck"].as_array().is_none_or(|s| s.is_empty()) {
+        // Shown in the record as well once it was judged.
+        let stuck_shown = stall["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["stuck"].as_array().is_some_and(|s| !s.is_empty()));
+        if !stuck_shown {
+            return Err(format!("the stopped worker is not shown: {progress}"));
+        }
+    }
+    // Training again, from the newest checkpoint.
+    let resumed = c
+        .log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        })
+        .ok_or_else(|| format!("training did not resume\n{}", c.log.tail(250)))?;
+    let resumed_after = resumed.at.duration_since(stopped);
+    let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
+    let from = ev.num("resumed_from").ok_or("no resumed_from")?;
+    if from < at_stop {
+        return Err(format!(
+            "resumed from step {from}, the newest checkpoint at the stop was {at_stop}"
+        ));
+    }
+    let line = format!(
+        "STALL stopped={label} stall_timeout_s={} found_s={} by={by} resumed_s={} resumed_from={from} checkpoint_at_stop={at_stop}",
+        STALL_TIMEOUT.as_secs(),
+        secs(found_after),
+        secs(resumed_after)
+    );
+    if found_after > find_by {
+        return Err(format!("{line}: found later than {find_by:?}\n{}", c.log.tail(200)));
+    }
+    let resume_by = STALL_TIMEOUT + Duration::from_secs(15);
+    if resumed_after > resume_by {
+        return Err(format!("{line}: resumed later than {resume_by:?}\n{}", c.log.tail(250)));
+    }
+    Ok(line)
+}
+
+fn run_stalled(test: &str, label: &str) {
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    match stalled(label) {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+#[test]
+fn a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes() {
+    run_stalled(
+        "a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes",
+        "n0",
+    );
+}
+
+#[test]
+fn a_stopped_worker_on_another_node_is_found_and_the_world_resumes() {
+    run_stalled(
+        "a_stopped_worker_on_another_node_is_found_and_the_world_resumes",
+        "n1",
+    );
+}

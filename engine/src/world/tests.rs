@@ -20,6 +20,7 @@ fn pod(rank: u32, uid: &str, ready_since: Option<i64>) -> PodView {
         sidecar: true,
         peer_loss: None,
         checkpoint: None,
+        stall: None,
     }
 }
 
@@ -1243,4 +1244,26 @@ fn waiting_for_many_pods_names_eight_and_counts_the_rest() {
             "1004 of 1024 needed pods Ready with their trainer running (not: rank 100, 101, 102, 103, 104, 105, 106, 107, and 12 more)"
         )
     );
+}
+
+/// The newest stall a pod's sidecar recorded is the world's `lastStall`,
+/// kept once the pods' records are gone (a restarted pod).
+#[test]
+fn the_newest_stall_of_the_pods_is_the_worlds() {
+    use trainwire_contract::stall::StallRecord;
+    let record = |at: i64, ranks: &str| StallRecord {
+        at: at_(at).to_string(),
+        ranks: ranks.into(),
+        action: "restart-workers".into(),
+        result: "signalled".into(),
+    };
+    let mut a = pod(0, "a", Some(0));
+    a.stall = Some(record(100, "rank 1 worker 7 stopped"));
+    let mut b = pod(1, "b", Some(0));
+    b.stall = Some(record(90, "2 ranks idle 20s or more"));
+    assert_eq!(newest_stall(&[a.clone(), b.clone()]), Some(record(100, "rank 1 worker 7 stopped")));
+    assert_eq!(newest_stall(&[pod(0, "a", Some(0))]), None);
+    // A record whose time does not parse is not taken.
+    b.stall = Some(StallRecord { at: "yesterday".into(), ..record(0, "") });
+    assert_eq!(newest_stall(&[b]), None);
 }
