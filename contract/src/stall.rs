@@ -67,7 +67,8 @@ impl fmt::Display for StallTimeout {
 }
 
 impl Grammar for StallTimeout {
-    const ACCEPTED: &'static str = "off, or a Go duration above zero such as 90s, 20m, 1h (at most 8760h)";
+    const ACCEPTED: &'static str =
+        "off, or a Go duration above zero such as 90s, 20m, 1h (at most 8760h)";
 }
 
 string_value!(StallTimeout);
@@ -138,7 +139,10 @@ mod tests {
         assert!(text.contains("\"ranks\""), "{text}");
         assert_eq!(StallRecord::from_annotation(&text), Some(r));
         assert_eq!(StallRecord::from_annotation("{"), None);
-        assert_eq!(StallRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)), None);
+        assert_eq!(
+            StallRecord::from_annotation(&" ".repeat(MAX_RECORD_BYTES + 1)),
+            None
+        );
     }
 
     #[test]
@@ -147,12 +151,18 @@ mod tests {
             let t: StallTimeout = text.parse().expect(text);
             assert_eq!(t.to_string().parse::<StallTimeout>(), Ok(t), "{text}");
         }
-        assert_eq!("off".parse::<StallTimeout>().map(StallTimeout::get), Ok(None));
+        assert_eq!(
+            "off".parse::<StallTimeout>().map(StallTimeout::get),
+            Ok(None)
+        );
         assert_eq!(
             StallTimeout::default().get(),
             Some(std::time::Duration::from_secs(900))
         );
-        assert_eq!(StallTimeout::read(" 90s ").map(|t| t.get()), Ok(Some(std::time::Duration::from_secs(90))));
+        assert_eq!(
+            StallTimeout::read(" 90s ").map(|t| t.get()),
+            Ok(Some(std::time::Duration::from_secs(90)))
+        );
         for bad in ["0s", "0", "-1m", "1d", "Off", "", "never"] {
             let e = bad.parse::<StallTimeout>().expect_err(bad);
             assert_eq!(e.accepted, <StallTimeout as Grammar>::ACCEPTED);

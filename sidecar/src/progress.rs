@@ -66,7 +66,8 @@ pub fn parse_state(stat: &str) -> Option<char> {
 pub fn states(proc_root: &Path, pids: &[i32]) -> Vec<(i32, char)> {
     pids.iter()
         .filter_map(|&pid| {
-            let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+            let stat =
+                std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
             Some((pid, parse_state(&stat)?))
         })
         .collect()
@@ -167,7 +168,8 @@ impl Local {
         {
             self.moved_at = Some(written);
         }
-        self.odd.retain(|pid, (state, _)| s.states.contains(&(*pid, *state)));
+        self.odd
+            .retain(|pid, (state, _)| s.states.contains(&(*pid, *state)));
         for &(pid, state) in &s.states {
             if matches!(state, 'T' | 't' | 'D' | 'Z') {
                 self.odd.entry(pid).or_insert((state, now));
@@ -194,7 +196,9 @@ impl Local {
             return Own {
                 moved_at: None,
                 stuck,
-                unknown: Some("the workers' collective traffic is not readable (not formed yet, or no socket diagnostics)"),
+                unknown: Some(
+                    "the workers' collective traffic is not readable (not formed yet, or no socket diagnostics)",
+                ),
             };
         }
         Own {
@@ -412,7 +416,11 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
         }];
         ranks.extend(ask_peers(&http, &config).await);
         let verdict = judge(timeout, &ranks);
-        let Verdict::Stalled { idle: world_idle, stuck } = verdict else {
+        let Verdict::Stalled {
+            idle: world_idle,
+            stuck,
+        } = verdict
+        else {
             continue;
         };
         world = "stalled";
@@ -431,9 +439,17 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             .map(|(rank, s)| format!("rank {rank} worker {} {} since {}", s.pid, s.state, s.since))
             .collect();
         let (action, result, detail) = match config.on_stall {
-            StallAction::None => ("none", Outcome::Reported, "report only (on-stall: none)".to_string()),
+            StallAction::None => (
+                "none",
+                Outcome::Reported,
+                "report only (on-stall: none)".to_string(),
+            ),
             StallAction::RestartWorkers => match limiter.check(stalls, std::time::Instant::now()) {
-                Err(skip) => ("restart-workers", skip, format!("not done: {}", skip.as_str())),
+                Err(skip) => (
+                    "restart-workers",
+                    skip,
+                    format!("not done: {}", skip.as_str()),
+                ),
                 Ok(()) => {
                     let (outcome, detail) = restart_workers(&config).await;
                     if matches!(outcome, Outcome::Signalled | Outcome::Partial) {
@@ -505,7 +521,10 @@ pub fn ranks_shown(ranks: &[RankProgress], timeout: Duration) -> String {
         .collect();
     let mut parts: Vec<String> = stuck.iter().take(MAX_RANKS_NAMED).cloned().collect();
     if stuck.len() > MAX_RANKS_NAMED {
-        parts.push(format!("{} more stuck workers", stuck.len() - MAX_RANKS_NAMED));
+        parts.push(format!(
+            "{} more stuck workers",
+            stuck.len() - MAX_RANKS_NAMED
+        ));
     }
     let idle = sorted.iter().filter(|r| r.idle_ms.is_some()).count();
     let unknown = sorted.len() - idle;
@@ -643,7 +662,12 @@ async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
         Err(e) => return (Outcome::Failed, format!("cannot start a thread: {e}")),
         Ok(rx) => match tokio::time::timeout(crate::respond::EXECUTE_TIMEOUT, rx).await {
             Ok(Ok(sent)) => sent,
-            _ => return (Outcome::Failed, "the /proc scan and signals did not finish in time".into()),
+            _ => {
+                return (
+                    Outcome::Failed,
+                    "the /proc scan and signals did not finish in time".into(),
+                );
+            }
         },
     };
     let failed = sent.iter().filter(|s| s.error.is_some()).count();
@@ -694,8 +718,11 @@ mod tests {
             .spawn()
             .expect("sleep");
         let pid = child.id() as i32;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGSTOP)
-            .expect("stop");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .expect("stop");
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         let mut local = Local::default();
         let own = loop {
@@ -783,7 +810,10 @@ mod tests {
         assert_eq!(own.stuck.iter().map(|w| w.pid).collect::<Vec<_>>(), vec![9]);
         let own = l.observe(&s, t(0) + STUCK_AFTER);
         assert_eq!(
-            own.stuck.iter().map(|w| (w.pid, w.state.as_str())).collect::<Vec<_>>(),
+            own.stuck
+                .iter()
+                .map(|w| (w.pid, w.state.as_str()))
+                .collect::<Vec<_>>(),
             vec![(7, "uninterruptible"), (9, "zombie")]
         );
         // Back to running: no longer stuck, and its clock starts again.

@@ -312,7 +312,10 @@ mod tests {
                 let _ = socket.read_line(&mut line).await;
                 assert_eq!(line, "SET FORMAT json\n");
                 if !json {
-                    let _ = socket.get_mut().write_all(b"ERROR: unknown command\n").await;
+                    let _ = socket
+                        .get_mut()
+                        .write_all(b"ERROR: unknown command\n")
+                        .await;
                     return;
                 }
                 let _ = socket.get_mut().write_all(b"OK\n").await;

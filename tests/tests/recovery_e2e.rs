@@ -1299,7 +1299,10 @@ fn stalled(label: &str) -> Result<String, String> {
     ));
     let stall = &progress["last_stall"];
     if stall["action"] != "restart-workers" || stall["result"] != "signalled" {
-        return Err(format!("the stall was not acted on: {stall}\n{}", c.log.tail(200)));
+        return Err(format!(
+            "the stall was not acted on: {stall}\n{}",
+            c.log.tail(200)
+        ));
     }
     if by == label && progress["stuck"].as_array().is_none_or(|s| s.is_empty()) {
         // Shown in the record as well once it was judged.
@@ -1334,11 +1337,17 @@ fn stalled(label: &str) -> Result<String, String> {
         secs(resumed_after)
     );
     if found_after > find_by {
-        return Err(format!("{line}: found later than {find_by:?}\n{}", c.log.tail(200)));
+        return Err(format!(
+            "{line}: found later than {find_by:?}\n{}",
+            c.log.tail(200)
+        ));
     }
     let resume_by = STALL_TIMEOUT + Duration::from_secs(15);
     if resumed_after > resume_by {
-        return Err(format!("{line}: resumed later than {resume_by:?}\n{}", c.log.tail(250)));
+        return Err(format!(
+            "{line}: resumed later than {resume_by:?}\n{}",
+            c.log.tail(250)
+        ));
     }
     Ok(line)
 }

@@ -37,10 +37,7 @@ pub fn flight_recorder(checkpoint: Option<&str>) -> Vec<Desired> {
         Desired::value(DUMP_ON_TIMEOUT, "1", why, Conflict::Quiet),
         Desired::value(
             DEBUG_INFO_TEMP_FILE,
-            format!(
-                "{}/{TRACE_FILE_PREFIX}",
-                dir.trim_end_matches('/')
-            ),
+            format!("{}/{TRACE_FILE_PREFIX}", dir.trim_end_matches('/')),
             why,
             Conflict::Quiet,
         ),

@@ -240,7 +240,10 @@ pub fn inject(
         &profile.sidecar.on_stall,
         ann.on_stall.map(|a| (a, on_stall_source.as_str())),
     )?;
-    for w in [stall_timeout.warning, on_stall.warning].into_iter().flatten() {
+    for w in [stall_timeout.warning, on_stall.warning]
+        .into_iter()
+        .flatten()
+    {
         ctx.warn(w);
     }
     if stall_timeout.value != trainwire_contract::StallTimeout::default() {

@@ -1251,8 +1251,8 @@ fn waiting_for_many_pods_names_eight_and_counts_the_rest() {
 #[test]
 fn the_newest_stall_of_the_pods_is_the_worlds() {
     use trainwire_contract::stall::StallRecord;
-    let record = |at: i64, ranks: &str| StallRecord {
-        at: at_(at).to_string(),
+    let record = |when: i64, ranks: &str| StallRecord {
+        at: at(when).to_string(),
         ranks: ranks.into(),
         action: "restart-workers".into(),
         result: "signalled".into(),
@@ -1261,9 +1261,15 @@ fn the_newest_stall_of_the_pods_is_the_worlds() {
     a.stall = Some(record(100, "rank 1 worker 7 stopped"));
     let mut b = pod(1, "b", Some(0));
     b.stall = Some(record(90, "2 ranks idle 20s or more"));
-    assert_eq!(newest_stall(&[a.clone(), b.clone()]), Some(record(100, "rank 1 worker 7 stopped")));
+    assert_eq!(
+        newest_stall(&[a.clone(), b.clone()]),
+        Some(record(100, "rank 1 worker 7 stopped"))
+    );
     assert_eq!(newest_stall(&[pod(0, "a", Some(0))]), None);
     // A record whose time does not parse is not taken.
-    b.stall = Some(StallRecord { at: "yesterday".into(), ..record(0, "") });
+    b.stall = Some(StallRecord {
+        at: "yesterday".into(),
+        ..record(0, "")
+    });
     assert_eq!(newest_stall(&[b]), None);
 }
