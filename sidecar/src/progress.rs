@@ -363,9 +363,14 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             continue;
         };
         sample.checkpoint = newest_checkpoint(&shared);
-        // NCCL's RAS service, when it listens in the pod (not asked again
-        // for a minute after it did not).
-        if sample.workers.is_some() && ras_next.is_none_or(|n| std::time::Instant::now() >= n) {
+        // NCCL's RAS service, when the traffic cannot be read (collectives
+        // over RDMA) and it listens in the pod (not asked again for a minute
+        // after it did not). Its status is gathered from every rank of the
+        // job, so it is not asked where the traffic says enough.
+        if sample.workers.is_some()
+            && sample.traffic.is_none()
+            && ras_next.is_none_or(|n| std::time::Instant::now() >= n)
+        {
             match crate::ras::status(crate::ras::DEFAULT_ADDR, RAS_TIMEOUT).await {
                 Ok(status) => {
                     sample.collectives = Some(status.collectives());

@@ -107,6 +107,8 @@ struct Cluster {
     ckpt_dir: Option<PathBuf>,
     /// More env for every sidecar.
     sidecar_env: Vec<(String, String)>,
+    /// More env for every trainer.
+    trainer_env: Vec<(String, String)>,
     /// With the real sidecar: the apiserver holding the pods and the
     /// sidecars' records, the injected StatefulSet (its template's
     /// annotations go on every pod), and the kubeconfig.
@@ -174,6 +176,7 @@ impl Cluster {
             nnodes: "2".to_string(),
             ckpt_dir: None,
             sidecar_env: Vec::new(),
+            trainer_env: Vec::new(),
             api,
         })
     }
@@ -287,6 +290,7 @@ impl Cluster {
             self.checkpoint_dir().to_string_lossy().into_owned(),
         ));
         env.push(("GLOO_SOCKET_IFNAME".into(), "eth0".into()));
+        env.extend(self.trainer_env.iter().cloned());
         let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         // A kubelet's restart policy: 1 s, then CrashLoopBackOff 10 s, 20 s, ...
         let kubelet = Kubelet::run_backoff(
@@ -1376,4 +1380,73 @@ fn a_stopped_worker_on_another_node_is_found_and_the_world_resumes() {
         "a_stopped_worker_on_another_node_is_found_and_the_world_resumes",
         "n1",
     );
+}
+
+/// How long the quiet phases of the no-false-stall test last: most of the
+/// stall timeout (the scans see a phase up to one scan interval longer).
+const QUIET_FOR: Duration = Duration::from_secs(15);
+
+/// No false stall: rank 0 spends most of the stall timeout without any
+/// collective (an evaluation on one rank, a long save) every 40 steps while
+/// the other rank waits in its all-reduce; over two such phases no sidecar
+/// declares a stall, and training goes on.
+fn quiet_phases() -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    c.sidecar_env = vec![(
+        tw::STALL_TIMEOUT.to_string(),
+        format!("{}s", STALL_TIMEOUT.as_secs()),
+    )];
+    c.trainer_env = vec![
+        ("TRAIN_QUIET_EVERY".to_string(), "40".to_string()),
+        (
+            "TRAIN_QUIET_FOR".to_string(),
+            QUIET_FOR.as_secs().to_string(),
+        ),
+    ];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    let mut phases = 0;
+    let mut longest = Duration::ZERO;
+    for at in [40u64, 80] {
+        let quiet = c.wait(&format!("the quiet phase at step {at}"), |l| {
+            is_event(l, "quiet").is_some_and(|e| e.num("step") == Some(at))
+        })?;
+        let after = c.wait(&format!("the step after the quiet phase at {at}"), |l| {
+            is_event(l, "step").is_some_and(|e| e.num("step") > Some(at))
+        })?;
+        longest = longest.max(after.at.duration_since(quiet.at));
+        phases += 1;
+    }
+    for node in ["n0", "n1"] {
+        let status = c
+            .status(node)
+            .ok_or_else(|| format!("no /status from {node}"))?;
+        let progress = &status["progress"];
+        if progress["stalls_total"] != 0 || !progress["last_stall"].is_null() {
+            return Err(format!(
+                "{node} declared a stall in a world that trains: {progress}\n{}",
+                c.log.tail(200)
+            ));
+        }
+    }
+    if c.trainers.iter().any(|t| t.kubelet.exits() > 0) {
+        return Err(format!("a trainer exited\n{}", c.log.tail(200)));
+    }
+    Ok(format!(
+        "NO-FALSE-STALL stall_timeout_s={} quiet_phases={phases} longest_gap_s={} stalls=0",
+        STALL_TIMEOUT.as_secs(),
+        secs(longest)
+    ))
+}
+
+#[test]
+fn quiet_phases_shorter_than_the_stall_timeout_are_no_stall() {
+    let test = "quiet_phases_shorter_than_the_stall_timeout_are_no_stall";
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    match quiet_phases() {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
 }
