@@ -644,23 +644,75 @@ async fn fetch(http: &HttpClient, url: &str) -> Result<RankProgress, String> {
     serde_json::from_slice(&body).map_err(|e| format!("not a progress answer: {e}"))
 }
 
+/// How long workers signalled for a stall may take to end before they are
+/// killed: a worker whose system call does not return (a hung volume
+/// holds it in a wait only SIGKILL ends) or that ignores SIGTERM would
+/// otherwise hold torchrun's restart for its own 30 s.
+pub const KILL_AFTER: Duration = Duration::from_secs(5);
+
+/// The workers among `workers` still there (same process, same start, not
+/// a zombie) after `grace`, SIGKILLed; what was sent.
+pub fn kill_leftovers(
+    root: &Path,
+    workers: &[signal::Process],
+    grace: Duration,
+) -> Vec<signal::Sent> {
+    let alive = |w: &signal::Process| {
+        std::fs::read_to_string(root.join(w.pid.to_string()).join("stat"))
+            .ok()
+            .is_some_and(|stat| {
+                signal::parse_stat(&stat).is_some_and(|(_, start)| start == w.start_ticks)
+                    && parse_state(&stat).is_some_and(|s| s != 'Z' && s != 'X')
+            })
+    };
+    let deadline = std::time::Instant::now() + grace;
+    while workers.iter().any(alive) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    workers
+        .iter()
+        .filter(|w| alive(w))
+        .map(|w| {
+            let error = match nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(w.pid),
+                nix::sys::signal::Signal::SIGKILL,
+            ) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => None,
+                Err(e) => Some(e.to_string()),
+            };
+            signal::Sent {
+                pid: w.pid,
+                role: "worker",
+                signal: "SIGKILL",
+                error,
+            }
+        })
+        .collect()
+}
+
 /// The restart-workers effect for a stall: SIGTERM the workers
 /// ([`Plan::TermWorkers`]), then SIGCONT them, so that a stopped worker
 /// receives its SIGTERM now rather than when torchrun's own stop gives up
-/// waiting (30 s) and kills it. On a thread of its own, with a time limit.
+/// waiting (30 s) and kills it; those still there after [`KILL_AFTER`] are
+/// killed. On a thread of its own, with a time limit.
 async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
     let matcher = AgentMatcher::new(config.agent_match.clone());
     let self_pid = std::process::id() as i32;
     let work = signal::on_own_thread("trainwire-stall", move || {
         let procs = signal::scan(Path::new("/proc"));
         let trainers = signal::find_trainers(&procs, &matcher, self_pid);
-        let sent = signal::execute(Plan::TermWorkers, &trainers, u64::MAX);
-        for w in trainers.iter().flat_map(|t| t.workers.iter()) {
+        let mut sent = signal::execute(Plan::TermWorkers, &trainers, u64::MAX);
+        let workers: Vec<signal::Process> = trainers
+            .iter()
+            .flat_map(|t| t.workers.iter().cloned())
+            .collect();
+        for w in &workers {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(w.pid),
                 nix::sys::signal::Signal::SIGCONT,
             );
         }
+        sent.extend(kill_leftovers(Path::new("/proc"), &workers, KILL_AFTER));
         sent
     });
     let sent = match work {
@@ -676,6 +728,7 @@ async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
         },
     };
     let failed = sent.iter().filter(|s| s.error.is_some()).count();
+    let terminated = sent.iter().filter(|s| s.signal == "SIGTERM").count();
     let text = sent
         .iter()
         .map(|s| match &s.error {
@@ -686,7 +739,10 @@ async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
         .join(", ");
     match (sent.len(), failed) {
         (0, _) => (Outcome::NoTrainer, "no worker to restart".into()),
-        (n, 0) => (Outcome::Signalled, format!("{n} workers signalled: {text}")),
+        (_, 0) => (
+            Outcome::Signalled,
+            format!("{terminated} workers signalled: {text}"),
+        ),
         (n, f) if f == n => (Outcome::Failed, text),
         _ => (Outcome::Partial, text),
     }
@@ -750,6 +806,46 @@ mod tests {
         assert_eq!(own.stuck.len(), 1, "{own:?}");
         assert_eq!(own.stuck[0].state, "stopped");
         assert_eq!(own.stuck[0].pid, pid);
+    }
+
+    /// A worker that ignores SIGTERM (or whose system call does not
+    /// return) is killed after the grace; one that ended is left alone.
+    #[test]
+    fn workers_still_there_after_the_grace_are_killed() {
+        let spawn = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .spawn()
+                .expect("sh")
+        };
+        let mut stubborn = spawn("trap '' TERM; exec sleep 30");
+        let mut done = spawn("exit 0");
+        let _ = done.wait();
+        let root = Path::new("/proc");
+        let process = |pid: u32| {
+            let pid = pid as i32;
+            let stat = std::fs::read_to_string(root.join(pid.to_string()).join("stat"))
+                .unwrap_or_default();
+            signal::Process {
+                pid,
+                ppid: 0,
+                start_ticks: signal::parse_stat(&stat).map_or(0, |(_, s)| s),
+                argv: Vec::new(),
+            }
+        };
+        let workers = vec![process(stubborn.id()), process(done.id())];
+        let sent = kill_leftovers(root, &workers, Duration::from_millis(300));
+        let status = stubborn.wait().expect("wait");
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert_eq!(sent[0].pid, stubborn.id() as i32);
+        assert_eq!(sent[0].signal, "SIGKILL");
+        assert_eq!(sent[0].error, None);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+        // Nothing left: nothing sent, no wait.
+        let started = std::time::Instant::now();
+        assert!(kill_leftovers(root, &workers, Duration::from_secs(5)).is_empty());
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 
     #[test]
