@@ -1450,3 +1450,96 @@ fn quiet_phases_shorter_than_the_stall_timeout_are_no_stall() {
         Err(e) => panic!("{test}: {e}"),
     }
 }
+
+/// How long the checkpoint volume hangs in the hung-volume stall test:
+/// past the stall timeout, so that the stall is found while it hangs.
+const VOLUME_HUNG_FOR: Duration = Duration::from_secs(30);
+
+/// A hung world from a hung volume: the checkpoint directory is a FUSE
+/// mount whose daemon stops answering (as an NFS server can) for longer
+/// than the stall timeout. Rank 0's worker blocks in its next checkpoint
+/// write, the other rank waits in its all-reduce: the stall is found within
+/// the timeout plus 5 s (with the blocked worker killed after its SIGTERM),
+/// and once the volume answers again training steps from the newest
+/// checkpoint within 15 s.
+fn hung_volume_stall() -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    let fuse = FuseMount::serve(c.ckpt.path(), &c.tag, &c.log)?;
+    c.ckpt_dir = Some(fuse.path());
+    c.sidecar_env = vec![(
+        tw::STALL_TIMEOUT.to_string(),
+        format!("{}s", STALL_TIMEOUT.as_secs()),
+    )];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let mark = c.log.mark();
+    fuse.signal(Signal::SIGSTOP);
+    let hung = Instant::now();
+    let at_hang = c.latest_step().ok_or("no checkpoint at the hang")?;
+    c.note(format!(
+        "SIGSTOPped the checkpoint volume's FUSE daemon (latest checkpoint: step {at_hang})"
+    ));
+    let mut found = None;
+    while hung.elapsed() < VOLUME_HUNG_FOR && found.is_none() {
+        for node in ["n0", "n1"] {
+            if let Some(status) = c.status(node)
+                && status["progress"]["last_stall"].is_object()
+            {
+                found = Some((hung.elapsed(), node, status["progress"].clone()));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (found_after, by, progress) = found.ok_or_else(|| {
+        format!(
+            "no sidecar found the stall while the volume hung {VOLUME_HUNG_FOR:?}\n{}",
+            c.log.tail(200)
+        )
+    })?;
+    c.note(format!(
+        "{by}'s sidecar found the stall after {found_after:?}: {progress}"
+    ));
+    std::thread::sleep(VOLUME_HUNG_FOR.saturating_sub(hung.elapsed()));
+    fuse.signal(Signal::SIGCONT);
+    let back = Instant::now();
+    c.note("SIGCONTed the FUSE daemon".to_string());
+    let resumed = c
+        .log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        })
+        .ok_or_else(|| format!("training did not resume\n{}", c.log.tail(250)))?;
+    let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
+    let from = ev.num("resumed_from").ok_or("no resumed_from")?;
+    let resumed_after = resumed.at.saturating_duration_since(back);
+    let line = format!(
+        "STALL-HUNG-VOLUME stall_timeout_s={} hung_s={} found_s={} by={by} resumed_after_volume_back_s={} resumed_from={from} checkpoint_at_hang={at_hang}",
+        STALL_TIMEOUT.as_secs(),
+        VOLUME_HUNG_FOR.as_secs(),
+        secs(found_after),
+        secs(resumed_after)
+    );
+    if found_after > STALL_TIMEOUT + Duration::from_secs(5) {
+        return Err(format!("{line}: found late\n{}", c.log.tail(200)));
+    }
+    if resumed_after > Duration::from_secs(15) || from < at_hang {
+        return Err(format!("{line}\n{}", c.log.tail(250)));
+    }
+    Ok(line)
+}
+
+#[test]
+fn a_world_hung_on_its_checkpoint_volume_is_found_and_resumes_once_it_answers() {
+    let test = "a_world_hung_on_its_checkpoint_volume_is_found_and_resumes_once_it_answers";
+    if !torch::require_torch(test) || !netns::require_netns(test) || !require_fuse(test) {
+        return;
+    }
+    match hung_volume_stall() {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
