@@ -197,7 +197,7 @@ impl Local {
                 moved_at: None,
                 stuck,
                 unknown: Some(
-                    "the workers' collective traffic is not readable (not formed yet, or no socket diagnostics)",
+                    "the workers' collective traffic is not readable (not formed yet, their sockets not readable by this user, or no socket diagnostics)",
                 ),
             };
         }
