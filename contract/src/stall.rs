@@ -106,7 +106,15 @@ pub struct StallRecord {
     pub action: String,
     /// `signalled`, `reported`, `cooldown`, ...
     pub result: String,
+    /// How many stuck workers (stopped, uninterruptible, zombie) the
+    /// sidecar saw on the ranks it asked.
+    #[serde(default)]
+    pub stuck: u32,
 }
+
+/// Records of one stall: the sidecars of a stalled world each record it
+/// within this of each other.
+pub const SAME_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl StallRecord {
     /// The annotation's value; `None` only if serialisation fails.
@@ -134,6 +142,7 @@ mod tests {
             ranks: "rank 0 worker 42 stopped; 1 rank idle 21s or more".into(),
             action: "restart-workers".into(),
             result: "signalled".into(),
+            stuck: 1,
         };
         let text = r.to_annotation().expect("json");
         assert!(text.contains("\"ranks\""), "{text}");

@@ -972,10 +972,22 @@ pub fn observe(
 
 /// The newest stall record among the pods' (by when it was found).
 fn newest_stall(pods: &[PodView]) -> Option<trainwire_contract::stall::StallRecord> {
-    pods.iter()
+    let records: Vec<(Timestamp, &trainwire_contract::stall::StallRecord)> = pods
+        .iter()
         .filter_map(|p| p.stall.as_ref())
         .filter_map(|s| parse_time(&s.at).map(|t| (t, s)))
-        .max_by_key(|(t, _)| *t)
+        .collect();
+    let newest = records.iter().map(|(t, _)| *t).max()?;
+    let since = newest
+        .checked_sub(trainwire_contract::stall::SAME_STALL)
+        .unwrap_or(newest);
+    // Every sidecar of a stalled world records it within seconds of the
+    // others; the one that saw the most stuck workers (a sidecar that asked
+    // after a peer's workers were restarted saw none there) tells it best.
+    records
+        .into_iter()
+        .filter(|(t, _)| *t >= since)
+        .max_by_key(|(t, s)| (s.stuck, *t))
         .map(|(_, s)| s.clone())
 }
 

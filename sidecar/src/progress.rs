@@ -483,6 +483,7 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             ranks: ranks_shown(&ranks, timeout),
             action: action.to_string(),
             result: result.as_str().to_string(),
+            stuck: u32::try_from(stuck.len()).unwrap_or(u32::MAX),
         });
         shared
             .metrics

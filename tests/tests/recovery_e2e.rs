@@ -1340,6 +1340,36 @@ fn stalled(label: &str) -> Result<String, String> {
         secs(found_after),
         secs(resumed_after)
     );
+    // The world status: the stall, with the rank whose worker was stopped,
+    // from the sidecars' records on their pods.
+    let api = c.api.as_ref().ok_or("no apiserver")?;
+    let mut controller = WorldController::new(&api.sts, NAMESPACE)?;
+    let rank = if label == "n0" { 0 } else { 1 };
+    let named = format!("rank {rank} worker {worker} stopped");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let world = loop {
+        let status = controller.observe(&api.server)?;
+        if status
+            .last_stall
+            .as_ref()
+            .is_some_and(|s| s.ranks.contains(&named))
+            || Instant::now() > deadline
+        {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    match &world.last_stall {
+        Some(s) if s.ranks.contains(&named) && s.action == "restart-workers" => {
+            c.note(format!("world status lastStall: {s:?}"));
+        }
+        other => {
+            return Err(format!(
+                "the world status' lastStall does not name {named}: {other:?}\n{}",
+                c.log.tail(100)
+            ));
+        }
+    }
     if found_after > find_by {
         return Err(format!(
             "{line}: found later than {find_by:?}\n{}",

@@ -1256,6 +1256,7 @@ fn the_newest_stall_of_the_pods_is_the_worlds() {
         ranks: ranks.into(),
         action: "restart-workers".into(),
         result: "signalled".into(),
+        stuck: u32::from(ranks.contains("stopped")),
     };
     let mut a = pod(0, "a", Some(0));
     a.stall = Some(record(100, "rank 1 worker 7 stopped"));
@@ -1266,6 +1267,20 @@ fn the_newest_stall_of_the_pods_is_the_worlds() {
         Some(record(100, "rank 1 worker 7 stopped"))
     );
     assert_eq!(newest_stall(&[pod(0, "a", Some(0))]), None);
+    // Of one stall's records, the one that names a stuck worker, although
+    // another was written later (after that worker was restarted).
+    let mut c = pod(2, "c", Some(0));
+    c.stall = Some(record(105, "1 rank idle 20s or more; 1 unknown"));
+    assert_eq!(
+        newest_stall(&[a.clone(), c.clone()]),
+        Some(record(100, "rank 1 worker 7 stopped"))
+    );
+    // A later stall is another one: the newest.
+    c.stall = Some(record(400, "2 ranks idle 20s or more"));
+    assert_eq!(
+        newest_stall(&[a.clone(), c]),
+        Some(record(400, "2 ranks idle 20s or more"))
+    );
     // A record whose time does not parse is not taken.
     b.stall = Some(StallRecord {
         at: "yesterday".into(),
