@@ -91,6 +91,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="complete checkpoints to keep; older ones are deleted (env TRAIN_KEEP)")
     p.add_argument("--sleep", type=float, default=env_default("TRAIN_SLEEP", 0.0, float),
                    help="seconds to sleep after each step, to make a run slow enough to interrupt (env TRAIN_SLEEP)")
+    p.add_argument("--quiet-every", type=int, default=env_default("TRAIN_QUIET_EVERY", 0, int),
+                   help="every N steps rank 0 spends --quiet-for seconds without collectives, as an "
+                        "evaluation on one rank or a long save would; 0: never (env TRAIN_QUIET_EVERY)")
+    p.add_argument("--quiet-for", type=float, default=env_default("TRAIN_QUIET_FOR", 0.0, float),
+                   help="seconds of each quiet phase (env TRAIN_QUIET_FOR)")
     p.add_argument("--log-every", type=int, default=env_default("TRAIN_LOG_EVERY", 10, int),
                    help="rank 0 logs the loss every N steps (env TRAIN_LOG_EVERY)")
     p.add_argument("--batch-size", type=int, default=env_default("TRAIN_BATCH_SIZE", 32, int),
@@ -109,6 +114,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.sleep < 0:
         p.error(f"--sleep must not be negative, got {args.sleep}")
+    if args.quiet_every < 0 or args.quiet_for < 0:
+        p.error("--quiet-every and --quiet-for must not be negative")
     return args
 
 
@@ -322,6 +329,10 @@ def main(argv=None) -> int:
             log(f"checkpoint step={step} path={saved}")
         if args.sleep:
             time.sleep(args.sleep)
+        if rank == 0 and args.quiet_every and step % args.quiet_every == 0 and args.quiet_for:
+            # The other ranks wait in the next step's all-reduce meanwhile.
+            log(f"quiet step={step} seconds={args.quiet_for}")
+            time.sleep(args.quiet_for)
 
     if rank == 0 and step % args.checkpoint_interval != 0 and step > start:
         saved = save_checkpoint(ckpt_dir, step, model, optimizer, args.keep)

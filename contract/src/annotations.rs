@@ -27,6 +27,10 @@ pub const NCCL: &str = "trainwire.dev/nccl";
 pub const SHM_SIZE: &str = "trainwire.dev/shm-size";
 pub const SIDECAR: &str = "trainwire.dev/sidecar";
 pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
+/// How long no rank's collective traffic may stand still: `off` or a duration.
+pub const STALL_TIMEOUT: &str = "trainwire.dev/stall-timeout";
+/// What the sidecars do about a stalled world: `restart-workers` or `none`.
+pub const ON_STALL: &str = "trainwire.dev/on-stall";
 /// The training framework: `pytorch` (torchrun's env) or `tensorflow` (`TF_CONFIG`).
 pub const FRAMEWORK: &str = "trainwire.dev/framework";
 /// Written by trainwire on the pod template (never read from the workload).
@@ -76,6 +80,8 @@ pub const KNOWN: &[&str] = &[
     SHM_SIZE,
     SIDECAR,
     ON_PEER_LOSS,
+    STALL_TIMEOUT,
+    ON_STALL,
     FRAMEWORK,
     FAIL_FAST_EXIT_CODES,
     MAX_FAILURES,
@@ -88,6 +94,9 @@ pub const PEER_LOSS: &str = "trainwire.dev/peer-loss";
 /// The sidecar's record of the newest complete checkpoint, on its own pod
 /// ([`crate::world::CheckpointRecord`]).
 pub const CHECKPOINT: &str = "trainwire.dev/checkpoint";
+/// The sidecar's record of a stall its world had, on its own pod
+/// ([`crate::stall::StallRecord`]).
+pub const STALL: &str = "trainwire.dev/stall";
 /// On a Service or a dedicated store the controllers created: the workload
 /// it serves.
 pub const SERVICE_FOR: &str = "trainwire.dev/service-for";
@@ -103,6 +112,7 @@ pub const WRITTEN: &[&str] = &[
     STOPPED_POD,
     PEER_LOSS,
     CHECKPOINT,
+    STALL,
     SERVICE_FOR,
 ];
 

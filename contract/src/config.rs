@@ -163,6 +163,9 @@ pub struct Config {
     /// built-in torchrun matcher.
     pub agent_match: Vec<String>,
     pub log_format: LogFormat,
+    /// A hung world: `None` when stall detection is off.
+    pub stall_timeout: Option<Duration>,
+    pub on_stall: crate::StallAction,
 }
 
 /// The most spare pods a world may have (`TRAINWIRE_SPARES`).
@@ -448,7 +451,14 @@ impl Config {
         let replacement_wait =
             positive_duration(src, env::REPLACEMENT_WAIT, defaults::REPLACEMENT_WAIT)?;
 
+        let stall_timeout = var::<S, crate::StallTimeout>(src, env::STALL_TIMEOUT)?
+            .unwrap_or_default()
+            .get();
+        let on_stall = var(src, env::ON_STALL)?.unwrap_or(crate::StallAction::RestartWorkers);
+
         Ok(Config {
+            stall_timeout,
+            on_stall,
             pod_name,
             namespace,
             pod_uid,

@@ -87,6 +87,12 @@ pub const REPLACEMENT_WAIT: &str = "TRAINWIRE_REPLACEMENT_WAIT";
 /// wait in torchrun's rendezvous and take a lost node's place. Ranks
 /// `NNODES..NNODES+SPARES` (above an elastic range's MAX) are theirs.
 pub const SPARES: &str = "TRAINWIRE_SPARES";
+/// How long no rank's collective traffic may stand still before the world
+/// is stalled: `off` or a duration (`trainwire.dev/stall-timeout`).
+pub const STALL_TIMEOUT: &str = "TRAINWIRE_STALL_TIMEOUT";
+/// What the sidecar does on a stall: `restart-workers` or `none`
+/// (`trainwire.dev/on-stall`).
+pub const ON_STALL: &str = "TRAINWIRE_ON_STALL";
 
 /// The sidecar's default plain-HTTP port.
 pub const DEFAULT_HEALTH_PORT: u16 = 29600;
@@ -123,4 +129,6 @@ pub const ALL: &[&str] = &[
     CONFIRM_AFTER,
     REPLACEMENT_WAIT,
     SPARES,
+    STALL_TIMEOUT,
+    ON_STALL,
 ];

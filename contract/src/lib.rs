@@ -23,6 +23,7 @@ pub mod peer_loss;
 pub mod quantity;
 pub mod release;
 pub mod rendezvous;
+pub mod stall;
 pub mod values;
 pub mod world;
 
@@ -30,6 +31,7 @@ pub use duration::{Duration, PositiveDuration};
 pub use failure::{ExitCodes, FailureLimit, NodeFailureAction};
 pub use path::MountPath;
 pub use quantity::{ByteSize, Quantity, ShmSize};
+pub use stall::{StallAction, StallTimeout};
 pub use values::{
     Count, Detection, Framework, LogFormat, NodeCount, PeerLossAction, PollMode, Port,
     PositiveCount, RdzvBackend, RdzvStore, SpareCount,

@@ -262,6 +262,7 @@ macro_rules! choice {
         string_value!($t);
     };
 }
+pub(crate) use choice;
 
 choice!(
     /// What the sidecar does when a peer is lost (see docs/sidecar.md).

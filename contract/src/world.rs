@@ -269,6 +269,10 @@ pub struct WorldStatus {
     pub last_loss: Option<Loss>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSeen>,
+    /// The newest stall a sidecar of the world found (its pod's
+    /// `trainwire.dev/stall`): when, which ranks showed what, the action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stall: Option<crate::stall::StallRecord>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped: Option<Stopped>,
     /// What a `Recovering` world waits for (the pods, the store, training
@@ -486,6 +490,7 @@ mod tests {
                 generation,
                 last_loss,
                 checkpoint: checkpoint.map(|(name, newest_at, reported_by)| CheckpointSeen { name, newest_at, reported_by }),
+                last_stall: None,
                 stopped: stopped.map(|(reason, at, pod, exit_code, resume)| Stopped { reason, at, pod, exit_code, resume }),
                 ranks,
                 updated_at,

@@ -106,6 +106,8 @@ pub struct PodView {
     pub created: Option<Timestamp>,
     pub peer_loss: Option<PeerLossRecord>,
     pub checkpoint: Option<CheckpointRecord>,
+    /// Its sidecar's record of a stall (`trainwire.dev/stall`).
+    pub stall: Option<trainwire_contract::stall::StallRecord>,
 }
 
 /// The container status of `name` among `statuses`, else of the only one.
@@ -224,6 +226,8 @@ impl PodView {
                 .and_then(|v| PeerLossRecord::from_annotation(v)),
             checkpoint: annotation(world::CHECKPOINT_ANNOTATION)
                 .and_then(|v| CheckpointRecord::from_annotation(v).ok()),
+            stall: annotation(trainwire_contract::stall::ANNOTATION)
+                .and_then(|v| trainwire_contract::stall::StallRecord::from_annotation(v)),
         })
     }
 
@@ -1087,6 +1091,7 @@ pub fn observe(
             newest_at: t.to_string(),
             reported_by: records.len().try_into().unwrap_or(u32::MAX),
         });
+    status.last_stall = newest_stall(pods).or(status.last_stall.take());
     status.stopped = workload.stopped.clone();
     status.ranks = roles(workload, pods, &memory.out);
     status.ranks_omitted = 0;
@@ -1114,6 +1119,27 @@ fn resume(l: &mut Loss, loss_at: Timestamp, at: Timestamp, how: &str) {
     l.resumed_at = Some(at.to_string());
     l.recovery_seconds = at.duration_since(loss_at).as_secs().try_into().ok();
     l.resumed_by = Some(how.to_string());
+}
+
+/// The newest stall record among the pods' (by when it was found).
+fn newest_stall(pods: &[PodView]) -> Option<trainwire_contract::stall::StallRecord> {
+    let records: Vec<(Timestamp, &trainwire_contract::stall::StallRecord)> = pods
+        .iter()
+        .filter_map(|p| p.stall.as_ref())
+        .filter_map(|s| parse_time(&s.at).map(|t| (t, s)))
+        .collect();
+    let newest = records.iter().map(|(t, _)| *t).max()?;
+    let since = newest
+        .checked_sub(trainwire_contract::stall::SAME_STALL)
+        .unwrap_or(newest);
+    // Every sidecar of a stalled world records it within seconds of the
+    // others; the one that saw the most stuck workers (a sidecar that asked
+    // after a peer's workers were restarted saw none there) tells it best.
+    records
+        .into_iter()
+        .filter(|(t, _)| *t >= since)
+        .max_by_key(|(t, s)| (s.stuck, *t))
+        .map(|(_, s)| s.clone())
 }
 
 /// What to do with a computed status.

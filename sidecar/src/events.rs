@@ -68,6 +68,16 @@ impl EventSink {
         );
     }
 
+    /// Records a stall this sidecar found on its pod's annotation
+    /// `trainwire.dev/stall`, which the world controller reads (the
+    /// world's `lastStall`).
+    pub fn record_stall(&self, record: &trainwire_contract::stall::StallRecord) {
+        let Some(value) = record.to_annotation() else {
+            return;
+        };
+        self.annotate(trainwire_contract::stall::ANNOTATION, value, "the stall");
+    }
+
     /// Sets one annotation of this pod, in the background (a merge patch of
     /// that key only).
     fn annotate(&self, key: &'static str, value: String, what: &'static str) {

@@ -26,6 +26,9 @@
 //! - [`collective`]: whether the trainer's workers have formed their
 //!   collective (a TCP connection to a peer), when training runs again;
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
+//! - [`progress`]: whether the world makes progress; a stalled world
+//!   found and its workers restarted;
+//! - [`ras`]: a client of NCCL's RAS service (collectives completed);
 //! - [`events`]: Kubernetes Events on the sidecar's pod;
 //! - [`status`] / [`server`]: `/status`, `/metrics`, probes, `/heartbeat`.
 //!
@@ -51,6 +54,8 @@ pub mod heartbeat;
 pub mod kubewatch;
 pub mod peers;
 pub mod permission;
+pub mod progress;
+pub mod ras;
 pub mod respond;
 pub mod ring;
 pub mod server;
@@ -314,6 +319,7 @@ pub async fn run(
     }
     drop(tx);
     tasks.spawn(permission::watch_permission(shared.clone(), events.clone()));
+    tasks.spawn(progress::run(shared.clone(), events.clone(), names.clone()));
     let responder = Responder::new(shared.clone(), events.clone(), choice.heartbeat, names);
     // Heartbeats and the Kubernetes watch follow the same bounded set of
     // peers (`ring::watched`); the others are `not-watched`.

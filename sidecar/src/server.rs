@@ -22,6 +22,12 @@ pub fn router(shared: Arc<Shared>, prober: Option<Prober>) -> Router {
         .route("/status", get(status))
         .route("/metrics", get(metrics))
         .route("/heartbeat", get(heartbeat))
+        .route(
+            "/progress",
+            get(|State(shared): State<Arc<Shared>>| async move {
+                Json(crate::progress::answer(&shared))
+            }),
+        )
         .with_state(shared);
     match prober {
         Some(prober) => app.merge(

@@ -106,6 +106,10 @@ pub struct Metrics {
     /// (the helper reaches it), `unreached`, `unasked` (the helper could not
     /// be asked or did not answer in time).
     pub indirect_probes: Family<ResultLabels, Counter>,
+    /// Stalled worlds found ([`crate::progress`]), by action and result.
+    pub stalls: Family<ActionLabels, Counter>,
+    /// Time since this pod's workers last moved (0 when it cannot be told).
+    pub progress_idle: Gauge<f64, AtomicU64>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -137,6 +141,8 @@ impl Metrics {
             heartbeat_probes: Counter::default(),
             heartbeats_served: Counter::default(),
             indirect_probes: Family::default(),
+            stalls: Family::default(),
+            progress_idle: Gauge::default(),
         };
         registry.register(
             "peers_lost",
@@ -216,6 +222,17 @@ impl Metrics {
             "Helpers asked to probe a silent peer before it is declared lost, by what they said: reached, unreached, unasked (could not be asked, or no answer within one interval)",
             m.indirect_probes.clone(),
         );
+        registry.register(
+            "stalls",
+            "Stalled worlds found (no rank's collective traffic moved for the stall timeout), by action (restart-workers, none) and result",
+            m.stalls.clone(),
+        );
+        registry.register_with_unit(
+            "progress_idle",
+            "Time since this pod's workers last moved: new bytes on their collective connections, their start, a new checkpoint (0 when it cannot be told)",
+            prometheus_client::registry::Unit::Seconds,
+            m.progress_idle.clone(),
+        );
         m.signal_permission
             .get_or_create(&StateLabels {
                 state: "unknown".into(),
@@ -233,6 +250,14 @@ impl Metrics {
         use crate::peers::{LossReason, Source};
         use crate::signal::{Outcome, PermissionState, Plan};
         let label = |s: &str| StateLabels { state: s.into() };
+        for action in ["restart-workers", "none"] {
+            for outcome in Outcome::ALL {
+                let _ = self.stalls.get_or_create(&ActionLabels {
+                    action: action.into(),
+                    result: outcome.as_str().into(),
+                });
+            }
+        }
         for source in Source::ALL {
             for reason in LossReason::ALL {
                 let _ = self.peers_lost.get_or_create(&LossLabels {
@@ -434,6 +459,8 @@ pub struct StatusDoc {
     /// Its current workers seen training; absent while they are not (or
     /// none run).
     pub training: Option<TrainingStatus>,
+    /// Whether the world makes progress, and the last stall found.
+    pub progress: Option<crate::progress::ProgressStatus>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.
@@ -481,6 +508,7 @@ impl Shared {
             spares: config.spares,
             trainer: None,
             training: None,
+            progress: None,
         };
         Arc::new(Shared {
             config,

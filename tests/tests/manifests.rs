@@ -1758,11 +1758,12 @@ fn the_sidecar_may_write_only_its_own_pods_records() -> Result<()> {
             "a matchCondition reads {target}: {conditions}"
         );
     }
-    // The two records the policy lets through are the sidecar's.
+    // The records the policy lets through are the sidecar's.
     let text = serde_json::to_string(&policy["spec"]["validations"])?;
     for key in [
         trainwire_contract::peer_loss::ANNOTATION,
         trainwire_contract::world::CHECKPOINT_ANNOTATION,
+        trainwire_contract::stall::ANNOTATION,
     ] {
         assert!(
             text.contains(&format!("'{key}'")),

@@ -107,6 +107,8 @@ struct Cluster {
     ckpt_dir: Option<PathBuf>,
     /// More env for every sidecar.
     sidecar_env: Vec<(String, String)>,
+    /// More env for every trainer.
+    trainer_env: Vec<(String, String)>,
     /// With the real sidecar: the apiserver holding the pods and the
     /// sidecars' records, the injected StatefulSet (its template's
     /// annotations go on every pod), and the kubeconfig.
@@ -174,6 +176,7 @@ impl Cluster {
             nnodes: "2".to_string(),
             ckpt_dir: None,
             sidecar_env: Vec::new(),
+            trainer_env: Vec::new(),
             api,
         })
     }
@@ -287,6 +290,7 @@ impl Cluster {
             self.checkpoint_dir().to_string_lossy().into_owned(),
         ));
         env.push(("GLOO_SOCKET_IFNAME".into(), "eth0".into()));
+        env.extend(self.trainer_env.iter().cloned());
         let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         // A kubelet's restart policy: 1 s, then CrashLoopBackOff 10 s, 20 s, ...
         let kubelet = Kubelet::run_backoff(
@@ -1227,6 +1231,344 @@ fn latency_on_the_rendezvous_host_restarts_nothing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(800);
     match latency(Duration::from_millis(ms)) {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// The stall timeout of the hung-world test: short, so the test is; the
+/// goals are this plus 5 s to find the stall and plus 15 s to train again.
+const STALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A hung world: one worker of node `label` is stopped (SIGSTOP) while the
+/// world trains; every process stays alive, every heartbeat answers. The
+/// sidecars must find the stall (no collective traffic on any rank for
+/// the stall timeout) within the timeout plus 5 s, restart the workers,
+/// and training must step again from the newest checkpoint within the
+/// timeout plus 15 s, with the stall shown in `/status`.
+fn stalled(label: &str) -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    c.sidecar_env = vec![
+        (
+            tw::STALL_TIMEOUT.to_string(),
+            format!("{}s", STALL_TIMEOUT.as_secs()),
+        ),
+        (tw::ON_STALL.to_string(), "restart-workers".to_string()),
+    ];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let agent = c
+        .trainer(label)
+        .and_then(|t| t.kubelet.pid())
+        .ok_or_else(|| format!("no agent on {label}"))?;
+    let worker = descendants(agent)
+        .into_iter()
+        .find(|p| trainwire_tests::process::stat(*p).is_some_and(|(_, ppid)| ppid == agent))
+        .ok_or_else(|| format!("no worker under the agent {agent} on {label}"))?;
+    let mark = c.log.mark();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGSTOP)
+        .map_err(|e| format!("SIGSTOP {worker}: {e}"))?;
+    let stopped = Instant::now();
+    let at_stop = c.latest_step().ok_or("no checkpoint at the stop")?;
+    c.note(format!(
+        "stopped worker {worker} of {label} (latest checkpoint: step {at_stop})"
+    ));
+
+    // Found: a sidecar's /status shows the stall.
+    let find_by = STALL_TIMEOUT + Duration::from_secs(5);
+    let mut found = None;
+    while stopped.elapsed() < find_by + Duration::from_secs(30) && found.is_none() {
+        for node in ["n0", "n1"] {
+            if let Some(status) = c.status(node)
+                && status["progress"]["last_stall"].is_object()
+            {
+                found = Some((stopped.elapsed(), node, status["progress"].clone()));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (found_after, by, progress) = found.ok_or_else(|| {
+        format!(
+            "no sidecar found the stall within {:?}\n{}",
+            find_by + Duration::from_secs(30),
+            c.log.tail(200)
+        )
+    })?;
+    c.note(format!(
+        "{by}'s sidecar found the stall after {found_after:?}: {progress}"
+    ));
+    let stall = &progress["last_stall"];
+    if stall["action"] != "restart-workers" || stall["result"] != "signalled" {
+        return Err(format!(
+            "the stall was not acted on: {stall}\n{}",
+            c.log.tail(200)
+        ));
+    }
+    if by == label && progress["stuck"].as_array().is_none_or(|s| s.is_empty()) {
+        // Shown in the record as well once it was judged.
+        let stuck_shown = stall["ranks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["stuck"].as_array().is_some_and(|s| !s.is_empty()));
+        if !stuck_shown {
+            return Err(format!("the stopped worker is not shown: {progress}"));
+        }
+    }
+    // Training again, from the newest checkpoint.
+    let resumed = c
+        .log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        })
+        .ok_or_else(|| format!("training did not resume\n{}", c.log.tail(250)))?;
+    let resumed_after = resumed.at.duration_since(stopped);
+    let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
+    let from = ev.num("resumed_from").ok_or("no resumed_from")?;
+    if from < at_stop {
+        return Err(format!(
+            "resumed from step {from}, the newest checkpoint at the stop was {at_stop}"
+        ));
+    }
+    let line = format!(
+        "STALL stopped={label} stall_timeout_s={} found_s={} by={by} resumed_s={} resumed_from={from} checkpoint_at_stop={at_stop}",
+        STALL_TIMEOUT.as_secs(),
+        secs(found_after),
+        secs(resumed_after)
+    );
+    // The world status: the stall, with the rank whose worker was stopped,
+    // from the sidecars' records on their pods.
+    let api = c.api.as_ref().ok_or("no apiserver")?;
+    let mut controller = WorldController::new(&api.sts, NAMESPACE)?;
+    let rank = if label == "n0" { 0 } else { 1 };
+    let named = format!("rank {rank} worker {worker} stopped");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let world = loop {
+        let status = controller.observe(&api.server)?;
+        if status
+            .last_stall
+            .as_ref()
+            .is_some_and(|s| s.ranks.contains(&named))
+            || Instant::now() > deadline
+        {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    match &world.last_stall {
+        Some(s) if s.ranks.contains(&named) && s.action == "restart-workers" => {
+            c.note(format!("world status lastStall: {s:?}"));
+        }
+        other => {
+            return Err(format!(
+                "the world status' lastStall does not name {named}: {other:?}\n{}",
+                c.log.tail(100)
+            ));
+        }
+    }
+    if found_after > find_by {
+        return Err(format!(
+            "{line}: found later than {find_by:?}\n{}",
+            c.log.tail(200)
+        ));
+    }
+    let resume_by = STALL_TIMEOUT + Duration::from_secs(15);
+    if resumed_after > resume_by {
+        return Err(format!(
+            "{line}: resumed later than {resume_by:?}\n{}",
+            c.log.tail(250)
+        ));
+    }
+    Ok(line)
+}
+
+fn run_stalled(test: &str, label: &str) {
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    match stalled(label) {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+#[test]
+fn a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes() {
+    run_stalled(
+        "a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes",
+        "n0",
+    );
+}
+
+#[test]
+fn a_stopped_worker_on_another_node_is_found_and_the_world_resumes() {
+    run_stalled(
+        "a_stopped_worker_on_another_node_is_found_and_the_world_resumes",
+        "n1",
+    );
+}
+
+/// How long the quiet phases of the no-false-stall test last: most of the
+/// stall timeout (the scans see a phase up to one scan interval longer).
+const QUIET_FOR: Duration = Duration::from_secs(15);
+
+/// No false stall: rank 0 spends most of the stall timeout without any
+/// collective (an evaluation on one rank, a long save) every 40 steps while
+/// the other rank waits in its all-reduce; over two such phases no sidecar
+/// declares a stall, and training goes on.
+fn quiet_phases() -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    c.sidecar_env = vec![(
+        tw::STALL_TIMEOUT.to_string(),
+        format!("{}s", STALL_TIMEOUT.as_secs()),
+    )];
+    c.trainer_env = vec![
+        ("TRAIN_QUIET_EVERY".to_string(), "40".to_string()),
+        (
+            "TRAIN_QUIET_FOR".to_string(),
+            QUIET_FOR.as_secs().to_string(),
+        ),
+    ];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    let mut phases = 0;
+    let mut longest = Duration::ZERO;
+    for at in [40u64, 80] {
+        let quiet = c.wait(&format!("the quiet phase at step {at}"), |l| {
+            is_event(l, "quiet").is_some_and(|e| e.num("step") == Some(at))
+        })?;
+        let after = c.wait(&format!("the step after the quiet phase at {at}"), |l| {
+            is_event(l, "step").is_some_and(|e| e.num("step") > Some(at))
+        })?;
+        longest = longest.max(after.at.duration_since(quiet.at));
+        phases += 1;
+    }
+    for node in ["n0", "n1"] {
+        let status = c
+            .status(node)
+            .ok_or_else(|| format!("no /status from {node}"))?;
+        let progress = &status["progress"];
+        if progress["stalls_total"] != 0 || !progress["last_stall"].is_null() {
+            return Err(format!(
+                "{node} declared a stall in a world that trains: {progress}\n{}",
+                c.log.tail(200)
+            ));
+        }
+    }
+    if c.trainers.iter().any(|t| t.kubelet.exits() > 0) {
+        return Err(format!("a trainer exited\n{}", c.log.tail(200)));
+    }
+    Ok(format!(
+        "NO-FALSE-STALL stall_timeout_s={} quiet_phases={phases} longest_gap_s={} stalls=0",
+        STALL_TIMEOUT.as_secs(),
+        secs(longest)
+    ))
+}
+
+#[test]
+fn quiet_phases_shorter_than_the_stall_timeout_are_no_stall() {
+    let test = "quiet_phases_shorter_than_the_stall_timeout_are_no_stall";
+    if !torch::require_torch(test) || !netns::require_netns(test) {
+        return;
+    }
+    match quiet_phases() {
+        Ok(line) => println!("{line}"),
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+/// How long the checkpoint volume hangs in the hung-volume stall test:
+/// past the stall timeout, so that the stall is found while it hangs.
+const VOLUME_HUNG_FOR: Duration = Duration::from_secs(30);
+
+/// A hung world from a hung volume: the checkpoint directory is a FUSE
+/// mount whose daemon stops answering (as an NFS server can) for longer
+/// than the stall timeout. Rank 0's worker blocks in its next checkpoint
+/// write, the other rank waits in its all-reduce: the stall is found within
+/// the timeout plus 5 s (with the blocked worker killed after its SIGTERM),
+/// and once the volume answers again training steps from the newest
+/// checkpoint within 15 s.
+fn hung_volume_stall() -> Result<String, String> {
+    let mut c = Cluster::new(Responder::Sidecar)?;
+    let fuse = FuseMount::serve(c.ckpt.path(), &c.tag, &c.log)?;
+    c.ckpt_dir = Some(fuse.path());
+    c.sidecar_env = vec![(
+        tw::STALL_TIMEOUT.to_string(),
+        format!("{}s", STALL_TIMEOUT.as_secs()),
+    )];
+    c.start_node("n0", 0, Network::addr(10), true)?;
+    c.start_node("n1", 1, Network::addr(11), true)?;
+    c.wait("the third checkpoint", |l| {
+        is_event(l, "checkpoint").is_some_and(|e| e.num("step") >= Some(3 * CHECKPOINT_INTERVAL))
+    })?;
+    let mark = c.log.mark();
+    fuse.signal(Signal::SIGSTOP);
+    let hung = Instant::now();
+    let at_hang = c.latest_step().ok_or("no checkpoint at the hang")?;
+    c.note(format!(
+        "SIGSTOPped the checkpoint volume's FUSE daemon (latest checkpoint: step {at_hang})"
+    ));
+    let mut found = None;
+    while hung.elapsed() < VOLUME_HUNG_FOR && found.is_none() {
+        for node in ["n0", "n1"] {
+            if let Some(status) = c.status(node)
+                && status["progress"]["last_stall"].is_object()
+            {
+                found = Some((hung.elapsed(), node, status["progress"].clone()));
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (found_after, by, progress) = found.ok_or_else(|| {
+        format!(
+            "no sidecar found the stall while the volume hung {VOLUME_HUNG_FOR:?}\n{}",
+            c.log.tail(200)
+        )
+    })?;
+    c.note(format!(
+        "{by}'s sidecar found the stall after {found_after:?}: {progress}"
+    ));
+    std::thread::sleep(VOLUME_HUNG_FOR.saturating_sub(hung.elapsed()));
+    fuse.signal(Signal::SIGCONT);
+    let back = Instant::now();
+    c.note("SIGCONTed the FUSE daemon".to_string());
+    let resumed = c
+        .log
+        .wait_for_after(mark, WAIT, |l| {
+            is_event(l, "step").is_some_and(|e| e.num("resumed_from").is_some())
+        })
+        .ok_or_else(|| format!("training did not resume\n{}", c.log.tail(250)))?;
+    let ev = TrainEvent::parse(&resumed.text).ok_or("unparsable step line")?;
+    let from = ev.num("resumed_from").ok_or("no resumed_from")?;
+    let resumed_after = resumed.at.saturating_duration_since(back);
+    let line = format!(
+        "STALL-HUNG-VOLUME stall_timeout_s={} hung_s={} found_s={} by={by} resumed_after_volume_back_s={} resumed_from={from} checkpoint_at_hang={at_hang}",
+        STALL_TIMEOUT.as_secs(),
+        VOLUME_HUNG_FOR.as_secs(),
+        secs(found_after),
+        secs(resumed_after)
+    );
+    if found_after > STALL_TIMEOUT + Duration::from_secs(5) {
+        return Err(format!("{line}: found late\n{}", c.log.tail(200)));
+    }
+    if resumed_after > Duration::from_secs(15) || from < at_hang {
+        return Err(format!("{line}\n{}", c.log.tail(250)));
+    }
+    Ok(line)
+}
+
+#[test]
+fn a_world_hung_on_its_checkpoint_volume_is_found_and_resumes_once_it_answers() {
+    let test = "a_world_hung_on_its_checkpoint_volume_is_found_and_resumes_once_it_answers";
+    if !torch::require_torch(test) || !netns::require_netns(test) || !require_fuse(test) {
+        return;
+    }
+    match hung_volume_stall() {
         Ok(line) => println!("{line}"),
         Err(e) => panic!("{test}: {e}"),
     }

@@ -68,6 +68,8 @@ pub struct Annotations {
     pub shm_size: Option<ShmSize>,
     pub sidecar: Option<bool>,
     pub on_peer_loss: Option<PeerLossAction>,
+    pub stall_timeout: Option<trainwire_contract::StallTimeout>,
+    pub on_stall: Option<trainwire_contract::StallAction>,
     pub framework: Option<Framework>,
     /// Read by the controller, checked here so a bad value is refused.
     pub fail_fast_exit_codes: Option<trainwire_contract::ExitCodes>,
@@ -321,6 +323,8 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
                 });
             }
             ON_PEER_LOSS => out.on_peer_loss = Some(typed(key, raw)?),
+            STALL_TIMEOUT => out.stall_timeout = Some(typed(key, raw)?),
+            ON_STALL => out.on_stall = Some(typed(key, raw)?),
             FRAMEWORK => out.framework = Some(typed(key, raw)?),
             FAIL_FAST_EXIT_CODES => out.fail_fast_exit_codes = Some(typed(key, raw)?),
             MAX_FAILURES => out.max_failures = Some(typed(key, raw)?),

@@ -343,6 +343,9 @@ fn inject(
             "the checkpoint mount",
             Conflict::ManifestWins,
         ));
+        if framework == Framework::PyTorch {
+            desired.extend(nccl::flight_recorder(Some(&cp.path)));
+        }
     }
     trainer::apply_env(ctx, &mut spec.containers[trainer], desired)?;
     rendezvous::host_network_dns(ctx, spec);

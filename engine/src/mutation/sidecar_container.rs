@@ -224,6 +224,34 @@ pub fn inject(
         action.value.as_str()
     };
     vars.push(plain(env::ON_PEER_LOSS, action_name));
+    // A hung world: set only when it differs from the sidecar's own
+    // default (the contract's), so workloads that leave it are unchanged.
+    let stall_source = format!("annotation {}", annotations::STALL_TIMEOUT);
+    let stall_timeout = policy::resolve(
+        profile,
+        "sidecar.stallTimeout",
+        &profile.sidecar.stall_timeout,
+        ann.stall_timeout.map(|t| (t, stall_source.as_str())),
+    )?;
+    let on_stall_source = format!("annotation {}", annotations::ON_STALL);
+    let on_stall = policy::resolve(
+        profile,
+        "sidecar.onStall",
+        &profile.sidecar.on_stall,
+        ann.on_stall.map(|a| (a, on_stall_source.as_str())),
+    )?;
+    for w in [stall_timeout.warning, on_stall.warning]
+        .into_iter()
+        .flatten()
+    {
+        ctx.warn(w);
+    }
+    if stall_timeout.value != trainwire_contract::StallTimeout::default() {
+        vars.push(plain(env::STALL_TIMEOUT, stall_timeout.value.to_string()));
+    }
+    if on_stall.value != trainwire_contract::StallAction::RestartWorkers {
+        vars.push(plain(env::ON_STALL, on_stall.value.as_str()));
+    }
     if tensorflow && !profile.sidecar.env.contains_key(env::AGENT_MATCH) {
         match super::tensorflow::agent_match(&spec.containers[trainer]) {
             Some(pattern) => vars.push(plain(env::AGENT_MATCH, pattern)),

@@ -215,6 +215,12 @@ pub struct SidecarPolicy {
     pub resources: Option<ResourceRequirements>,
     #[serde(default = "default_on_peer_loss")]
     pub on_peer_loss: Setting<PeerLossAction>,
+    /// A hung world (`trainwire.dev/stall-timeout`): `off` or a duration.
+    #[serde(default = "default_stall_timeout")]
+    pub stall_timeout: Setting<trainwire_contract::StallTimeout>,
+    /// What the sidecars do on a stall (`trainwire.dev/on-stall`).
+    #[serde(default = "default_on_stall")]
+    pub on_stall: Setting<trainwire_contract::StallAction>,
     /// Whether the sidecar is injected at all (`trainwire.dev/sidecar`).
     #[serde(default = "default_sidecar_enabled")]
     pub enabled: Setting<bool>,
@@ -235,6 +241,12 @@ fn default_sidecar_image() -> Setting<String> {
 fn default_on_peer_loss() -> Setting<PeerLossAction> {
     Setting::default_value(PeerLossAction::Auto)
 }
+fn default_stall_timeout() -> Setting<trainwire_contract::StallTimeout> {
+    Setting::default_value(trainwire_contract::StallTimeout::default())
+}
+fn default_on_stall() -> Setting<trainwire_contract::StallAction> {
+    Setting::default_value(trainwire_contract::StallAction::RestartWorkers)
+}
 fn default_sidecar_enabled() -> Setting<bool> {
     Setting::default_value(true)
 }
@@ -245,6 +257,8 @@ impl Default for SidecarPolicy {
             image: default_sidecar_image(),
             resources: None,
             on_peer_loss: default_on_peer_loss(),
+            stall_timeout: default_stall_timeout(),
+            on_stall: default_on_stall(),
             enabled: default_sidecar_enabled(),
             env: BTreeMap::new(),
             run_as_user: None,

@@ -333,6 +333,8 @@ const SETTING_FIELDS: &[&str] = &[
     "framework",
     "image",
     "onPeerLoss",
+    "stallTimeout",
+    "onStall",
     "enabled",
 ];
 

@@ -426,6 +426,14 @@ fn sidecar_config<'a>(
             env::ON_PEER_LOSS.to_string(),
             p.sidecar.on_peer_loss.value.to_string(),
         ),
+        (
+            env::STALL_TIMEOUT.to_string(),
+            p.sidecar.stall_timeout.value.to_string(),
+        ),
+        (
+            env::ON_STALL.to_string(),
+            p.sidecar.on_stall.value.to_string(),
+        ),
     ]);
     for (k, v) in extra {
         vars.insert(k.to_string(), v.to_string());

@@ -21,6 +21,7 @@ fn pod(rank: u32, uid: &str, ready_since: Option<i64>) -> PodView {
         created: None,
         peer_loss: None,
         checkpoint: None,
+        stall: None,
     }
 }
 
@@ -1910,4 +1911,47 @@ mod silent_loss {
             }
         }
     }
+}
+
+/// The newest stall a pod's sidecar recorded is the world's `lastStall`,
+/// kept once the pods' records are gone (a restarted pod).
+#[test]
+fn the_newest_stall_of_the_pods_is_the_worlds() {
+    use trainwire_contract::stall::StallRecord;
+    let record = |when: i64, ranks: &str| StallRecord {
+        at: at(when).to_string(),
+        ranks: ranks.into(),
+        action: "restart-workers".into(),
+        result: "signalled".into(),
+        stuck: u32::from(ranks.contains("stopped")),
+    };
+    let mut a = pod(0, "a", Some(0));
+    a.stall = Some(record(100, "rank 1 worker 7 stopped"));
+    let mut b = pod(1, "b", Some(0));
+    b.stall = Some(record(90, "2 ranks idle 20s or more"));
+    assert_eq!(
+        newest_stall(&[a.clone(), b.clone()]),
+        Some(record(100, "rank 1 worker 7 stopped"))
+    );
+    assert_eq!(newest_stall(&[pod(0, "a", Some(0))]), None);
+    // Of one stall's records, the one that names a stuck worker, although
+    // another was written later (after that worker was restarted).
+    let mut c = pod(2, "c", Some(0));
+    c.stall = Some(record(105, "1 rank idle 20s or more; 1 unknown"));
+    assert_eq!(
+        newest_stall(&[a.clone(), c.clone()]),
+        Some(record(100, "rank 1 worker 7 stopped"))
+    );
+    // A later stall is another one: the newest.
+    c.stall = Some(record(400, "2 ranks idle 20s or more"));
+    assert_eq!(
+        newest_stall(&[a.clone(), c]),
+        Some(record(400, "2 ranks idle 20s or more"))
+    );
+    // A record whose time does not parse is not taken.
+    b.stall = Some(StallRecord {
+        at: "yesterday".into(),
+        ..record(0, "")
+    });
+    assert_eq!(newest_stall(&[b]), None);
 }
