@@ -330,7 +330,12 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
     };
     let every = scan_every(timeout);
     let matcher = AgentMatcher::new(config.agent_match.clone());
-    let store_ports: Vec<u16> = config.rdzv_port.into_iter().collect();
+    // Neither the store's connections nor the sidecar's own are the
+    // collective's (as for the training scan, crate::permission).
+    let ports = crate::collective::Ports {
+        store: config.rdzv_port.into_iter().collect(),
+        own: vec![config.health_port],
+    };
     let self_pid = std::process::id() as i32;
     let http = client(config.heartbeat.timeout, names);
     let mut local = Local::default();
@@ -353,9 +358,10 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
     loop {
         tick.tick().await;
         let matcher = matcher.clone();
-        let ports = store_ports.clone();
+        let ports = ports.clone();
+        let peers = shared.peer_addresses();
         let Ok(pending) = signal::on_own_thread("trainwire-progress", move || {
-            sample(Path::new("/proc"), &matcher, self_pid, &ports)
+            sample(Path::new("/proc"), &matcher, self_pid, &ports, &peers)
         }) else {
             continue;
         };
@@ -546,7 +552,13 @@ pub fn ranks_shown(ranks: &[RankProgress], timeout: Duration) -> String {
 }
 
 /// One scan: the trainer's workers, their collective's traffic and states.
-fn sample(root: &Path, matcher: &AgentMatcher, self_pid: i32, store_ports: &[u16]) -> Sample {
+fn sample(
+    root: &Path,
+    matcher: &AgentMatcher,
+    self_pid: i32,
+    ports: &crate::collective::Ports,
+    peers: &std::collections::BTreeSet<std::net::IpAddr>,
+) -> Sample {
     let procs = signal::scan(root);
     let trainers = signal::find_trainers(&procs, matcher, self_pid);
     let workers: Vec<i32> = trainers
@@ -560,7 +572,7 @@ fn sample(root: &Path, matcher: &AgentMatcher, self_pid: i32, store_ports: &[u16
             ticks.saturating_mul(1000) / signal::TICKS_PER_SECOND,
         ))
     });
-    let traffic = match crate::collective::scan(root, &workers, store_ports).0 {
+    let traffic = match crate::collective::scan(root, &workers, ports, peers).0 {
         Collective::Formed { traffic } => traffic,
         _ => None,
     };
