@@ -163,6 +163,9 @@ pub struct Config {
     /// built-in torchrun matcher.
     pub agent_match: Vec<String>,
     pub log_format: LogFormat,
+    /// Where confirmed losses are written for the trainer's rendezvous
+    /// handler; `None`: no handler.
+    pub rendezvous_dir: Option<PathBuf>,
 }
 
 /// The most spare pods a world may have (`TRAINWIRE_SPARES`).
@@ -440,6 +443,8 @@ impl Config {
         };
         let replacement_wait =
             positive_duration(src, env::REPLACEMENT_WAIT, defaults::REPLACEMENT_WAIT)?;
+        let rendezvous_dir = var::<S, MountPath>(src, env::RENDEZVOUS_DIR)?
+            .map(|d| PathBuf::from(d.as_str()));
 
         Ok(Config {
             pod_name,
@@ -468,6 +473,7 @@ impl Config {
             replacement_wait,
             agent_match,
             log_format,
+            rendezvous_dir,
         })
     }
 }

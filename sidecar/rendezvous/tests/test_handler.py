@@ -1,7 +1,8 @@
 """The trainwire-c10d handler against a real TCPStore and real torch.
 
-Run: python3 -m unittest discover -s sidecar/rendezvous/tests -t sidecar/rendezvous
-(tests/tests/rendezvous_handler.rs runs it under nextest).
+Run: cd sidecar/rendezvous/tests && python3 -m unittest -v test_handler
+(tests/tests/rendezvous_handler.rs runs it under nextest, on the files the
+sidecar binary installs).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from base64 import b64decode
 from datetime import datetime, timedelta, timezone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PACKAGE_DIR = os.path.dirname(HERE)
+# The installed handler (TRAINWIRE_HANDLER_DIR, as the sidecar installs
+# it), else the source next to this file.
+PACKAGE_DIR = os.environ.get("TRAINWIRE_HANDLER_DIR") or os.path.dirname(HERE)
 sys.path.insert(0, PACKAGE_DIR)
 
 import torch.distributed as dist  # noqa: E402
