@@ -443,8 +443,8 @@ impl Config {
         };
         let replacement_wait =
             positive_duration(src, env::REPLACEMENT_WAIT, defaults::REPLACEMENT_WAIT)?;
-        let rendezvous_dir = var::<S, MountPath>(src, env::RENDEZVOUS_DIR)?
-            .map(|d| PathBuf::from(d.as_str()));
+        let rendezvous_dir =
+            var::<S, MountPath>(src, env::RENDEZVOUS_DIR)?.map(|d| PathBuf::from(d.as_str()));
 
         Ok(Config {
             pod_name,

@@ -32,7 +32,7 @@ pub use path::MountPath;
 pub use quantity::{ByteSize, Quantity, ShmSize};
 pub use values::{
     Count, Detection, Framework, LogFormat, NodeCount, PeerLossAction, PollMode, Port,
-    PositiveCount, RdzvBackend, RdzvStore, SpareCount,
+    PositiveCount, RdzvBackend, RdzvHandler, RdzvStore, SpareCount,
 };
 
 /// A value that does not fit its grammar. Callers add what holds it (the

@@ -198,13 +198,7 @@ mod tests {
             "DIR_ENV = \"{}\"",
             trainwire_contract::env::RENDEZVOUS_DIR
         )));
-        let mode = |p: &Path| {
-            std::fs::metadata(p)
-                .expect("metadata")
-                .permissions()
-                .mode()
-                & 0o7777
-        };
+        let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o7777;
         assert_eq!(mode(&init), 0o644);
         assert_eq!(mode(&channel), 0o1777);
     }

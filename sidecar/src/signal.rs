@@ -647,7 +647,12 @@ mod tests {
     fn forkserver_workers_are_the_forkservers_children() {
         let forkserver = "from multiprocessing.forkserver import main; main(5, 6, ['torch'], **{'sys_path': []})";
         let procs = vec![
-            p(11, 1, 101, &["/usr/bin/python3", "/usr/bin/torchrun", "train.py"]),
+            p(
+                11,
+                1,
+                101,
+                &["/usr/bin/python3", "/usr/bin/torchrun", "train.py"],
+            ),
             p(12, 11, 120, &["/usr/bin/python3", "-c", forkserver]),
             p(
                 13,

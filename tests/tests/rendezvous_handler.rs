@@ -27,7 +27,10 @@ fn the_installed_handler_passes_its_tests_with_real_torch() {
         .arg(&channel)
         .status()
         .expect("run the sidecar");
-    assert!(installed.success(), "install-rendezvous-handler: {installed}");
+    assert!(
+        installed.success(),
+        "install-rendezvous-handler: {installed}"
+    );
     let tests = repo_root().join("sidecar/rendezvous/tests");
     let out = Command::new(torch::python())
         .args(["-m", "unittest", "-v", "test_handler"])
@@ -39,12 +42,22 @@ fn the_installed_handler_passes_its_tests_with_real_torch() {
     // unittest's summary is the last lines of stderr.
     let summary: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains(" ... ") || l.starts_with("Ran ") || l.starts_with("OK") || l.starts_with("FAILED"))
+        .filter(|l| {
+            l.contains(" ... ")
+                || l.starts_with("Ran ")
+                || l.starts_with("OK")
+                || l.starts_with("FAILED")
+        })
         .collect();
     println!("{}", summary.join("\n"));
-    assert!(out.status.success(), "the handler's tests failed:\n{stderr}");
     assert!(
-        summary.iter().any(|l| l.starts_with("Ran ") && !l.starts_with("Ran 0 ")),
+        out.status.success(),
+        "the handler's tests failed:\n{stderr}"
+    );
+    assert!(
+        summary
+            .iter()
+            .any(|l| l.starts_with("Ran ") && !l.starts_with("Ran 0 ")),
         "no test ran:\n{stderr}"
     );
 }
