@@ -128,4 +128,5 @@ pub const ALL: &[&str] = &[
     CONFIRM_AFTER,
     REPLACEMENT_WAIT,
     SPARES,
+    RENDEZVOUS_DIR,
 ];

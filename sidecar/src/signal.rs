@@ -155,7 +155,15 @@ pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -
     for p in procs {
         children.entry(p.ppid).or_default().push(p);
     }
-    let is_agent = |p: &Process| p.pid != self_pid && matcher.matches(&p.argv);
+    // A forkserver (and the workers it forks, which keep its command line)
+    // and the resource tracker carry the agent's interpreter flags (and the
+    // forkserver its preload list): never an agent.
+    let is_agent = |p: &Process| {
+        p.pid != self_pid
+            && !is_forkserver(p)
+            && !is_resource_tracker(p)
+            && matcher.matches(&p.argv)
+    };
     let agents: Vec<&Process> = procs
         .iter()
         .filter(|p| is_agent(p))
@@ -666,7 +674,8 @@ mod tests {
             ),
             p(14, 12, 150, &["/usr/bin/python3", "-c", forkserver]),
             p(15, 12, 150, &["/usr/bin/python3", "-c", forkserver]),
-            p(16, 14, 160, &["/usr/bin/python3", "-c", "loader"]),
+            // A data-loader process forked by a worker: the same argv.
+            p(16, 14, 160, &["/usr/bin/python3", "-c", forkserver]),
         ];
         let t = find_trainers(&procs, &AgentMatcher::new(vec![]), 20);
         assert_eq!(t.len(), 1);
@@ -675,6 +684,16 @@ mod tests {
         // the forkserver and the resource tracker only die with the agent.
         assert_eq!(pids(&t[0].workers), vec![14, 15]);
         assert_eq!(pids(&t[0].below_workers), vec![12, 13, 16]);
+        // A custom pattern the forkserver inherits (`python -X token`): the
+        // agent is still the agent.
+        let mut tagged = procs.clone();
+        for p in &mut tagged {
+            p.argv.insert(1, "-Xtoken".into());
+        }
+        let t = find_trainers(&tagged, &AgentMatcher::new(vec!["token".into()]), 20);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].agent.pid, 11);
+        assert_eq!(pids(&t[0].workers), vec![14, 15]);
     }
 
     #[test]
