@@ -129,7 +129,13 @@ fn render() -> Result<Rendered, String> {
         .ok_or_else(|| format!("PET_RDZV_ENDPOINT {endpoint} has no port"))?;
     Ok(Rendered {
         sts: sts.clone(),
-        sidecar: rendered::entries(&spec["initContainers"][0]),
+        // By name: the rendezvous handler's installer runs before it.
+        sidecar: rendered::entries(
+            spec["initContainers"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["name"] == "trainwire-sidecar"))
+                .ok_or("no trainwire-sidecar init container")?,
+        ),
         trainer,
         store_command,
         store_env,
@@ -235,7 +241,18 @@ impl World {
     }
 
     fn fail(&self, what: String) -> String {
-        format!("{what}\n{}", self.log.tail(250))
+        // The sidecars' last lines too: torch's debug lines fill the tail.
+        let lines = self.log.lines();
+        let sidecars: Vec<&str> = lines
+            .iter()
+            .map(|l| l.text.as_str())
+            .filter(|l| l.contains("/sidecar| "))
+            .collect();
+        format!(
+            "{what}\n{}\n--- the sidecars' last lines\n{}",
+            self.log.tail(250),
+            sidecars[sidecars.len().saturating_sub(40)..].join("\n")
+        )
     }
 
     /// The store: its own namespace, the Service's name pointing at it, the

@@ -34,6 +34,13 @@ pub const INIT_NAME: &str = "trainwire-rendezvous-handler";
 /// The emptyDir shared by the init container, the sidecar and the trainer.
 pub const VOLUME: &str = "trainwire-run";
 
+/// Whether a plain `torchrun script.py` gets forkserver workers by default.
+/// Off: a forked worker's `/proc/<pid>/environ` is the forkserver's, so the
+/// sidecar cannot read the torch rank torchrun gave it (the world status'
+/// `torchRank`); a manifest that sets `PET_START_METHOD=forkserver` and
+/// `PET_RUN_PATH=1` itself gets warm workers from the handler.
+pub const WARM_WORKERS_BY_DEFAULT: bool = false;
+
 const PYTHONPATH: &str = "PYTHONPATH";
 const START_METHOD: &str = "PET_START_METHOD";
 const RUN_PATH: &str = "PET_RUN_PATH";
@@ -85,7 +92,7 @@ pub fn resolve(
         return Ok(None);
     }
     Ok(Some(Handler {
-        warm_workers: warm_workers(c),
+        warm_workers: WARM_WORKERS_BY_DEFAULT && warm_workers(c),
     }))
 }
 
