@@ -13,10 +13,10 @@
 //! and an init container (the sidecar's image) that installs the handler's
 //! Python files into it; the trainer gets them on `PYTHONPATH` (prepended to
 //! the manifest's value), `PET_RDZV_BACKEND=trainwire-c10d`, and the channel
-//! directory. For a plain `torchrun script.py` command, also
-//! `PET_START_METHOD=forkserver` and `PET_RUN_PATH=1`: the handler then
-//! starts a forkserver with torch loaded, and new workers start in
-//! milliseconds instead of seconds.
+//! directory. For a plain `torchrun script.py` command, when
+//! [`WARM_WORKERS_BY_DEFAULT`], also `PET_START_METHOD=forkserver` and
+//! `PET_RUN_PATH=1`: the handler then starts a forkserver with torch
+//! loaded, and new workers start in milliseconds instead of seconds.
 
 use k8s_openapi::api::core::v1::{Container, EmptyDirVolumeSource, PodSpec, Volume, VolumeMount};
 
