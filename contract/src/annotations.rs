@@ -18,6 +18,9 @@ pub const RDZV_PORT: &str = "trainwire.dev/rdzv-port";
 pub const RDZV_STORE: &str = "trainwire.dev/rdzv-store";
 /// Hot spares: pods beyond the world's size that take over a lost node.
 pub const SPARES: &str = "trainwire.dev/spares";
+/// `trainwire` (default) or `torch`: the rendezvous handler over a dedicated
+/// store (`RdzvHandler`).
+pub const RDZV_HANDLER: &str = "trainwire.dev/rdzv-handler";
 pub const MAX_RESTARTS: &str = "trainwire.dev/max-restarts";
 pub const CHECKPOINT_PVC: &str = "trainwire.dev/checkpoint-pvc";
 pub const CHECKPOINT_PATH: &str = "trainwire.dev/checkpoint-path";
@@ -70,6 +73,7 @@ pub const KNOWN: &[&str] = &[
     RDZV_BACKEND,
     RDZV_PORT,
     RDZV_STORE,
+    RDZV_HANDLER,
     SPARES,
     MAX_RESTARTS,
     CHECKPOINT_PVC,

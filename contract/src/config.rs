@@ -166,6 +166,9 @@ pub struct Config {
     /// A hung world: `None` when stall detection is off.
     pub stall_timeout: Option<Duration>,
     pub on_stall: crate::StallAction,
+    /// Where confirmed losses are written for the trainer's rendezvous
+    /// handler; `None`: no handler.
+    pub rendezvous_dir: Option<PathBuf>,
 }
 
 /// The most spare pods a world may have (`TRAINWIRE_SPARES`).
@@ -450,6 +453,8 @@ impl Config {
         };
         let replacement_wait =
             positive_duration(src, env::REPLACEMENT_WAIT, defaults::REPLACEMENT_WAIT)?;
+        let rendezvous_dir =
+            var::<S, MountPath>(src, env::RENDEZVOUS_DIR)?.map(|d| PathBuf::from(d.as_str()));
 
         let stall_timeout = var::<S, crate::StallTimeout>(src, env::STALL_TIMEOUT)?
             .unwrap_or_default()
@@ -485,6 +490,7 @@ impl Config {
             replacement_wait,
             agent_match,
             log_format,
+            rendezvous_dir,
         })
     }
 }

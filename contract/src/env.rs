@@ -27,6 +27,11 @@ pub const RDZV_HOST_RANK: &str = "TRAINWIRE_RDZV_HOST_RANK";
 /// survivors restart their agent only once a replacement host's store
 /// accepts connections there. Unset: not checked (etcd-v2, older webhooks).
 pub const RDZV_PORT: &str = "TRAINWIRE_RDZV_PORT";
+/// The directory shared with the trainer's rendezvous handler
+/// ([`crate::rendezvous::CHANNEL_DIR`] as injected): the sidecar writes each
+/// confirmed loss there, the handler (which reads the same variable) acts
+/// on it. Unset: no handler to tell.
+pub const RENDEZVOUS_DIR: &str = "TRAINWIRE_RENDEZVOUS_DIR";
 /// Port of the sidecar's plain-HTTP endpoints (`/healthz`, `/readyz`,
 /// `/status`, `/metrics`, and the heartbeat endpoint peers probe).
 pub const HEALTH_PORT: &str = "TRAINWIRE_HEALTH_PORT";
@@ -131,4 +136,5 @@ pub const ALL: &[&str] = &[
     SPARES,
     STALL_TIMEOUT,
     ON_STALL,
+    RENDEZVOUS_DIR,
 ];

@@ -34,7 +34,7 @@ pub use quantity::{ByteSize, Quantity, ShmSize};
 pub use stall::{StallAction, StallTimeout};
 pub use values::{
     Count, Detection, Framework, LogFormat, NodeCount, PeerLossAction, PollMode, Port,
-    PositiveCount, RdzvBackend, RdzvStore, SpareCount,
+    PositiveCount, RdzvBackend, RdzvHandler, RdzvStore, SpareCount,
 };
 
 /// A value that does not fit its grammar. Callers add what holds it (the

@@ -326,6 +326,17 @@ choice!(
 });
 
 choice!(
+    /// Which rendezvous handler torchrun runs over a dedicated c10d store
+    /// (`trainwire.dev/rdzv-handler`, the policy's `rdzvHandler`).
+    RdzvHandler, "trainwire, torch", {
+    /// trainwire's `trainwire-c10d`: torch's c10d rendezvous that hears a
+    /// lost node from the sidecar at once, with warm forkserver workers.
+    Trainwire => "trainwire",
+    /// torch's own `c10d`: a lost node is dropped by its keep-alive.
+    Torch => "torch",
+});
+
+choice!(
     /// The training framework a workload runs (`trainwire.dev/framework`,
     /// the policy's `framework`): what the trainer's env is made for.
     Framework, "pytorch, tensorflow", {
@@ -360,6 +371,12 @@ impl Default for RdzvBackend {
 impl Default for RdzvStore {
     fn default() -> Self {
         RdzvStore::Pod0
+    }
+}
+#[allow(clippy::derivable_impls)] // the enum comes from `choice!`
+impl Default for RdzvHandler {
+    fn default() -> Self {
+        RdzvHandler::Trainwire
     }
 }
 #[allow(clippy::derivable_impls)] // the enum comes from `choice!`

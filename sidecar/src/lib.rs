@@ -23,6 +23,8 @@
 //!   `policy`: what is decided and when a step is done; `effects`: carrying
 //!   a step out and recording it);
 //! - [`permission`]: the signal-permission and trainer-activity watch;
+//! - [`rendezvous`]: the trainer's rendezvous handler (its files, installed
+//!   by an init container) and the channel that tells it of a loss;
 //! - [`collective`]: whether the trainer's workers have formed their
 //!   collective (a TCP connection to a peer), when training runs again;
 //! - [`checkpoint`]: checkpoint freshness (inotify or polling);
@@ -56,6 +58,7 @@ pub mod peers;
 pub mod permission;
 pub mod progress;
 pub mod ras;
+pub mod rendezvous;
 pub mod respond;
 pub mod ring;
 pub mod server;

@@ -22,12 +22,39 @@ Configured by environment only; the webhook injects it (docs/sidecar.md):
   TRAINWIRE_HEALTH_PORT  the HTTP port of /healthz, /readyz, /status, /metrics (default 29600)
   ...and the optional TRAINWIRE_* settings listed in docs/sidecar.md."
 )]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Installs the trainer's rendezvous handler (trainwire-c10d) into DIR
+    /// (put on the trainer's PYTHONPATH) and creates the channel directory
+    /// the sidecar and the handler share; run by the injected init container.
+    InstallRendezvousHandler {
+        /// Where the Python package goes.
+        #[arg(default_value = trainwire_contract::rendezvous::HANDLER_DIR)]
+        dir: std::path::PathBuf,
+        /// The channel directory (TRAINWIRE_RENDEZVOUS_DIR).
+        #[arg(long, default_value = trainwire_contract::rendezvous::CHANNEL_DIR)]
+        channel: std::path::PathBuf,
+    },
+}
 
 fn main() -> std::process::ExitCode {
     // `--help` and `--version` exit here (0), before any env is read; an
     // unknown argument exits 2 with clap's message.
-    let Cli {} = Cli::parse();
+    let Cli { command } = Cli::parse();
+    if let Some(Command::InstallRendezvousHandler { dir, channel }) = command {
+        return match trainwire_sidecar::rendezvous::install(&dir, &channel) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: installing the rendezvous handler: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     // A configuration error is a message (with its causes), never a stack
     // backtrace, whatever RUST_BACKTRACE says.
     match run() {

@@ -131,6 +131,22 @@ pub struct Trainer {
     pub below_workers: Vec<Process>,
 }
 
+/// Whether `p` is Python's multiprocessing forkserver (started by the agent
+/// as `python -c 'from multiprocessing.forkserver import main; ...'`).
+fn is_forkserver(p: &Process) -> bool {
+    p.argv
+        .iter()
+        .any(|a| a.contains("from multiprocessing.forkserver import main"))
+}
+
+/// Whether `p` is Python's multiprocessing resource tracker, which a
+/// forkserver agent also starts: not a worker.
+fn is_resource_tracker(p: &Process) -> bool {
+    p.argv
+        .iter()
+        .any(|a| a.contains("from multiprocessing.resource_tracker import main"))
+}
+
 /// Finds the agents among `procs` and their workers. When an agent's child
 /// also matches (a wrapper around the real agent), the innermost one is the
 /// agent. `self_pid` (the sidecar) is never an agent.
@@ -139,7 +155,15 @@ pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -
     for p in procs {
         children.entry(p.ppid).or_default().push(p);
     }
-    let is_agent = |p: &Process| p.pid != self_pid && matcher.matches(&p.argv);
+    // A forkserver (and the workers it forks, which keep its command line)
+    // and the resource tracker carry the agent's interpreter flags (and the
+    // forkserver its preload list): never an agent.
+    let is_agent = |p: &Process| {
+        p.pid != self_pid
+            && !is_forkserver(p)
+            && !is_resource_tracker(p)
+            && matcher.matches(&p.argv)
+    };
     let agents: Vec<&Process> = procs
         .iter()
         .filter(|p| is_agent(p))
@@ -152,11 +176,26 @@ pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -
     agents
         .into_iter()
         .map(|agent| {
-            let workers: Vec<Process> = children
-                .get(&agent.pid)
-                .map(|kids| kids.iter().map(|k| (*k).clone()).collect())
-                .unwrap_or_default();
+            let mut workers = Vec::new();
             let mut below = Vec::new();
+            for kid in children.get(&agent.pid).into_iter().flatten() {
+                if is_forkserver(kid) {
+                    // Workers forked by the agent's forkserver (torchrun
+                    // `--start-method forkserver`) are its children.
+                    workers.extend(
+                        children
+                            .get(&kid.pid)
+                            .into_iter()
+                            .flatten()
+                            .map(|w| (*w).clone()),
+                    );
+                    below.push((*kid).clone());
+                } else if is_resource_tracker(kid) {
+                    below.push((*kid).clone());
+                } else {
+                    workers.push((*kid).clone());
+                }
+            }
             let mut stack: Vec<i32> = workers.iter().map(|w| w.pid).collect();
             let mut guard = 0;
             while let Some(pid) = stack.pop() {
@@ -610,6 +649,51 @@ mod tests {
             vec![14]
         );
         assert!(find_trainers(&procs[..2], &AgentMatcher::new(vec![]), 20).is_empty());
+    }
+
+    #[test]
+    fn forkserver_workers_are_the_forkservers_children() {
+        let forkserver = "from multiprocessing.forkserver import main; main(5, 6, ['torch'], **{'sys_path': []})";
+        let procs = vec![
+            p(
+                11,
+                1,
+                101,
+                &["/usr/bin/python3", "/usr/bin/torchrun", "train.py"],
+            ),
+            p(12, 11, 120, &["/usr/bin/python3", "-c", forkserver]),
+            p(
+                13,
+                11,
+                121,
+                &[
+                    "/usr/bin/python3",
+                    "-c",
+                    "from multiprocessing.resource_tracker import main;main(9)",
+                ],
+            ),
+            p(14, 12, 150, &["/usr/bin/python3", "-c", forkserver]),
+            p(15, 12, 150, &["/usr/bin/python3", "-c", forkserver]),
+            // A data-loader process forked by a worker: the same argv.
+            p(16, 14, 160, &["/usr/bin/python3", "-c", forkserver]),
+        ];
+        let t = find_trainers(&procs, &AgentMatcher::new(vec![]), 20);
+        assert_eq!(t.len(), 1);
+        let pids = |v: &[Process]| v.iter().map(|w| w.pid).collect::<Vec<_>>();
+        // The forked workers (whose argv is the forkserver's) are workers;
+        // the forkserver and the resource tracker only die with the agent.
+        assert_eq!(pids(&t[0].workers), vec![14, 15]);
+        assert_eq!(pids(&t[0].below_workers), vec![12, 13, 16]);
+        // A custom pattern the forkserver inherits (`python -X token`): the
+        // agent is still the agent.
+        let mut tagged = procs.clone();
+        for p in &mut tagged {
+            p.argv.insert(1, "-Xtoken".into());
+        }
+        let t = find_trainers(&tagged, &AgentMatcher::new(vec!["token".into()]), 20);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].agent.pid, 11);
+        assert_eq!(pids(&t[0].workers), vec![14, 15]);
     }
 
     #[test]

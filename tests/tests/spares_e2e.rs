@@ -129,7 +129,13 @@ fn render() -> Result<Rendered, String> {
         .ok_or_else(|| format!("PET_RDZV_ENDPOINT {endpoint} has no port"))?;
     Ok(Rendered {
         sts: sts.clone(),
-        sidecar: rendered::entries(&spec["initContainers"][0]),
+        // By name: the rendezvous handler's installer runs before it.
+        sidecar: rendered::entries(
+            spec["initContainers"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["name"] == "trainwire-sidecar"))
+                .ok_or("no trainwire-sidecar init container")?,
+        ),
         trainer,
         store_command,
         store_env,
@@ -160,6 +166,10 @@ struct World {
     /// lines about membership (who joins the participants, the wait list,
     /// the redundancy list) on stderr, which torch sends nowhere.
     site: TempDir,
+    /// trainwire's rendezvous handler as the sidecar installs it
+    /// (`python/`), and each pod's channel directory (`<label>/`): the
+    /// rendered trainer runs on it (`PET_RDZV_BACKEND=trainwire-c10d`).
+    handler: TempDir,
     /// The pods as an apiserver holds them, with the sidecars' records
     /// patched in (it listens in its own namespace on the bridge).
     api: FakeApiServer,
@@ -196,6 +206,18 @@ impl World {
         let kubeconfig = api
             .kubeconfig(site.path(), NAMESPACE)
             .map_err(|e| format!("kubeconfig: {e}"))?;
+        let sidecar_bin = trainwire_tests::sidecar_binary()?;
+        let handler = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let installed = Command::new(&sidecar_bin)
+            .arg("install-rendezvous-handler")
+            .arg(handler.path().join("python"))
+            .arg("--channel")
+            .arg(handler.path().join("channel"))
+            .status()
+            .map_err(|e| format!("install-rendezvous-handler: {e}"))?;
+        if !installed.success() {
+            return Err(format!("install-rendezvous-handler: {installed}"));
+        }
         Ok(World {
             pods: Vec::new(),
             store: None,
@@ -205,8 +227,9 @@ impl World {
             log: Log::new("spares-e2e"),
             run: unique_name("run"),
             rendered: render()?,
-            sidecar_bin: trainwire_tests::sidecar_binary()?,
+            sidecar_bin,
             site,
+            handler,
             api,
             kubeconfig,
             _runtime: runtime,
@@ -218,7 +241,18 @@ impl World {
     }
 
     fn fail(&self, what: String) -> String {
-        format!("{what}\n{}", self.log.tail(250))
+        // The sidecars' last lines too: torch's debug lines fill the tail.
+        let lines = self.log.lines();
+        let sidecars: Vec<&str> = lines
+            .iter()
+            .map(|l| l.text.as_str())
+            .filter(|l| l.contains("/sidecar| "))
+            .collect();
+        format!(
+            "{what}\n{}\n--- the sidecars' last lines\n{}",
+            self.log.tail(250),
+            sidecars[sidecars.len().saturating_sub(40)..].join("\n")
+        )
     }
 
     /// The store: its own namespace, the Service's name pointing at it, the
@@ -278,9 +312,16 @@ impl World {
             self.rendered.sts["spec"]["template"]["metadata"]["annotations"].clone();
         self.api.set_pod(object);
         let ckpt = self.ckpt.path().to_string_lossy().into_owned();
+        // The pod's own emptyDir: the channel between its sidecar and its
+        // trainer's rendezvous handler.
+        let channel = self.handler.path().join(label);
+        std::fs::create_dir_all(&channel).map_err(|e| format!("channel dir: {e}"))?;
+        let channel = channel.to_string_lossy().into_owned();
         let at_ckpt = |(k, v): (String, String)| {
             if k == "CHECKPOINT_DIR" || k == tw::CHECKPOINT_DIR {
                 (k, ckpt.clone())
+            } else if k == tw::RENDEZVOUS_DIR {
+                (k, channel.clone())
             } else {
                 (k, v)
             }
@@ -304,6 +345,16 @@ impl World {
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),
         );
+        // Faster detection than the defaults, to measure what the handler
+        // does with it: TRAINWIRE_E2E_HEARTBEAT_INTERVAL, _CONFIRM_AFTER.
+        for (from, to) in [
+            ("TRAINWIRE_E2E_HEARTBEAT_INTERVAL", tw::HEARTBEAT_INTERVAL),
+            ("TRAINWIRE_E2E_CONFIRM_AFTER", tw::CONFIRM_AFTER),
+        ] {
+            if let Ok(v) = std::env::var(from) {
+                sidecar_env.push((to.to_string(), v));
+            }
+        }
         // Its records go to the fake apiserver, as to a real one.
         sidecar_env.push((
             "KUBECONFIG".into(),
@@ -322,6 +373,7 @@ impl World {
         let mut env: Vec<(String, String)> = resolve(&self.rendered.trainer, &fields)?
             .into_iter()
             .map(at_ckpt)
+            .filter(|(k, _)| k != "PYTHONPATH")
             .collect();
         env.extend(
             [
@@ -333,7 +385,11 @@ impl World {
         );
         env.push((
             "PYTHONPATH".into(),
-            self.site.path().to_string_lossy().into_owned(),
+            format!(
+                "{}:{}",
+                self.handler.path().join("python").display(),
+                self.site.path().display()
+            ),
         ));
         let program = self.net.command_args(&node, &torch::python());
         let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);

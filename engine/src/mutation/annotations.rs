@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::injection::Refusal;
 use trainwire_contract::{
     Framework, Grammar, Invalid, MountPath, NodeCount, PeerLossAction, Port, PositiveCount,
-    PositiveDuration, RdzvBackend, RdzvStore, ShmSize, SpareCount,
+    PositiveDuration, RdzvBackend, RdzvHandler, RdzvStore, ShmSize, SpareCount,
 };
 
 pub use trainwire_contract::annotations::*;
@@ -58,6 +58,7 @@ pub struct Annotations {
     pub rdzv_backend: Option<RdzvBackend>,
     pub rdzv_port: u16,
     pub rdzv_store: Option<RdzvStore>,
+    pub rdzv_handler: Option<RdzvHandler>,
     pub spares: Option<SpareCount>,
     pub max_restarts: u32,
     pub checkpoint_pvc: Option<String>,
@@ -291,6 +292,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
             }
             RDZV_PORT => out.rdzv_port = typed::<Port>(key, raw)?.get(),
             RDZV_STORE => out.rdzv_store = Some(typed(key, raw)?),
+            RDZV_HANDLER => out.rdzv_handler = Some(typed(key, raw)?),
             SPARES => out.spares = Some(typed(key, raw)?),
             MAX_RESTARTS => {
                 out.max_restarts = typed::<trainwire_contract::Count>(key, raw)?.0;

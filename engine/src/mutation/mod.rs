@@ -27,6 +27,7 @@ pub mod patch;
 pub mod placement;
 pub mod reinjection;
 pub mod rendezvous;
+pub mod rendezvous_handler;
 pub mod sidecar_container;
 pub mod status;
 pub mod tensorflow;
@@ -319,6 +320,9 @@ fn inject(
     ctx.status.nnodes = world.nnodes.map(|n| n.to_string()).unwrap_or_default();
     ctx.status.spares = world.spares;
     ctx.status.rdzv_store = world.store_service.clone().unwrap_or_default();
+    let sidecar = sidecar_container::enabled(ctx, ann)?;
+    let handler =
+        rendezvous_handler::resolve(ctx, ann, &world, sidecar, &spec.containers[trainer])?;
     let mut desired = match framework {
         Framework::PyTorch => {
             rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer])
@@ -335,6 +339,10 @@ fn inject(
             framework == Framework::PyTorch || d.var.name != nccl::ASYNC_ERROR_HANDLING
         }),
     );
+    if let Some(h) = handler {
+        desired.retain(|d| d.var.name != "PET_RDZV_BACKEND");
+        desired.extend(rendezvous_handler::desired(&spec.containers[trainer], h));
+    }
     let checkpoint = volumes::checkpoint(ctx, &shape, ann, spec, trainer)?;
     if let Some(cp) = &checkpoint {
         desired.push(Desired::value(
@@ -357,9 +365,15 @@ fn inject(
     };
     volumes::shared(ctx, &shape, ann, spec, trainer)?;
     volumes::shm(ctx, ann, spec, trainer)?;
+    if handler.is_some() {
+        rendezvous_handler::volume(ctx, spec, trainer);
+    }
     placement::apply(ctx, spec)?;
-    if sidecar_container::enabled(ctx, ann)? {
+    if sidecar {
         sidecar_container::inject(ctx, &shape, ann, &world, checkpoint.as_ref(), spec, trainer)?;
+        if handler.is_some() {
+            rendezvous_handler::sidecar(ctx, spec, sidecar_container::NAME);
+        }
     }
     if let Some(nnodes) = world.nnodes
         && let workload::Workload::Job(j) = workload

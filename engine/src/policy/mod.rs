@@ -73,7 +73,7 @@ impl<T> Setting<T> {
 
 pub use trainwire_contract::{
     ExitCodes, FailureLimit, Framework, MountPath, NodeFailureAction, PeerLossAction,
-    PositiveDuration, RdzvBackend, RdzvStore, ShmSize, SpareCount,
+    PositiveDuration, RdzvBackend, RdzvHandler, RdzvStore, ShmSize, SpareCount,
 };
 
 /// The dedicated rendezvous store's pod (`storePod`): where it is placed
@@ -322,6 +322,10 @@ pub struct Profile {
     /// Where the c10d store runs (`trainwire.dev/rdzv-store`): `pod0`.
     #[serde(default)]
     pub rdzv_store: Setting<RdzvStore>,
+    /// The rendezvous handler over a dedicated store
+    /// (`trainwire.dev/rdzv-handler`): `trainwire`.
+    #[serde(default)]
+    pub rdzv_handler: Setting<RdzvHandler>,
     /// Hot spares per world (`trainwire.dev/spares`): 0.
     #[serde(default)]
     pub spares: Setting<SpareCount>,
@@ -473,6 +477,7 @@ impl Default for Profile {
             max_gpus_per_node: None,
             rdzv_backend: default_rdzv_backend(),
             rdzv_store: Setting::default(),
+            rdzv_handler: Setting::default(),
             spares: Setting::default(),
             store_pod: StorePod::default(),
             framework: Setting::default(),

@@ -329,6 +329,7 @@ const SETTING_FIELDS: &[&str] = &[
     "shmSize",
     "rdzvBackend",
     "rdzvStore",
+    "rdzvHandler",
     "spares",
     "framework",
     "image",

@@ -30,6 +30,7 @@ use crate::decide::{self, Action, Confirmation};
 use crate::dns::Resolver;
 use crate::events::EventSink;
 use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source};
+use crate::rendezvous;
 use crate::signal::{self, Outcome};
 use crate::status::{ConfirmLabels, LossLabels, Shared, SourceLabels};
 
@@ -65,10 +66,17 @@ pub struct Responder {
     names: Resolver,
     /// What carries the steps out and records them.
     effects: Effects,
+    /// The trainer's rendezvous handler, told of each confirmed loss.
+    handler: Option<rendezvous::Channel>,
 }
 
 impl Responder {
     pub fn new(shared: Arc<Shared>, events: EventSink, heartbeats: bool, names: Resolver) -> Self {
+        let handler = shared
+            .config
+            .rendezvous_dir
+            .as_deref()
+            .map(rendezvous::Channel::new);
         Responder {
             effects: Effects::new(shared.clone(), events.clone()),
             events,
@@ -76,6 +84,7 @@ impl Responder {
             episodes: BTreeMap::new(),
             heartbeats,
             names,
+            handler,
         }
     }
 
@@ -439,7 +448,13 @@ impl Responder {
         }
         ep.confirmation = Some(c);
         ep.confirmed_at = Some(now);
-        ep.confirmed_wall = Some(SystemTime::now());
+        let wall = SystemTime::now();
+        ep.confirmed_wall = Some(wall);
+        // torch hears it at once: the trainer's handler evicts the lost
+        // pod's agent (unless it beat since) and restarts its workers.
+        if let Some(handler) = &self.handler {
+            handler.tell_in_background(rendezvous::LossEntry::new(rank, ep.generation, wall));
+        }
         self.shared
             .metrics
             .losses_confirmed

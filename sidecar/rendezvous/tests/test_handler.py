@@ -1,0 +1,352 @@
+"""The trainwire-c10d handler against a real TCPStore and real torch.
+
+Run: cd sidecar/rendezvous/tests && python3 -m unittest -v test_handler
+(tests/tests/rendezvous_handler.rs runs it under nextest, on the files the
+sidecar binary installs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from base64 import b64decode
+from datetime import datetime, timedelta, timezone
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The installed handler (TRAINWIRE_HANDLER_DIR, as the sidecar installs
+# it), else the source next to this file.
+PACKAGE_DIR = os.environ.get("TRAINWIRE_HANDLER_DIR") or os.path.dirname(HERE)
+sys.path.insert(0, PACKAGE_DIR)
+
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: E402
+from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: E402
+
+import trainwire_rendezvous as tw  # noqa: E402
+
+RUN_ID = "job"
+
+# As injected: each round's workers get their own store (torch's shared
+# store is published again only by a new rank 0).
+os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+
+def wait_for(what, cond, timeout=30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class World:
+    """One TCPStore (the dedicated store) and agents' handlers in threads."""
+
+    def __init__(self, test, min_nodes, max_nodes, last_call=1):
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+        self.dirs = {}
+        self.test = test
+        self.min_nodes, self.max_nodes, self.last_call = min_nodes, max_nodes, last_call
+        self.tmp = tempfile.TemporaryDirectory()
+        test.addCleanup(self.tmp.cleanup)
+
+    def handler(self, pod):
+        d = os.path.join(self.tmp.name, f"pod-{pod}")
+        os.makedirs(d, exist_ok=True)
+        self.dirs[pod] = d
+        params = RendezvousParameters(
+            backend=tw.BACKEND,
+            endpoint=f"127.0.0.1:{self.store.port}",
+            run_id=RUN_ID,
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            is_host="false",
+            keep_alive_interval=1,
+            keep_alive_max_attempt=3,
+            last_call_timeout=self.last_call,
+            join_timeout=60,
+        )
+        old = {k: os.environ.get(k) for k in ("NODE_RANK", tw.DIR_ENV)}
+        os.environ["NODE_RANK"] = str(pod)
+        os.environ[tw.DIR_ENV] = d
+        try:
+            h = tw.create_handler(params)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.test.addCleanup(h._stop_heartbeats)
+        return h
+
+    def join(self, *handlers):
+        """next_rendezvous of each handler in a thread; returns the results."""
+        results = {}
+
+        def run(h):
+            try:
+                results[h] = h.next_rendezvous()
+            except Exception as e:  # noqa: BLE001
+                results[h] = e
+
+        threads = [threading.Thread(target=run, args=(h,), daemon=True) for h in handlers]
+        for t in threads:
+            t.start()
+        return results, threads
+
+    def state(self):
+        raw = self.store.get(f"torch.rendezvous.{RUN_ID}")
+        return pickle.loads(b64decode(raw))
+
+    def tell(self, pod, losses):
+        """The sidecar of `pod` writes its loss file."""
+        doc = {"losses": [{"id": i, "rank": r, "confirmed_unix_ms": int(t.timestamp() * 1000)} for i, r, t in losses]}
+        path = os.path.join(self.dirs[pod], tw.LOSS_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+
+def now():
+    return datetime.now(timezone.utc)
+
+
+def finish(results, threads, timeout=60):
+    for t in threads:
+        t.join(timeout)
+        if t.is_alive():
+            raise AssertionError("a rendezvous did not finish")
+    for h, r in results.items():
+        if isinstance(r, Exception):
+            raise r
+    return results
+
+
+class Eviction(unittest.TestCase):
+    def test_a_lost_participant_is_evicted_the_agent_restarts_once_and_the_spare_joins_on_its_own(self):
+        w = World(self, 2, 2)
+        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+        self.assertTrue(a._tw_fast and b._tw_fast and spare._tw_fast)
+        finish(*w.join(a, b))
+        spare_results, spare_threads = w.join(spare)
+        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        self.assertEqual(a.num_nodes_waiting(), 0)
+
+        # Pod 1 is cut: its agent beats no more; its loss is confirmed after.
+        b._stop_heartbeats()
+        w.tell(0, [("1-1", 1, now())])
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+        state = w.state()
+        self.assertNotIn(b._this_node, state.participants)
+        self.assertNotIn(b._this_node, state.last_heartbeats)
+        self.assertIn(a._this_node, state.participants)
+        # The spare is left where it was: it moves itself (and so resets its
+        # join deadline) when it sees the free place.
+        self.assertIn(spare._this_node, state.redundancy_list)
+        self.assertNotIn(spare._this_node, state.wait_list)
+        # Once, until the agent's next rendezvous.
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+        wait_for("the spare in the wait list", lambda: spare._this_node in w.state().wait_list)
+
+        finish(*w.join(a))
+        finish(spare_results, spare_threads)
+        state = w.state()
+        self.assertEqual(set(state.participants), {a._this_node, spare._this_node})
+        self.assertTrue(state.complete)
+        self.assertEqual(a.num_nodes_waiting(), 0, "the loss is consumed at next_rendezvous")
+        # The same loss file seen again: nothing more.
+        w.tell(0, [("1-1", 1, now())])
+        self.assertEqual(a.num_nodes_waiting(), 0)
+
+    def test_a_node_that_beat_after_the_confirmation_is_not_evicted(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        # A stale loss: confirmed before pod 1's agent last beat.
+        w.tell(0, [("1-1", 1, now() - timedelta(seconds=30))])
+        self.assertEqual(a.num_nodes_waiting(), 0)
+        self.assertIn(b._this_node, w.state().participants)
+
+    def test_a_replacement_in_the_lost_pods_place_is_not_evicted(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        b._stop_heartbeats()
+        confirmed = now()
+        # The replacement (a new agent of pod 1) joins as a spare before
+        # this agent hears the loss; both are published under pod 1.
+        time.sleep(0.01)
+        replacement = w.handler(1)
+        r_results, r_threads = w.join(replacement)
+        wait_for("the replacement in the redundancy list", lambda: replacement._this_node in w.state().redundancy_list)
+        w.tell(0, [("1-1", 1, confirmed)])
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+        state = w.state()
+        self.assertNotIn(b._this_node, state.last_heartbeats)
+        self.assertIn(replacement._this_node, state.last_heartbeats)
+        finish(*w.join(a))
+        finish(r_results, r_threads)
+        self.assertEqual(set(w.state().participants), {a._this_node, replacement._this_node})
+
+    def test_a_second_loss_during_the_first_is_evicted_too_and_restarts_once(self):
+        w = World(self, 1, 3)
+        a, b, c = w.handler(0), w.handler(1), w.handler(2)
+        finish(*w.join(a, b, c))
+        b._stop_heartbeats()
+        w.tell(0, [("1-1", 1, now())])
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+        c._stop_heartbeats()
+        w.tell(0, [("1-1", 1, now()), ("2-1", 2, now())])
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+        state = w.state()
+        self.assertEqual(set(state.participants), {a._this_node})
+        self.assertEqual(set(state.last_heartbeats), {a._this_node})
+        finish(*w.join(a))
+        self.assertEqual(set(w.state().participants), {a._this_node})
+        self.assertEqual(a.num_nodes_waiting(), 0)
+
+    def test_a_peer_that_evicted_first_still_makes_this_agent_restart(self):
+        w = World(self, 1, 3)
+        a, b, c = w.handler(0), w.handler(1), w.handler(2)
+        finish(*w.join(a, b, c))
+        c._stop_heartbeats()
+        w.tell(1, [("2-1", 2, now())])
+        self.assertGreaterEqual(b.num_nodes_waiting(), 1)
+        w.tell(0, [("2-1", 2, now())])
+        self.assertGreaterEqual(a.num_nodes_waiting(), 1)
+
+    def test_a_loss_of_a_node_not_in_this_round_evicts_without_a_restart(self):
+        w = World(self, 2, 2)
+        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+        finish(*w.join(a, b))
+        w.join(spare)
+        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        spare._stop_heartbeats()
+        # the spare's thread keeps polling in its join; silence its beats by
+        # naming a confirmation after its last beat
+        w.tell(0, [("2-1", 2, now() + timedelta(seconds=5))])
+        self.assertEqual(a.num_nodes_waiting(), 0)
+
+
+class Fallback(unittest.TestCase):
+    def test_a_missing_private_field_leaves_plain_c10d(self):
+        saved = dr._remove_participant_epilogue
+        del dr._remove_participant_epilogue
+        try:
+            w = World(self, 2, 2)
+            a, b = w.handler(0), w.handler(1)
+        finally:
+            dr._remove_participant_epilogue = saved
+        self.assertFalse(a._tw_fast)
+        self.assertEqual(a.get_backend(), tw.BACKEND)
+        finish(*w.join(a, b))
+        w.tell(0, [("1-1", 1, now())])
+        self.assertEqual(a.num_nodes_waiting(), 0)
+        with open(os.path.join(w.dirs[0], tw.NODE_FILE)) as f:
+            node = json.load(f)
+        self.assertFalse(node["fast"])
+        self.assertIn("_remove_participant_epilogue", node["why_not"])
+
+    def test_without_a_pod_index_it_is_plain_c10d(self):
+        w = World(self, 1, 1)
+        params = RendezvousParameters(
+            backend=tw.BACKEND, endpoint=f"127.0.0.1:{w.store.port}", run_id="x", min_nodes=1, max_nodes=1, is_host="false"
+        )
+        saved = {k: os.environ.pop(k, None) for k in ("NODE_RANK", "PET_NODE_RANK")}
+        os.environ[tw.DIR_ENV] = w.tmp.name
+        try:
+            h = tw.create_handler(params)
+        finally:
+            os.environ.pop(tw.DIR_ENV, None)
+            for k, v in saved.items():
+                if v is not None:
+                    os.environ[k] = v
+        self.assertFalse(h._tw_fast)
+        info = h.next_rendezvous()
+        self.assertEqual(info.world_size, 1)
+        h._stop_heartbeats()
+
+    def test_malformed_loss_files_are_ignored(self):
+        self.assertEqual(tw.parse_losses("not json"), [])
+        self.assertEqual(tw.parse_losses('{"losses": [{"id": 1}, {"id": "x", "rank": true, "confirmed_unix_ms": 5}, 3]}'), [])
+        [loss] = tw.parse_losses('{"losses": [{"id": "2-3", "rank": 2, "confirmed_unix_ms": 1764860000000}]}')
+        self.assertEqual((loss.id, loss.rank), ("2-3", 2))
+
+
+TRAIN = r"""
+import os, sys
+print("worker", os.environ["LOCAL_RANK"], "ppid", os.getppid(), flush=True)
+"""
+
+
+def torchrun(env_extra, script_dir, prelude=""):
+    """A real torchrun (one node, its own store) with this package on PYTHONPATH."""
+    script = os.path.join(script_dir, "train.py")
+    with open(script, "w") as f:
+        f.write(TRAIN)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": PACKAGE_DIR + os.pathsep + env.get("PYTHONPATH", ""),
+            "PET_NNODES": "1",
+            "PET_NPROC_PER_NODE": "2",
+            "PET_RDZV_BACKEND": tw.BACKEND,
+            "PET_RDZV_ENDPOINT": f"127.0.0.1:{store.port}",
+            "PET_RDZV_ID": "fallback",
+            "PET_RDZV_CONF": "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3",
+            "NODE_RANK": "0",
+            tw.DIR_ENV: script_dir,
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        }
+    )
+    env.update(env_extra)
+    code = prelude + "from torch.distributed.run import main; main()"
+    out = subprocess.run(
+        [sys.executable, "-c", code, script], env=env, capture_output=True, text=True, timeout=120
+    )
+    del store
+    return out
+
+
+class Torchrun(unittest.TestCase):
+    def test_torchrun_selects_the_handler_by_name(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = torchrun({}, d)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("restarts the workers at once", out.stderr)
+            self.assertEqual(out.stdout.count("worker"), 2, out.stdout)
+
+    def test_torchrun_starts_with_a_missing_private_field(self):
+        with tempfile.TemporaryDirectory() as d:
+            prelude = (
+                "import torch.distributed.elastic.rendezvous.dynamic_rendezvous as d\n"
+                "del d._remove_participant_epilogue\n"
+            )
+            out = torchrun({}, d, prelude)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("plain c10d rendezvous", out.stderr)
+            self.assertIn("_remove_participant_epilogue", out.stderr)
+            self.assertEqual(out.stdout.count("worker"), 2, out.stdout)
+
+    def test_forkserver_workers_are_children_of_a_forkserver_with_torch_loaded(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = torchrun({"PET_START_METHOD": "forkserver", "PET_RUN_PATH": "1"}, d)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("workers start warm", out.stderr)
+            ppids = {line.split()[-1] for line in out.stdout.splitlines() if line.startswith("worker")}
+            self.assertEqual(len(ppids), 1, out.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

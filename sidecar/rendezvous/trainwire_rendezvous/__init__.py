@@ -1,0 +1,560 @@
+"""torchrun's c10d rendezvous, told of a lost node by the pod's trainwire sidecar.
+
+Registered for torchrun through the ``torchrun.handlers`` entry point as
+``trainwire-c10d`` (selected with ``PET_RDZV_BACKEND=trainwire-c10d``); the
+trainwire sidecar installs this directory and the injection puts it on the
+trainer's ``PYTHONPATH``. It is torch's own ``DynamicRendezvousHandler`` over
+the c10d backend, configured exactly as ``c10d`` is, plus three things:
+
+* Each agent appends its node descriptor (``addr``, ``pid``, ``local_id``) to
+  the store key ``trainwire.nodes.<run_id>.<pod index>``, so a peer can name
+  every agent that ran in a given pod.
+* At each ``num_nodes_waiting()`` (torchrun's agent asks every
+  ``monitor_interval``, 0.1 s), one ``stat`` of the loss file the sidecar
+  writes (see ``LOSS_FILE``). A new loss names a pod index and the wall time
+  the sidecar confirmed it. The handler evicts from the rendezvous state
+  every agent published for that pod whose last keep-alive is older than the
+  confirmation, the way torch's ``_sanitize`` drops a node whose keep-alive
+  expired (compare-and-set on ``torch.rendezvous.<run_id>``). An agent that
+  beat after the confirmation (a replacement, a node that came back, a
+  restarted container) is never evicted. If the lost node was a participant
+  of this agent's round, ``num_nodes_waiting()`` answers at least 1 until
+  the next ``next_rendezvous()``, so the agent restarts its workers now.
+  A spare is never moved by the handler: it leaves the redundancy list on
+  its own (which resets its join deadline) once a participant is gone.
+* Warm workers: with ``--start-method forkserver`` and ``--run-path``
+  (``PET_START_METHOD``, ``PET_RUN_PATH``), the forkserver is started at
+  once with torch preloaded, and old workers still alive 0.5 s into a stop
+  are killed (torch waits 30 s).
+
+Whatever goes wrong here (a torch without a private field this relies on, a
+store without ``append``), the handler is plain c10d with a warning that
+says why: never a failed start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import sys
+import threading
+from datetime import datetime, timezone
+
+BACKEND = "trainwire-c10d"
+
+#: The directory shared with the sidecar (an emptyDir).
+DIR_ENV = "TRAINWIRE_RENDEZVOUS_DIR"
+DEFAULT_DIR = "/run/trainwire/rendezvous"
+
+#: The sidecar's loss file in that directory, replaced atomically (rename):
+#: ``{"losses": [{"id": "<rank>-<generation>", "rank": 3,
+#: "confirmed_unix_ms": 1764860000000}, ...]}``, the most recent losses only.
+LOSS_FILE = "losses.json"
+
+#: This agent's node descriptor, for the sidecar's status and for people:
+#: ``{"addr": ..., "pid": ..., "local_id": ..., "run_id": ..., "fast": bool,
+#: "why_not": str|null}``.
+NODE_FILE = "node.json"
+
+#: Most bytes read from the loss file.
+MAX_LOSS_BYTES = 64 * 1024
+
+#: Most agents remembered per pod index (each agent start appends one).
+MAX_NODES_PER_POD = 64
+
+#: Old workers still alive this long into a stop are killed.
+STOP_GRACE_SECONDS = 0.5
+
+#: Compare-and-set attempts of one eviction.
+MAX_CAS_ATTEMPTS = 8
+
+logger = logging.getLogger("trainwire_rendezvous")
+if not logger.handlers:
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("[trainwire-rendezvous] %(levelname)s %(message)s"))
+    logger.addHandler(_h)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def _create(params):
+    return create_handler(params)
+
+
+def creator():
+    """The entry point's object: torchrun calls it for the creator.
+
+    Defined before torch is imported: importing torch's rendezvous package
+    loads the entry points, this module's among them, while this module may
+    itself be importing it."""
+    return _create
+
+
+def nodes_key(run_id: str, pod_index: int) -> str:
+    """The store key listing the agents that ran in pod ``pod_index``."""
+    return f"trainwire.nodes.{run_id}.{pod_index}"
+
+
+def pod_index() -> int | None:
+    """This pod's index (the injected ``NODE_RANK``), if it is one."""
+    for name in ("NODE_RANK", "PET_NODE_RANK"):
+        v = os.environ.get(name, "")
+        if v.isdigit():
+            return int(v)
+    return None
+
+
+def rendezvous_dir() -> str:
+    return os.environ.get(DIR_ENV) or DEFAULT_DIR
+
+
+class Loss:
+    """One loss the sidecar confirmed."""
+
+    __slots__ = ("id", "rank", "confirmed")
+
+    def __init__(self, id: str, rank: int, confirmed: datetime) -> None:
+        self.id = id
+        self.rank = rank
+        self.confirmed = confirmed
+
+    def __repr__(self) -> str:
+        return f"Loss({self.id}, pod {self.rank}, confirmed {self.confirmed.isoformat()})"
+
+
+def parse_losses(text: str) -> list[Loss]:
+    """The losses of a loss file; a malformed entry is skipped."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return []
+    out = []
+    items = doc.get("losses") if isinstance(doc, dict) else None
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        id_, rank, ms = item.get("id"), item.get("rank"), item.get("confirmed_unix_ms")
+        if (
+            not isinstance(id_, str)
+            or not isinstance(rank, int)
+            or isinstance(rank, bool)
+            or not isinstance(ms, int)
+            or rank < 0
+            or ms <= 0
+        ):
+            continue
+        try:
+            when = datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            continue
+        out.append(Loss(id_[:64], rank, when))
+    return out
+
+
+class LossFile:
+    """The sidecar's loss file, read again only when it changed."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._seen_stat: tuple | None = None
+        self._done: set[str] = set()
+
+    def _stat(self):
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _read(self) -> list[Loss]:
+        try:
+            with open(self._path, "rb") as f:
+                data = f.read(MAX_LOSS_BYTES)
+        except OSError:
+            return []
+        return parse_losses(data.decode("utf-8", "replace"))
+
+    def skip_existing(self) -> None:
+        """Losses already in the file are old news to a new agent."""
+        self._seen_stat = self._stat()
+        for loss in self._read():
+            self._done.add(loss.id)
+
+    def new_losses(self) -> list[Loss]:
+        st = self._stat()
+        if st is None or st == self._seen_stat:
+            return []
+        self._seen_stat = st
+        fresh = [l for l in self._read() if l.id not in self._done]
+        for loss in fresh:
+            self._done.add(loss.id)
+        if len(self._done) > 1024:
+            self._done = {l.id for l in fresh}
+        return fresh
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------
+# torch's side. Everything private is looked up here, once; a miss makes the
+# handler plain c10d with a warning naming it.
+
+_why_not: str | None = None
+try:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as _dr
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+        DynamicRendezvousHandler,
+        create_handler as _create_dynamic_handler,
+    )
+except Exception as e:  # noqa: BLE001 - any failure means plain c10d
+    _why_not = f"torch's dynamic rendezvous could not be imported ({type(e).__name__}: {e})"
+    DynamicRendezvousHandler = None  # type: ignore[assignment,misc]
+
+#: What a state must have for the eviction (torch's _RendezvousState fields).
+STATE_FIELDS = ("round", "complete", "participants", "wait_list", "redundancy_list", "last_heartbeats")
+#: What a handler must have (torch's DynamicRendezvousHandler fields).
+HANDLER_FIELDS = ("_this_node", "_settings", "_store", "_state_holder", "_heartbeat_lock")
+
+
+def _module_gaps() -> str | None:
+    if _why_not is not None:
+        return _why_not
+    for name in ("_remove_participant_epilogue", "_RendezvousState", "_NodeDesc"):
+        if not hasattr(_dr, name):
+            return f"torch.distributed.elastic.rendezvous.dynamic_rendezvous has no {name}"
+    return None
+
+
+def _handler_gaps(h) -> str | None:
+    for name in HANDLER_FIELDS:
+        if not hasattr(h, name):
+            return f"DynamicRendezvousHandler has no {name}"
+    holder = h._state_holder
+    for name in ("_backend", "sync"):
+        if not hasattr(holder, name):
+            return f"the rendezvous state holder has no {name}"
+    backend = holder._backend
+    for name in ("get_state", "set_state"):
+        if not hasattr(backend, name):
+            return f"the rendezvous backend has no {name}"
+    for name in STATE_FIELDS:
+        if not hasattr(holder.state, name):
+            return f"the rendezvous state has no {name}"
+    for name in ("addr", "pid", "local_id"):
+        if not hasattr(h._this_node, name):
+            return f"the node descriptor has no {name}"
+    if not hasattr(h._store, "append") or not hasattr(h._store, "check"):
+        return "the store has no append/check"
+    return None
+
+
+def _desc_json(node) -> str:
+    return json.dumps({"addr": node.addr, "pid": node.pid, "local_id": node.local_id})
+
+
+def _desc_from(obj):
+    try:
+        addr, pid, local_id = obj["addr"], obj["pid"], obj["local_id"]
+    except (KeyError, TypeError):
+        return None
+    if not isinstance(addr, str) or not isinstance(pid, int) or not isinstance(local_id, int):
+        return None
+    return _dr._NodeDesc(addr, pid, local_id)
+
+
+def evict(state, nodes, confirmed: datetime, settings) -> list:
+    """Drop from ``state`` each of ``nodes`` whose last keep-alive is older
+    than ``confirmed``, as torch's ``_sanitize`` drops an expired node.
+    Returns the nodes dropped."""
+    dropped = []
+    participant_removed = False
+    for node in nodes:
+        beat = state.last_heartbeats.get(node)
+        if beat is None or beat >= confirmed:
+            continue
+        del state.last_heartbeats[node]
+        if state.participants.pop(node, None) is not None:
+            participant_removed = True
+        state.wait_list.discard(node)
+        state.redundancy_list.discard(node)
+        dropped.append(node)
+    if participant_removed:
+        _dr._remove_participant_epilogue(state, settings)
+    return dropped
+
+
+if DynamicRendezvousHandler is not None:
+
+    class TrainwireRendezvousHandler(DynamicRendezvousHandler):
+        """torch's c10d rendezvous handler that hears a loss from the sidecar."""
+
+        _tw_fast: bool = False
+
+        def get_backend(self) -> str:
+            return BACKEND
+
+        # -- set-up ---------------------------------------------------------
+
+        def _tw_setup(self, why_not: str | None) -> None:
+            self._tw_fast = False
+            self._tw_pending = False
+            self._tw_round_nodes: set = set()
+            self._tw_round = -1
+            self._tw_lock = threading.Lock()
+            self._tw_dir = rendezvous_dir()
+            self._tw_index = pod_index()
+            self._tw_losses = LossFile(os.path.join(self._tw_dir, LOSS_FILE))
+            if why_not is None:
+                why_not = _module_gaps() or _handler_gaps(self)
+            if why_not is None and self._tw_index is None:
+                why_not = "NODE_RANK (the pod index) is not set"
+            if why_not is None:
+                try:
+                    self._store.append(
+                        nodes_key(self._settings.run_id, self._tw_index),
+                        _desc_json(self._this_node) + "\n",
+                    )
+                except Exception as e:  # noqa: BLE001
+                    why_not = f"publishing this agent in the store failed ({type(e).__name__}: {e})"
+            if why_not is None:
+                self._tw_losses.skip_existing()
+                self._tw_fast = True
+                logger.info(
+                    "node %s (pod %s): a loss the sidecar confirms restarts the workers at once",
+                    self._this_node,
+                    self._tw_index,
+                )
+            else:
+                logger.warning("plain c10d rendezvous, the sidecar's losses are not heard: %s", why_not)
+            self._tw_publish_node(why_not)
+
+        def _tw_publish_node(self, why_not: str | None) -> None:
+            node = getattr(self, "_this_node", None)
+            doc = {
+                "addr": getattr(node, "addr", None),
+                "pid": getattr(node, "pid", None),
+                "local_id": getattr(node, "local_id", None),
+                "run_id": getattr(getattr(self, "_settings", None), "run_id", None),
+                "fast": self._tw_fast,
+                "why_not": why_not,
+            }
+            try:
+                _write_atomic(os.path.join(self._tw_dir, NODE_FILE), json.dumps(doc))
+            except OSError:
+                pass
+
+        # -- torch's calls --------------------------------------------------
+
+        def next_rendezvous(self):
+            # The loss that made the agent restart is consumed here.
+            self._tw_pending = False
+            info = super().next_rendezvous()
+            if self._tw_fast:
+                try:
+                    state = self._state_holder.state
+                    self._tw_round_nodes = set(state.participants)
+                    self._tw_round = state.round
+                except Exception:  # noqa: BLE001
+                    self._tw_round_nodes = set()
+                    self._tw_round = -1
+            return info
+
+        def num_nodes_waiting(self) -> int:
+            n = super().num_nodes_waiting()
+            if not self._tw_fast:
+                return n
+            try:
+                self._tw_hear()
+            except Exception as e:  # noqa: BLE001 - torch's keep-alive still works
+                logger.warning("acting on the sidecar's loss failed: %s: %s", type(e).__name__, e)
+            return max(n, 1) if self._tw_pending else n
+
+        # -- the loss -------------------------------------------------------
+
+        def _tw_hear(self) -> None:
+            for loss in self._tw_losses.new_losses():
+                self._tw_act(loss)
+
+        def _tw_published(self, rank: int) -> list:
+            key = nodes_key(self._settings.run_id, rank)
+            if not self._store.check([key]):
+                return []
+            lines = bytes(self._store.get(key)).decode("utf-8", "replace").splitlines()
+            nodes = []
+            for line in lines[-MAX_NODES_PER_POD:]:
+                try:
+                    desc = _desc_from(json.loads(line))
+                except ValueError:
+                    desc = None
+                if desc is not None:
+                    nodes.append(desc)
+            return nodes
+
+        def _tw_act(self, loss: Loss) -> None:
+            nodes = self._tw_published(loss.rank)
+            with self._heartbeat_lock:
+                dropped, state = self._tw_evict(nodes, loss.confirmed)
+            # Restart the workers if the lost agent was in this agent's round
+            # and is gone from it now (evicted here or by a peer first), and
+            # not if it beat after the confirmation (alive).
+            gone = [
+                n
+                for n in nodes
+                if n in self._tw_round_nodes
+                and (state is None or n not in state.participants or state.round != self._tw_round)
+            ]
+            if gone:
+                self._tw_pending = True
+            logger.info(
+                "%s: evicted %s; workers restart now: %s",
+                loss,
+                ", ".join(map(repr, dropped)) or "nothing",
+                "yes" if gone else "no (not in this round)",
+            )
+
+        def _tw_evict(self, nodes, confirmed):
+            """Evict by compare-and-set, retried when another agent wrote
+            first. Returns (dropped, state as written or read)."""
+            holder = self._state_holder
+            backend = holder._backend
+            state = None
+            for _ in range(MAX_CAS_ATTEMPTS):
+                got = backend.get_state()
+                if got is None:
+                    return [], None
+                bits, token = got
+                state = pickle.loads(bits)
+                dropped = evict(state, nodes, confirmed, self._settings)
+                if not dropped:
+                    return [], state
+                answer = backend.set_state(pickle.dumps(state), token)
+                if answer is not None and answer[2]:
+                    # The holder's cached copy is stale: read at next sync.
+                    if hasattr(holder, "_last_sync_time"):
+                        holder._last_sync_time = -1
+                    return dropped, state
+            logger.warning("evicting %s: the state kept changing under %d attempts", nodes, MAX_CAS_ATTEMPTS)
+            return [], state
+
+else:
+    TrainwireRendezvousHandler = None  # type: ignore[assignment,misc]
+
+
+def _warm_workers() -> str | None:
+    """With forkserver workers, start the forkserver now with torch loaded,
+    and kill old workers 0.5 s into a stop. Returns why not, if not."""
+    method = os.environ.get("PET_START_METHOD", "spawn")
+    run_path = os.environ.get("PET_RUN_PATH", "") in ("1", "true", "True")
+    for i, arg in enumerate(sys.argv):
+        if arg in ("--start-method", "--start_method") and i + 1 < len(sys.argv):
+            method = sys.argv[i + 1]
+        elif arg.startswith(("--start-method=", "--start_method=")):
+            method = arg.split("=", 1)[1]
+        elif arg in ("--run-path", "--run_path"):
+            run_path = True
+    if method != "forkserver" or not run_path:
+        return f"workers start with {method}{'' if run_path else ' as new interpreters (no --run-path)'}"
+    try:
+        import multiprocessing
+        from multiprocessing import forkserver
+
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        if not hasattr(LocalElasticAgent, "_shutdown"):
+            return "LocalElasticAgent has no _shutdown"
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed.run"])
+        forkserver.ensure_running()
+
+        def _stop_workers(self, worker_group, *args, **kwargs):
+            self._shutdown(timeout=STOP_GRACE_SECONDS)
+
+        LocalElasticAgent._stop_workers = _stop_workers  # type: ignore[method-assign]
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+_warmed = False
+
+
+def create_handler(params):
+    """torchrun's creator for ``trainwire-c10d``: c10d's own configuration."""
+    global _warmed
+    if TrainwireRendezvousHandler is None:
+        return _plain(params, _why_not or "torch's dynamic rendezvous is missing")
+    backend, store = create_backend(params)
+    handler = _create_dynamic_handler(store, backend, params)
+    why_not = None
+    try:
+        handler.__class__ = TrainwireRendezvousHandler
+    except TypeError as e:
+        why_not = f"DynamicRendezvousHandler cannot be extended ({e})"
+    if why_not is not None:
+        return _plain_wrap(handler, why_not)
+    handler._tw_setup(None)
+    if handler._tw_fast and not _warmed:
+        _warmed = True
+        not_warm = _warm_workers()
+        if not_warm is not None:
+            logger.info("workers start cold: %s", not_warm)
+        else:
+            logger.info("workers start warm: forkserver with torch preloaded")
+    return handler
+
+
+# ---------------------------------------------------------------------------
+# The fallback: torch's c10d handler under this backend's name.
+
+
+def _plain(params, why_not: str):
+    from torch.distributed.elastic.rendezvous.registry import _create_c10d_handler
+
+    return _plain_wrap(_create_c10d_handler(params), why_not)
+
+
+def _plain_wrap(inner, why_not: str):
+    logger.warning("plain c10d rendezvous, the sidecar's losses are not heard: %s", why_not)
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler as _RH
+
+    class PlainC10d(_RH):
+        def __init__(self, inner):
+            self._inner = inner
+
+        def get_backend(self) -> str:
+            return BACKEND
+
+        @property
+        def use_agent_store(self) -> bool:
+            return self._inner.use_agent_store
+
+        def next_rendezvous(self):
+            return self._inner.next_rendezvous()
+
+        def is_closed(self) -> bool:
+            return self._inner.is_closed()
+
+        def set_closed(self):
+            return self._inner.set_closed()
+
+        def num_nodes_waiting(self) -> int:
+            return self._inner.num_nodes_waiting()
+
+        def get_run_id(self) -> str:
+            return self._inner.get_run_id()
+
+        def shutdown(self) -> bool:
+            return self._inner.shutdown()
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+    return PlainC10d(inner)
