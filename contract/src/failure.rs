@@ -1,4 +1,4 @@
-//! What the webhook's failure controller reads: the trainer exit codes that
+//! What the controllers' failure controller reads: the trainer exit codes that
 //! mean "the script is broken" (`trainwire.dev/fail-fast-exit-codes`), the
 //! failure budget (`trainwire.dev/max-failures`) and the dead-node action of
 //! the policy (`nodeFailure.action`).

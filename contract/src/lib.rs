@@ -1,5 +1,6 @@
-//! The contract between trainwire's programs: the webhook (and its platform
-//! policy) and the sidecar.
+//! The contract between trainwire's programs: the admission server (and
+//! its platform policy), the controllers, the sidecar and the kubectl
+//! plugin.
 //!
 //! It owns every `TRAINWIRE_*` env name ([`env`]) and one type per value that
 //! crosses a program boundary, each with `FromStr`, `Display` (which

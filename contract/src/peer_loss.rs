@@ -1,5 +1,6 @@
 //! What a sidecar did about a lost peer, as it records it on its own pod for
-//! the webhook's failure controller to read: one story told by both.
+//! the controllers' failure controller (and the world status) to read: one
+//! story told by both.
 //!
 //! The sidecar writes the annotation [`ANNOTATION`] on its pod (a JSON
 //! [`PeerLossRecord`]) each time it acts on a loss; the controller reads it

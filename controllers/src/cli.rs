@@ -28,8 +28,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use clap::Parser;
 
+use k8s_openapi::jiff::Timestamp;
+
 use crate::failures::Features;
 use crate::metrics::Metrics;
+use crate::reconcile::Shared;
+use crate::watches::Watches;
 use trainwire_policyfile::{PolicyArgs, SharedPolicy};
 use trainwire_runtime::telemetry::TelemetryArgs;
 
@@ -165,25 +169,21 @@ async fn supervise(
         .unwrap_or_else(|| format!("trainwire-controllers-{}", std::process::id()));
     let config = crate::lease::LeaseConfig::new(namespace, identity);
     crate::lease::supervise(client.clone(), config, move || {
-        let client = client.clone();
-        let policy = policy.clone();
-        let metrics = metrics.clone();
+        // One context and one watch per kind for every controller, made
+        // anew each time this replica takes the Lease.
+        let shared = Shared::new(
+            client.clone(),
+            policy.clone(),
+            metrics.clone(),
+            Box::new(Timestamp::now),
+        );
+        let watches = Watches::new();
+        let reconciler = crate::reconciler::run(shared.clone(), &watches);
+        let failures = crate::failures::run(shared.clone(), &watches, features);
+        let world = crate::world::run(shared, &watches);
+        let watching = watches.run(client.clone());
         async move {
-            let services_client = client.clone();
-            let services_policy = policy.clone();
-            let services_metrics = metrics.clone();
-            let services = async move {
-                if let Err(e) =
-                    crate::reconciler::run(services_client, services_policy, services_metrics).await
-                {
-                    tracing::error!(error = %e, "the Job Service reconciler stopped");
-                }
-            };
-            futures::join!(
-                services,
-                crate::failures::run(client.clone(), policy, metrics.clone(), features),
-                crate::world::run(client, metrics.clone())
-            );
+            futures::join!(watching, reconciler, failures, world);
         }
     })
     .await;

@@ -226,20 +226,6 @@ pub fn terminations(pod: &Pod, trainer: &str) -> Vec<Termination> {
     .collect()
 }
 
-/// Whether the pod itself is lost: being deleted, or marked
-/// `DisruptionTarget` by the control plane.
-pub fn pod_lost(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_some()
-        || pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-            })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,13 +317,13 @@ mod tests {
         let t = terminations(&pod, "trainer");
         assert_eq!(t.len(), 1);
         assert_eq!((t[0].exit_code, t[0].pod.as_str()), (1, "w-0"));
-        assert!(!pod_lost(&pod));
+        assert!(!trainwire_engine::pod::lost(&pod));
         let evicted: Pod = serde_json::from_value(json!({
             "metadata": {"name": "w-1"},
             "status": {"conditions": [{"type": "DisruptionTarget", "status": "True",
               "reason": "DeletionByTaintManager", "lastTransitionTime": "2026-11-23T10:00:00Z"}]}
         }))
         .unwrap_or_default();
-        assert!(pod_lost(&evicted));
+        assert!(trainwire_engine::pod::lost(&evicted));
     }
 }

@@ -15,21 +15,32 @@
 //! not import the admission server's crate (`trainwire-webhook`) nor the
 //! sidecar's; `tests/tests/layering.rs` holds it to that.
 //!
-//! Adding a controller: a module here with its `run(client, ...)`, its
-//! `API_PERMISSIONS` (in [`API_PERMISSIONS`], which the RBAC test holds
-//! `manifests/base/rbac.yaml` to), one entry in [`cli`]'s `supervise`, and
-//! a [`metrics::Controller`] label for its failed reconciles
-//! ([`reconcile::retry_after_error`]).
+//! The controllers share one frame: one [`Error`] and [`Result`], one
+//! context built once per process ([`reconcile::Shared`]: client, policy,
+//! metrics, clock, Event recorder), one [`reconcile::error_policy`], and
+//! one watch per kind ([`watches`]) whose changes each controller filters
+//! its own way.
+//!
+//! Adding a controller: a module here with its `run(shared, watches, ...)`
+//! (its context holds the [`reconcile::Shared`] and implements
+//! [`reconcile::Reconciler`] with a [`metrics::Controller`] label for its
+//! failed reconciles), its `API_PERMISSIONS` (in [`API_PERMISSIONS`], which
+//! the RBAC test holds `manifests/base/rbac.yaml` to), and one entry in
+//! [`cli`]'s `supervise`.
 
 pub mod cli;
 pub mod crashloop;
+pub mod error;
 pub mod failures;
 pub mod lease;
 pub mod metrics;
 pub mod nodefailure;
 pub mod reconcile;
 pub mod reconciler;
+pub mod watches;
 pub mod world;
+
+pub use error::{Error, Result};
 
 /// Where a right is granted: cluster-wide (a ClusterRole) or in the
 /// controllers' own namespace (a Role).

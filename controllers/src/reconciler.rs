@@ -39,37 +39,33 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ObjectReference, PodTemplateSpec, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::{WatchStreamExt, predicates, watcher};
-use kube::{Client, Resource};
-use thiserror::Error;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
 use tracing::{debug, info, warn};
 
-use crate::metrics::Metrics;
-use crate::reconcile::{retry_after_error, slim};
+use crate::error::{Error, Result};
+use crate::reconcile::{Reconciler, Shared, error_policy};
+use crate::watches::{Watches, new_generations};
 
 /// The field manager of every write.
 pub const FIELD_MANAGER: &str = "trainwire";
 
-use trainwire_contract::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use trainwire_engine::service::{
-    Kind, MissingField, Plan, Workload, describe, identity, injected, job_finished, plan,
+    Kind, Plan, Workload, describe, identity, injected, job_finished, plan,
 };
 
 /// How long to wait before looking again at a name held by someone else.
 const FOREIGN_RECHECK: Duration = Duration::from_secs(60);
 /// How long to wait for garbage collection of an earlier workload's Service.
 const GC_RECHECK: Duration = Duration::from_secs(5);
-/// Back-off after a failed reconcile.
-const ERROR_RECHECK: Duration = Duration::from_secs(15);
 
 /// Every Kubernetes API call the reconciler makes, as `(API group, resource,
 /// verb)`. The ClusterRole in `manifests/base/rbac.yaml` grants exactly these
@@ -98,58 +94,27 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
     ("events.k8s.io", "events", "patch"),
 ];
 
-/// Errors of one reconcile. Each is logged and retried after a back-off.
-#[derive(Debug, Error)]
-pub enum Error {
-    /// A call to the API server failed.
-    #[error("{action}: {source}{hint}", hint = forbidden_hint(source))]
-    Api {
-        action: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// The workload lacks a field every stored object has.
-    #[error(transparent)]
-    MissingField(#[from] MissingField),
-}
-
-fn forbidden_hint(e: &kube::Error) -> &'static str {
-    match e {
-        kube::Error::Api(s) if s.is_forbidden() => {
-            " (the ClusterRole trainwire-controllers in manifests/base/rbac.yaml grants what the reconciler needs; is it applied and bound to the ServiceAccount trainwire-controllers?)"
-        }
-        _ => "",
-    }
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Shared by every reconcile: the client, the event recorder, and the
-/// reports already made (each foreign Service is reported once per workload).
+/// Shared by every reconcile of the reconciler: the process's [`Shared`]
+/// part and the reports already made (each foreign Service is reported
+/// once per workload).
 pub struct Context {
-    pub client: Client,
-    recorder: Recorder,
+    shared: Arc<Shared>,
     reported: Mutex<HashSet<(String, String)>>,
-    /// The policy (the dedicated store's placement, per namespace).
-    policy: trainwire_policyfile::SharedPolicy,
-    metrics: Arc<Metrics>,
+}
+
+impl Reconciler for Context {
+    const CONTROLLER: crate::metrics::Controller = crate::metrics::Controller::services;
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Context {
-    pub fn new(client: Client, policy: trainwire_policyfile::SharedPolicy) -> Self {
+    pub fn new(shared: Arc<Shared>) -> Self {
         Context {
-            recorder: crate::reconcile::recorder(client.clone()),
-            client,
+            shared,
             reported: Mutex::new(HashSet::new()),
-            policy,
-            metrics: Arc::new(Metrics::new()),
         }
-    }
-
-    /// Count failed reconciles in these metrics (the process's).
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
-        self
     }
 
     /// Publish an Event on the workload. A failure to publish is logged,
@@ -168,9 +133,7 @@ impl Context {
             action: "EnsureHeadlessService".to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            warn!(error = %e, reason, "could not publish an Event");
-        }
+        self.shared.publish(event, regarding).await;
     }
 
     /// True the first time for this (workload UID, message).
@@ -286,7 +249,7 @@ fn store_objects(
         return Ok(None);
     }
     let (namespace, name, uid) = identity(kind, meta)?;
-    let policy = ctx.policy.current();
+    let policy = ctx.shared.policy.current();
     let profile = policy.profile_for(&namespace);
     let owner = trainwire_engine::store::Owner {
         api_version: kind.api_version(),
@@ -316,8 +279,8 @@ pub async fn ensure_store(
     };
     let (namespace, _, uid) = identity(kind, meta)?;
     let workload = describe(kind, meta);
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &namespace);
+    let deployments: Api<Deployment> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+    let services: Api<Service> = Api::namespaced(ctx.shared.client.clone(), &namespace);
     let mut action = Action::await_change();
     let name = objects.deployment.metadata.name.clone().unwrap_or_default();
     let deployment = apply_owned(
@@ -378,10 +341,10 @@ where
         desired.meta().namespace.as_deref().unwrap_or_default(),
         name
     );
-    let existing = api.get_opt(&name).await.map_err(|source| Error::Api {
-        action: format!("reading {what} for {workload}"),
-        source,
-    })?;
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(Error::api(format!("reading {what} for {workload}")))?;
     match existing {
         None => {
             let params = PostParams {
@@ -391,20 +354,16 @@ where
             match api.create(&params, desired).await {
                 Ok(_) => Ok(Applied::Created),
                 Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Applied::Updated),
-                Err(source) => Err(Error::Api {
-                    action: format!("creating {what} for {workload}"),
+                Err(source) => Err(Error::api(format!("creating {what} for {workload}"))(
                     source,
-                }),
+                )),
             }
         }
         Some(existing) if owned_by(existing.meta(), uid) => {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             api.patch(&name, &params, &Patch::Apply(desired))
                 .await
-                .map_err(|source| Error::Api {
-                    action: format!("updating {what} for {workload}"),
-                    source,
-                })?;
+                .map_err(Error::api(format!("updating {what} for {workload}")))?;
             Ok(Applied::Updated)
         }
         Some(_) => {
@@ -434,11 +393,11 @@ async fn remove_store(
     };
     let (namespace, _, uid) = identity(kind, meta)?;
     let name = objects.deployment.metadata.name.clone().unwrap_or_default();
-    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), &namespace);
-    let existing = api.get_opt(&name).await.map_err(|source| Error::Api {
-        action: format!("reading Deployment {namespace}/{name}"),
-        source,
-    })?;
+    let api: Api<Deployment> = Api::namespaced(ctx.shared.client.clone(), &namespace);
+    let existing = api
+        .get_opt(&name)
+        .await
+        .map_err(Error::api(format!("reading Deployment {namespace}/{name}")))?;
     if let Some(existing) = existing
         && owned_by(&existing.metadata, &uid)
     {
@@ -448,10 +407,9 @@ async fn remove_store(
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(source) => {
-                return Err(Error::Api {
-                    action: format!("deleting Deployment {namespace}/{name} of a finished Job"),
-                    source,
-                });
+                return Err(Error::api(format!(
+                    "deleting Deployment {namespace}/{name} of a finished Job"
+                ))(source));
             }
         }
     }
@@ -464,15 +422,12 @@ pub async fn ensure_service(
     workload: &Workload,
     regarding: &ObjectReference,
 ) -> Result<Action> {
-    let api: Api<Service> = Api::namespaced(ctx.client.clone(), &workload.namespace);
+    let api: Api<Service> = Api::namespaced(ctx.shared.client.clone(), &workload.namespace);
     let service_ref = format!("Service {}/{}", workload.namespace, workload.service);
     let existing = api
         .get_opt(&workload.service)
         .await
-        .map_err(|source| Error::Api {
-            action: format!("reading {service_ref} for {workload}"),
-            source,
-        })?;
+        .map_err(Error::api(format!("reading {service_ref} for {workload}")))?;
     match plan(workload, existing.as_ref()) {
         Plan::UpToDate => {
             debug!(%workload, service = %workload.service, "headless Service up to date");
@@ -499,20 +454,16 @@ pub async fn ensure_service(
                 Err(kube::Error::Api(s)) if s.is_already_exists() => {
                     Ok(Action::requeue(Duration::from_secs(1)))
                 }
-                Err(source) => Err(Error::Api {
-                    action: format!("creating {service_ref} for {workload}"),
-                    source,
-                }),
+                Err(source) => {
+                    Err(Error::api(format!("creating {service_ref} for {workload}"))(source))
+                }
             }
         }
         Plan::Update(service) => {
             let params = PatchParams::apply(FIELD_MANAGER).force();
             api.patch(&workload.service, &params, &Patch::Apply(&service))
                 .await
-                .map_err(|source| Error::Api {
-                    action: format!("updating {service_ref} for {workload}"),
-                    source,
-                })?;
+                .map_err(Error::api(format!("updating {service_ref} for {workload}")))?;
             info!(%workload, service = %workload.service, "brought headless Service back in line");
             ctx.event(
                 regarding,
@@ -556,16 +507,6 @@ pub async fn ensure_service(
     }
 }
 
-fn error_policy<K: Resource>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    retry_after_error(
-        crate::metrics::Controller::services,
-        &*object,
-        error,
-        &ctx.metrics,
-        ERROR_RECHECK,
-    )
-}
-
 fn log_result<K, E1: std::fmt::Display, E2: std::fmt::Display>(
     result: Result<(ObjectRef<K>, Action), kube::runtime::controller::Error<E1, E2>>,
 ) -> futures::future::Ready<()>
@@ -581,49 +522,32 @@ where
     futures::future::ready(())
 }
 
-/// Run the reconciler until the process shuts down. Its StatefulSet and Job
-/// watches select the injected workloads (label
-/// [`trainwire_contract::labels::INJECTED`], which the engine puts on every
-/// workload it injects).
-pub async fn run(
-    client: kube::Client,
-    policy: trainwire_policyfile::SharedPolicy,
-    metrics: Arc<Metrics>,
-) -> anyhow::Result<()> {
-    let ctx = Arc::new(Context::new(client.clone(), policy).with_metrics(metrics));
-    let owned = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let injected =
-        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
-
-    let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), injected.clone())
-        .default_backoff()
-        .modify(slim)
-        .reflect(job_writer)
-        .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
-    let jobs = Controller::for_stream(job_stream, job_store)
-        .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-        .run(reconcile_job, error_policy, ctx.clone())
-        .for_each(log_result);
-
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected)
-        .default_backoff()
-        .modify(slim)
-        .reflect(sts_writer)
-        .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
-    let statefulsets = Controller::for_stream(sts_stream, sts_store)
-        .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<Deployment>::all(client), owned)
-        .run(reconcile_statefulset, error_policy, ctx)
-        .for_each(log_result);
-
-    info!(
-        "reconciler started: headless Services and dedicated rendezvous stores for injected Jobs and StatefulSets"
-    );
-    futures::join!(jobs, statefulsets);
-    Ok(())
+/// The reconciler, subscribed to the process's watches: the injected
+/// StatefulSets and Jobs (their new generations only) and trainwire's own
+/// Services and Deployments (which re-trigger their owner). It runs until
+/// aborted.
+pub fn run(shared: Arc<Shared>, watches: &Watches) -> impl Future<Output = ()> + use<> {
+    let ctx = Arc::new(Context::new(shared));
+    let jobs = Controller::for_shared_stream(
+        new_generations(watches.jobs.subscribe()),
+        watches.jobs.store(),
+    )
+    .owns_shared_stream(watches.services.subscribe())
+    .owns_shared_stream(watches.deployments.subscribe())
+    .run(reconcile_job, error_policy, ctx.clone())
+    .for_each(log_result);
+    let statefulsets = Controller::for_shared_stream(
+        new_generations(watches.statefulsets.subscribe()),
+        watches.statefulsets.store(),
+    )
+    .owns_shared_stream(watches.services.subscribe())
+    .owns_shared_stream(watches.deployments.subscribe())
+    .run(reconcile_statefulset, error_policy, ctx)
+    .for_each(log_result);
+    async move {
+        info!(
+            "reconciler started: headless Services and dedicated rendezvous stores for injected Jobs and StatefulSets"
+        );
+        futures::join!(jobs, statefulsets);
+    }
 }

@@ -4,7 +4,8 @@
 //! It runs in `trainwire-controllers` on the replica that holds the
 //! controllers' Lease ([`crate::lease`]), beside the failure controller. Two
 //! kube-rs [`Controller`]s, over StatefulSets and over Jobs, are re-triggered
-//! by a shared Pod watch (a pod maps to its controller ownerReference). For
+//! by the process's one watch of injected pods ([`crate::watches`]: a pod
+//! maps to its controller ownerReference). For
 //! every injected workload (its pod template carries `trainwire.dev/status`)
 //! a reconcile:
 //!
@@ -22,13 +23,14 @@
 //!
 //! What counts as a loss and as "resumed" is the engine's
 //! ([`trainwire_engine::world`], docs/status.md): pod and container states,
-//! the sidecars' records, and the dedicated store's pods, which a third
-//! watch follows by their label `trainwire.dev/rdzv-store` (its value names
-//! the workload). A sidecar's record is an annotation of its pod, so the pod
-//! watch reconciles the workload as soon as one is written: `Running`
-//! follows the first record of training by one reconcile. A reconcile of a
-//! world with an open loss is also repeated every [`RECOVERING_RECHECK`], so
-//! the phase follows what is observed even when nothing else changes.
+//! the sidecars' records, and the dedicated store's pods, which the
+//! watch of store pods follows by their label `trainwire.dev/rdzv-store` (its
+//! value names the workload). A sidecar's record is an annotation of its
+//! pod, so the pod watch reconciles the workload as soon as one is written:
+//! `Running` follows the first record of training by one reconcile. A
+//! reconcile of a world with an open loss is also repeated every
+//! [`RECOVERING_RECHECK`], so the phase follows what is observed even when
+//! nothing else changes.
 //!
 //! On a new leader, [`Memory`] starts empty: the first observation of a
 //! workload only learns its pods (no loss is counted) and the history comes
@@ -40,18 +42,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
-use thiserror::Error;
 use tracing::{info, warn};
 use trainwire_contract::world::{self, WorldError, WorldStatus};
 
@@ -60,7 +60,9 @@ use trainwire_engine::world::{
     Memory, PodView, StoreView, WorldOf, Write, decide_write, observe, parse_time,
 };
 
-use crate::metrics::Metrics;
+use crate::error::{Error, Result};
+use crate::reconcile::{Reconciler, Shared, error_policy};
+use crate::watches::Watches;
 
 /// Every Kubernetes API call the world controller makes.
 pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
@@ -78,60 +80,39 @@ pub const API_PERMISSIONS: &[(&str, &str, &str)] = &[
 pub const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a world with an open loss is looked at again, changes or not.
 pub const RECOVERING_RECHECK: Duration = Duration::from_secs(5);
-/// Back-off after a failed reconcile.
-const ERROR_RECHECK: Duration = Duration::from_secs(10);
 /// The field manager of the controller's writes.
 pub const FIELD_MANAGER: &str = "trainwire-world";
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("writing {annotation} on {kind} {namespace}/{name}: {source}", annotation = world::ANNOTATION)]
-    Write {
-        kind: &'static str,
-        namespace: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
 
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Shared by every reconcile.
+/// Shared by every reconcile of the world controller.
 pub struct Context {
-    pub client: Client,
+    shared: Arc<Shared>,
     pods: Store<Pod>,
     /// The dedicated stores' pods (label `trainwire.dev/rdzv-store`).
     store_pods: Option<Store<Pod>>,
     /// The workloads, to forget those deleted ([`Context::with_workloads`]).
     workloads: Option<(Store<StatefulSet>, Store<Job>)>,
-    clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     state: Mutex<HashMap<String, Memory>>,
     min_interval: Duration,
-    metrics: Arc<Metrics>,
+}
+
+impl Reconciler for Context {
+    const CONTROLLER: crate::metrics::Controller = crate::metrics::Controller::world;
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl Context {
-    pub fn new(
-        client: Client,
-        pods: Store<Pod>,
-        clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
-    ) -> Self {
+    /// The world controller's context over the injected pods in `pods`.
+    pub fn new(shared: Arc<Shared>, pods: Store<Pod>) -> Self {
         Context {
-            client,
+            shared,
             pods,
             store_pods: None,
             workloads: None,
-            clock,
             state: Mutex::new(HashMap::new()),
             min_interval: MIN_WRITE_INTERVAL,
-            metrics: Arc::new(Metrics::new()),
         }
-    }
-
-    /// Count failed reconciles in these metrics (the process's).
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = metrics;
-        self
     }
 
     /// Read the dedicated stores' pods from this store.
@@ -248,7 +229,7 @@ where
         },
     };
     ctx.forget_deleted();
-    let now = (ctx.clock)();
+    let now = ctx.shared.now();
     let pods = ctx.pods_of(&uid, now);
     let store = ctx.store_of(&namespace, &name, now);
     let (desired, write) = {
@@ -300,15 +281,13 @@ where
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
     };
-    Api::<K>::namespaced(ctx.client.clone(), &namespace)
+    Api::<K>::namespaced(ctx.shared.client.clone(), &namespace)
         .patch(&name, &params, &Patch::Merge(&patch))
         .await
-        .map_err(|source| Error::Write {
-            kind,
-            namespace: namespace.clone(),
-            name: name.clone(),
-            source,
-        })?;
+        .map_err(Error::api(format!(
+            "writing {} on {kind} {namespace}/{name}",
+            world::ANNOTATION
+        )))?;
     if let Some(m) = ctx.state().get_mut(&uid) {
         m.last_write = Some(now);
     }
@@ -329,16 +308,6 @@ pub async fn reconcile_job(job: Arc<Job>, ctx: Arc<Context>) -> Result<Action> {
     let workload = WorldOf::of_job(&job);
     let template = job.spec.as_ref().map(|s| s.template.clone());
     reconcile(job, ctx, "Job", template.as_ref(), workload).await
-}
-
-fn error_policy<K: Resource>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    crate::reconcile::retry_after_error(
-        crate::metrics::Controller::world,
-        &*object,
-        error,
-        &ctx.metrics,
-        ERROR_RECHECK,
-    )
 }
 
 /// The workload a pod belongs to, if it is of `kind`.
@@ -369,84 +338,41 @@ where
     Some(ObjectRef::new(name).within(pod.metadata.namespace.as_deref()?))
 }
 
-/// Run the world controller until aborted.
-pub async fn run(client: Client, _metrics: Arc<Metrics>) {
-    let (pod_store, pod_writer) = reflector::store_shared::<Pod>(256);
-    let Some(pod_events) = pod_writer.subscribe() else {
-        warn!("world controller: no pod subscription; not started");
-        return;
-    };
-    // Only the injected pods and workloads: the apiserver filters by label.
-    let injected =
-        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
-    let pods = watcher(Api::<Pod>::all(client.clone()), injected.clone())
-        .default_backoff()
-        .modify(|p: &mut Pod| {
-            crate::reconcile::slim(p);
-            if let Some(s) = p.spec.as_mut() {
-                // Only nodeName is read; the containers are the big part.
-                s.containers.clear();
-                s.init_containers = None;
-                s.volumes = None;
-            }
-        })
-        .reflect_shared(pod_writer)
-        .for_each(|_| futures::future::ready(()));
-    // The dedicated stores' pods: a loss of the store is a loss of the world.
-    let (store_pod_store, store_pod_writer) = reflector::store_shared::<Pod>(64);
-    let Some(store_pod_events) = store_pod_writer.subscribe() else {
-        warn!("world controller: no store pod subscription; not started");
-        return;
-    };
-    let store_pods = watcher(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().labels(trainwire_contract::labels::RDZV_STORE),
-    )
-    .default_backoff()
-    .modify(|p: &mut Pod| {
-        crate::reconcile::slim(p);
-        if let Some(s) = p.spec.as_mut() {
-            s.containers.clear();
-            s.init_containers = None;
-            s.volumes = None;
-        }
-    })
-    .reflect_shared(store_pod_writer)
-    .for_each(|_| futures::future::ready(()));
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), injected.clone())
-        .default_backoff()
-        .modify(crate::reconcile::slim)
-        .reflect(sts_writer)
-        .applied_objects();
-    let (job_store, job_writer) = reflector::store::<Job>();
-    let job_stream = watcher(Api::<Job>::all(client.clone()), injected)
-        .default_backoff()
-        .modify(crate::reconcile::slim)
-        .reflect(job_writer)
-        .applied_objects();
+/// The world controller, subscribed to the process's watches of injected
+/// pods, the dedicated stores' pods, StatefulSets and Jobs; it runs until
+/// aborted.
+pub fn run(shared: Arc<Shared>, watches: &Watches) -> impl Future<Output = ()> + use<> {
     let ctx = Arc::new(
-        Context::new(client, pod_store, Box::new(Timestamp::now))
-            .with_workloads(sts_store.clone(), job_store.clone())
-            .with_store_pods(store_pod_store),
+        Context::new(shared, watches.pods.store())
+            .with_workloads(watches.statefulsets.store(), watches.jobs.store())
+            .with_store_pods(watches.store_pods.store()),
     );
-    let statefulsets = Controller::for_stream(sts_stream, sts_store)
-        .watches_shared_stream(pod_events.clone(), |pod: Arc<Pod>| {
-            owner_of::<StatefulSet>(&pod, "StatefulSet")
+    let statefulsets = Controller::for_shared_stream(
+        watches.statefulsets.subscribe(),
+        watches.statefulsets.store(),
+    )
+    .watches_shared_stream(watches.pods.subscribe(), |pod: Arc<Pod>| {
+        owner_of::<StatefulSet>(&pod, "StatefulSet")
+    })
+    .watches_shared_stream(watches.store_pods.subscribe(), |pod: Arc<Pod>| {
+        store_owner::<StatefulSet>(&pod)
+    })
+    .run(reconcile_statefulset, error_policy, ctx.clone())
+    .for_each(|_| futures::future::ready(()));
+    let jobs = Controller::for_shared_stream(watches.jobs.subscribe(), watches.jobs.store())
+        .watches_shared_stream(watches.pods.subscribe(), |pod: Arc<Pod>| {
+            owner_of::<Job>(&pod, "Job")
         })
-        .watches_shared_stream(store_pod_events.clone(), |pod: Arc<Pod>| {
-            store_owner::<StatefulSet>(&pod)
+        .watches_shared_stream(watches.store_pods.subscribe(), |pod: Arc<Pod>| {
+            store_owner::<Job>(&pod)
         })
-        .run(reconcile_statefulset, error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let jobs = Controller::for_stream(job_stream, job_store)
-        .watches_shared_stream(pod_events, |pod: Arc<Pod>| owner_of::<Job>(&pod, "Job"))
-        .watches_shared_stream(store_pod_events, |pod: Arc<Pod>| store_owner::<Job>(&pod))
         .run(reconcile_job, error_policy, ctx)
         .for_each(|_| futures::future::ready(()));
-    info!(
-        "world controller started: {} on injected workloads",
-        world::ANNOTATION
-    );
-    futures::join!(pods, store_pods, statefulsets, jobs);
+    async move {
+        info!(
+            "world controller started: {} on injected workloads",
+            world::ANNOTATION
+        );
+        futures::join!(statefulsets, jobs);
+    }
 }

@@ -3,8 +3,9 @@
 //! 6902 JSON Patch and the warnings out ([`mutation`]); the policy's
 //! grammar and validation from its text ([`policy`]); the objects an
 //! injected workload implies (its headless [`service`], its dedicated
-//! rendezvous [`store`]); the scale guard's decision ([`scale`]); and the
-//! world's status observed from its pods ([`world`]).
+//! rendezvous [`store`]); the scale guard's decision ([`scale`]); what
+//! every crate reads of a pod, the trainer container first ([`pod`]); and
+//! the world's status observed from its pods ([`world`]).
 //!
 //! It may import the contract (`trainwire-contract`), the Kubernetes API
 //! types (`k8s-openapi`) and pure data crates (serde, json-patch, hashing,
@@ -22,6 +23,7 @@
 
 pub mod cache;
 pub mod mutation;
+pub mod pod;
 pub mod policy;
 pub mod scale;
 pub mod service;

@@ -13,6 +13,12 @@
 //! sidecars keep on their pods; `check-inject` also tries the policy
 //! ConfigMap. No port-forward, no exec. Cluster access as kubectl:
 //! `--kubeconfig`, `--context`, `-n/--namespace`, `$KUBECONFIG`, in-cluster.
+//!
+//! It may import the engine (the webhook's own decisions, the pod and world
+//! views), the contract, kube's client, k8s-openapi, clap and tokio. It must
+//! not import either server (`trainwire-webhook`, `trainwire-controllers`),
+//! the sidecar, axum, rcgen or the Lease manager: it is a client, and
+//! `tests/tests/layering.rs` holds it to that.
 
 pub mod check_inject;
 pub mod cluster;

@@ -94,18 +94,12 @@ fn controlled_by(pod: &Pod, uid: &str) -> bool {
         .any(|o| o.controller == Some(true) && o.uid == uid)
 }
 
-/// The trainer's restarts: the container the engine gave the rendezvous
-/// env, else `trainer`, else the most restarted one.
+/// The trainer's restarts: the trainer container as the engine's
+/// [`trainwire_engine::pod::trainer`] names it (the injection's record,
+/// else the rendezvous env of torchrun or TensorFlow, else `trainer`), else
+/// the most restarted one.
 fn trainer_restarts(pod: &Pod) -> i32 {
-    let trainer = pod
-        .spec
-        .as_ref()
-        .and_then(|s| {
-            s.containers
-                .iter()
-                .find(|c| c.env.iter().flatten().any(|e| e.name == "PET_RDZV_BACKEND"))
-        })
-        .map_or("trainer", |c| c.name.as_str());
+    let trainer = trainwire_engine::pod::trainer(pod);
     let statuses = pod
         .status
         .as_ref()
@@ -225,4 +219,30 @@ pub async fn one(client: &Client, namespace: &str, name: &str, now: Timestamp) -
     let w = cluster::workload(client, namespace, name).await?;
     let pods = cluster::pods(client, namespace).await?;
     Ok(world_of(&w, &pods, now, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(env: &str) -> Pod {
+        serde_json::from_value(json!({
+            "spec": {"containers": [
+                {"name": "ps"},
+                {"name": "worker", "env": [{"name": env, "value": "{}"}]}
+            ]},
+            "status": {"containerStatuses": [
+                {"name": "ps", "image": "i", "imageID": "", "ready": true, "restartCount": 7},
+                {"name": "worker", "image": "i", "imageID": "", "ready": true, "restartCount": 2}
+            ]}
+        }))
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_trainer_of_a_tensorflow_world_is_counted_as_a_torch_one() {
+        assert_eq!(trainer_restarts(&pod("PET_RDZV_BACKEND")), 2);
+        assert_eq!(trainer_restarts(&pod("TF_CONFIG")), 2);
+    }
 }

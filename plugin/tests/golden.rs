@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, Result, ensure};
-use trainwire_tests::apiserver::write_kubeconfig;
-use trainwire_tests::recorded_api::RecordedApiServer;
+
+mod recorded_api;
+use recorded_api::{RecordedApiServer, write_kubeconfig};
 
 /// The clock of every case (`--now`): ages are stable.
 const NOW: &str = "2026-11-25T10:00:00Z";
@@ -124,7 +125,7 @@ fn run(kubeconfig: &Path, args: &[&str]) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn output_matches_the_goldens() -> Result<()> {
-    let server = RecordedApiServer::start(&here().join("api")).await?;
+    let server = RecordedApiServer::start(&here().join("api"))?;
     let dir = tempfile::tempdir()?;
     let kubeconfig = write_kubeconfig(dir.path(), server.addr, "trainwire-test")?;
     let bless = std::env::var_os("TRAINWIRE_BLESS").is_some();

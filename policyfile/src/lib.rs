@@ -8,9 +8,8 @@
 //! The admission server and offline CLI (`trainwire-webhook`) and the
 //! controllers (`trainwire-controllers`) both start from here, so they read
 //! the same file the same way. It may import the engine (for the policy's
-//! grammar), the contract, the shared runtime (the directory watch), tokio
-//! and clap; it must not import a kube client, a server or either program's
-//! crate.
+//! grammar), the shared runtime (the directory watch), tokio and clap; it
+//! must not import a kube client, a server or either program's crate.
 
 use std::path::Path;
 

@@ -3,8 +3,8 @@
 //! ports and plain HTTP ([`net`]), bounded waits ([`wait`]) and the
 //! repository's fixtures ([`fixtures`]).
 //!
-//! A dev-dependency of the webhook, the sidecar and `trainwire-tests`; it
-//! depends on none of them.
+//! A dev-dependency of the engine, the webhook, the sidecar, the kubectl
+//! plugin and `trainwire-tests`; it depends on none of them.
 
 pub mod fixtures;
 pub mod net;

@@ -13,7 +13,7 @@
 //! `controllers-bench` (memory) and tests/tests/controllers.rs (which
 //! watches each feature opens).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -78,6 +78,8 @@ pub struct Cluster {
     watches: Mutex<HashMap<String, usize>>,
     last_request: Mutex<Option<Instant>>,
     seen: Mutex<Vec<Seen>>,
+    /// Collections whose objects may not be patched (a 500 answers).
+    refused: Mutex<HashSet<String>>,
 }
 
 impl Cluster {
@@ -87,6 +89,15 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Answer every PATCH of an object of `collection` (`statefulsets`,
+    /// ...) with a server error, as an apiserver that fails the write.
+    pub fn refuse_patches(&self, collection: &str) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(collection.to_string());
     }
 
     /// Every request so far.
@@ -299,6 +310,19 @@ async fn handle(State(cluster): State<Arc<Cluster>>, request: Request) -> Respon
                     .insert(format!("{path}/{name}"), object.clone());
             }
             json_response(StatusCode::CREATED, &object)
+        }
+        (Method::PATCH, ["namespaces", _, resource, ..])
+            if cluster
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(*resource) =>
+        {
+            json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "InternalError", "message": "the test refuses this write", "code": 500}),
+            )
         }
         (Method::PATCH, ["namespaces", ns, resource, name, ..]) => {
             let patch: Value = serde_json::from_slice(&body).unwrap_or(json!({}));

@@ -14,7 +14,6 @@ pub mod fuzz;
 pub mod kubelet;
 pub mod mock_api;
 pub mod netns;
-pub mod recorded_api;
 pub mod rendered;
 pub mod scale;
 pub mod tensorflow;

@@ -1,11 +1,15 @@
 //! The real `trainwire-controllers` against a generated cluster
 //! served over HTTP (`trainwire_tests::cluster_api`): which watches it opens
-//! with each feature on or off. A feature left off must start no watch of
+//! with each feature on or off. The process watches each kind once (the
+//! controllers share the watch), a feature left off must start no watch of
 //! its own (it has no rights for it), and every watch of pods, StatefulSets
-//! and Jobs must select the injected ones by label.
+//! and Jobs must select the injected ones by label. A failed reconcile of
+//! the world controller is counted on the served `/metrics`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
 use trainwire_tests::cluster_api::{self, Cluster, Controllers, Seen};
@@ -52,6 +56,46 @@ fn lists_and_watches(seen: &[Seen], collection: &str) -> Vec<Seen> {
         .collect()
 }
 
+/// How long the controllers must make no request before their watches are
+/// taken as all open.
+const QUIET: Duration = Duration::from_secs(2);
+
+/// Wait until the controllers have opened `expected` and then made no
+/// request for [`QUIET`]; the watches open then, per (collection, label
+/// selector).
+async fn settled_watches(
+    cluster: &Cluster,
+    running: &mut Controllers,
+    expected: &[(&str, usize)],
+) -> Result<BTreeMap<(String, String), usize>> {
+    wait_for_watches(cluster, running, expected).await?;
+    let start = Instant::now();
+    while cluster.quiet_for().is_none_or(|t| t < QUIET) {
+        if start.elapsed() > BOUND {
+            bail!("the controllers kept making requests for {BOUND:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut open = BTreeMap::new();
+    for s in cluster.seen().iter().filter(|s| s.is_watch()) {
+        let collection = s.collection().unwrap_or_default().to_string();
+        let selector = s.query.get("labelSelector").cloned().unwrap_or_default();
+        *open.entry((collection, selector)).or_default() += 1;
+    }
+    Ok(open)
+}
+
+/// One watch per kind and selector: the controllers share it.
+fn each_watched_once(open: &BTreeMap<(String, String), usize>) -> Result<()> {
+    for ((collection, selector), n) in open {
+        anyhow::ensure!(
+            *n == 1,
+            "{collection} ({selector}) watched {n} times, not once: {open:?}"
+        );
+    }
+    Ok(())
+}
+
 /// Every list and watch of pods, StatefulSets and Jobs selects the injected
 /// ones, but the world controller's watch of the dedicated stores' pods,
 /// which selects those by their own label.
@@ -78,33 +122,28 @@ async fn without_the_components_no_node_watch_and_only_injected_pods() -> Result
     let (cluster, _) = cluster_api::generate(400, false)?;
     let cluster = Arc::new(cluster);
     let mut running = start(&cluster, &[]).await?;
-    // The reconciler's (StatefulSets, Jobs, its own Services and
-    // Deployments), the world controller's (pods, the stores' pods,
-    // StatefulSets, Jobs) and the failure controller's pod watch.
-    wait_for_watches(
+    // The injected pods, the dedicated stores' pods, StatefulSets and Jobs,
+    // trainwire's own Services and Deployments: each once.
+    let open = settled_watches(
         &cluster,
         &mut running,
         &[
-            ("pods", 3),
-            ("statefulsets", 2),
-            ("jobs", 2),
-            ("services", 2),
-            ("deployments", 2),
+            ("pods", 2),
+            ("statefulsets", 1),
+            ("jobs", 1),
+            ("services", 1),
+            ("deployments", 1),
         ],
     )
     .await?;
+    each_watched_once(&open)?;
+    anyhow::ensure!(open.len() == 6, "{open:?}");
     let seen = cluster.seen();
     pods_are_selected(&seen)?;
     let nodes = lists_and_watches(&seen, "nodes");
     anyhow::ensure!(
         nodes.is_empty(),
         "nodes read without --node-failure: {nodes:?}"
-    );
-    // No third StatefulSet or Job watch: crash-loop stop is off.
-    let watches = cluster.watches();
-    anyhow::ensure!(
-        watches.get("statefulsets") == Some(&2) && watches.get("jobs") == Some(&2),
-        "{watches:?}"
     );
     // Nothing it has no right to: no delete, no pods/status, no nodes.
     for s in &seen {
@@ -115,23 +154,67 @@ async fn without_the_components_no_node_watch_and_only_injected_pods() -> Result
 }
 
 #[tokio::test]
-async fn each_feature_opens_its_own_watches() -> Result<()> {
+async fn with_every_feature_each_kind_is_still_watched_once() -> Result<()> {
     let (cluster, _) = cluster_api::generate(400, false)?;
     let cluster = Arc::new(cluster);
     let mut running = start(&cluster, &["--node-failure", "--crash-loop"]).await?;
-    wait_for_watches(
+    let open = settled_watches(
         &cluster,
         &mut running,
         &[
-            ("pods", 3),
+            ("pods", 2),
             ("nodes", 1),
-            ("statefulsets", 3),
-            ("jobs", 3),
-            ("services", 2),
-            ("deployments", 2),
+            ("statefulsets", 1),
+            ("jobs", 1),
+            ("services", 1),
+            ("deployments", 1),
         ],
     )
     .await?;
+    each_watched_once(&open)?;
+    anyhow::ensure!(open.len() == 7, "{open:?}");
     pods_are_selected(&cluster.seen())?;
     Ok(())
+}
+
+/// `trainwire_webhook_reconcile_errors_total{controller="world"}` as served.
+fn world_errors(probe: u16) -> Option<u64> {
+    trainwire_test_support::net::http_get(&format!("127.0.0.1:{probe}"), "/metrics")?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"trainwire_webhook_reconcile_errors_total{controller="world"} "#)
+        })
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn a_world_status_write_that_fails_is_counted_on_metrics() -> Result<()> {
+    let (cluster, _) = cluster_api::generate(400, false)?;
+    // The world controller writes its annotation on the injected
+    // StatefulSets and Jobs; nothing else here patches them.
+    cluster.refuse_patches("statefulsets");
+    cluster.refuse_patches("jobs");
+    let cluster = Arc::new(cluster);
+    let mut running = start(&cluster, &[]).await?;
+    let start = Instant::now();
+    loop {
+        if let Some(status) = running.child.try_wait()? {
+            bail!("the controllers exited ({status})");
+        }
+        let refused = cluster
+            .seen()
+            .iter()
+            .any(|s| s.method == http::Method::PATCH && s.path.contains("/statefulsets/"));
+        // Once a write was refused, the counter must move.
+        if refused && world_errors(running.probe).is_some_and(|n| n > 0) {
+            return Ok(());
+        }
+        if start.elapsed() > BOUND {
+            bail!(
+                "after {BOUND:?}: a world write refused: {refused}; world errors on /metrics: {:?}",
+                world_errors(running.probe)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -17,6 +17,7 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 use trainwire_controllers::failures::{self, Context};
 use trainwire_controllers::metrics::Metrics;
+use trainwire_controllers::reconcile::Shared;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND};
 use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
@@ -46,15 +47,13 @@ fn world(policy_yaml: &str) -> Result<World> {
     let clock = Arc::new(Mutex::new(at(0)));
     let c = clock.clone();
     let metrics = Arc::new(Metrics::new());
-    let ctx = Arc::new(Context::new(
+    let shared = Shared::new(
         client,
         SharedPolicy::new(policy),
-        node_store,
-        sts_store,
-        job_store,
         metrics.clone(),
         Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
-    ));
+    );
+    let ctx = Arc::new(Context::new(shared, node_store, sts_store, job_store));
     Ok(World {
         ctx,
         api,

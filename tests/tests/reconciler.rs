@@ -16,17 +16,21 @@ use http::{Method, StatusCode};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use trainwire_controllers::reconciler::{self, Context, Error};
+use trainwire_controllers::Error;
+use trainwire_controllers::metrics::Metrics;
+use trainwire_controllers::reconcile::Shared;
+use trainwire_controllers::reconciler::{self, Context};
 use trainwire_engine::service;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND, Call};
 use {trainwire_engine::policy::Policy, trainwire_policyfile::SharedPolicy};
 
 /// The reconcile's result, once it has finished.
 async fn outcome<T>(
-    task: tokio::task::JoinHandle<reconciler::Result<T>>,
-) -> Result<reconciler::Result<T>> {
+    task: tokio::task::JoinHandle<trainwire_controllers::Result<T>>,
+) -> Result<trainwire_controllers::Result<T>> {
     Ok(tokio::time::timeout(BOUND, task)
         .await
         .context("the reconciler did not finish: it made a request the test did not expect")??)
@@ -39,7 +43,12 @@ const STS_UID: &str = "6a1f0f3e-0d3b-4a36-9d6a-1b3c51d8a002";
 fn mock() -> (Arc<Context>, ApiServer) {
     let (client, server) = mock_api::pair();
     (
-        Arc::new(Context::new(client, SharedPolicy::new(Policy::default()))),
+        Arc::new(Context::new(Shared::new(
+            client,
+            SharedPolicy::new(Policy::default()),
+            Arc::new(Metrics::new()),
+            Box::new(Timestamp::now),
+        ))),
         server,
     )
 }

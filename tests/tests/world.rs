@@ -18,7 +18,11 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use trainwire_contract::world::{Phase, WorldStatus};
+use trainwire_controllers::metrics::Metrics;
+use trainwire_controllers::reconcile::Shared;
 use trainwire_controllers::world::{self, Context};
+use trainwire_engine::policy::Policy;
+use trainwire_policyfile::SharedPolicy;
 use trainwire_tests::fixtures::request_object;
 use trainwire_tests::mock_api::{self, ApiServer, BOUND};
 
@@ -26,6 +30,17 @@ const STS_UID: &str = "b3d1982f-226f-440e-8a7c-acca623461a5";
 
 fn at(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// The process's shared part, over the mock API server and a fake clock.
+fn shared(client: kube::Client, clock: &Arc<Mutex<Timestamp>>) -> Arc<Shared> {
+    let c = clock.clone();
+    Shared::new(
+        client,
+        SharedPolicy::new(Policy::default()),
+        Arc::new(Metrics::new()),
+        Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
+    )
 }
 
 struct Cluster {
@@ -77,12 +92,7 @@ impl Cluster {
         let (client, api) = mock_api::pair();
         let (store, pods) = reflector::store::<Pod>();
         let clock = Arc::new(Mutex::new(at(0)));
-        let c = clock.clone();
-        let ctx = Arc::new(Context::new(
-            client,
-            store,
-            Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
-        ));
+        let ctx = Arc::new(Context::new(shared(client, &clock), store));
         let (sts, namespace) = captured_statefulset();
         Cluster {
             ctx,
@@ -184,15 +194,7 @@ fn with_store() -> (Cluster, Writer<Pod>) {
     let (store, pods) = reflector::store::<Pod>();
     let (store_pods, store_writer) = reflector::store::<Pod>();
     let clock = Arc::new(Mutex::new(at(0)));
-    let c = clock.clone();
-    let ctx = Arc::new(
-        Context::new(
-            client,
-            store,
-            Box::new(move || *c.lock().unwrap_or_else(|p| p.into_inner())),
-        )
-        .with_store_pods(store_pods),
-    );
+    let ctx = Arc::new(Context::new(shared(client, &clock), store).with_store_pods(store_pods));
     let (mut sts, namespace) = captured_statefulset();
     sts["spec"]["template"]["metadata"]["annotations"] =
         json!({"trainwire.dev/status": r#"{"rdzvStore":"llama-ft-rdzv"}"#});

@@ -29,30 +29,31 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Future, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
-use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::crashloop::{self, History};
-use crate::metrics::{FailureAction, FailureLabels, Metrics};
+use crate::error::{Error, Result};
+use crate::metrics::{FailureAction, FailureLabels};
 use crate::nodefailure::{self, NodeHealth, RateLimit, Reclaim};
+use crate::reconcile::{Reconciler, Shared, error_policy};
+use crate::watches::Watches;
 
 mod stop;
 use stop::crash_loop;
 pub use stop::{reconcile_job, reconcile_statefulset, resume_patch};
 use trainwire_engine::mutation::annotations as ann;
-use trainwire_policyfile::SharedPolicy;
+use trainwire_engine::pod;
 
 /// The Kubernetes API calls the failure controller makes whatever its
 /// [`Features`]: it watches the injected pods (label-selected) and tells
@@ -100,22 +101,8 @@ impl Features {
     }
 }
 
-/// Back-off after a failed reconcile.
-const ERROR_RECHECK: Duration = Duration::from_secs(10);
 /// The field manager of the controller's writes.
 const FIELD_MANAGER: &str = "trainwire-failures";
-
-#[derive(Debug, Error)]
-pub enum Error {
-    #[error("{action}: {source}")]
-    Api {
-        action: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A workload a pod belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -173,30 +160,6 @@ pub fn owner(pod: &Pod) -> Option<Owner> {
     })
 }
 
-/// Whether the pod was made from an injected template.
-pub fn injected(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(ann::STATUS))
-}
-
-/// The trainer container: the one the engine gave the rendezvous env
-/// (torchrun's `PET_RDZV_BACKEND`, or TensorFlow's `TF_CONFIG`).
-fn trainer_name(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| {
-            s.containers.iter().find(|c| {
-                c.env
-                    .iter()
-                    .flatten()
-                    .any(|e| e.name == "PET_RDZV_BACKEND" || e.name == "TF_CONFIG")
-            })
-        })
-        .map_or_else(|| "trainer".to_string(), |c| c.name.clone())
-}
-
 #[derive(Default)]
 struct State {
     rate: RateLimit,
@@ -209,39 +172,35 @@ struct State {
     sidecar_losses: HashSet<(String, u64)>,
 }
 
-/// Shared by every reconcile.
+/// Shared by every reconcile of the failure controller.
 pub struct Context {
-    pub client: Client,
-    recorder: Recorder,
-    policy: SharedPolicy,
+    shared: Arc<Shared>,
     nodes: Store<Node>,
     statefulsets: Store<StatefulSet>,
     jobs: Store<Job>,
-    metrics: Arc<Metrics>,
-    clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     state: Mutex<State>,
     features: Features,
 }
 
+impl Reconciler for Context {
+    const CONTROLLER: crate::metrics::Controller = crate::metrics::Controller::failures;
+    fn shared(&self) -> &Shared {
+        &self.shared
+    }
+}
+
 impl Context {
     pub fn new(
-        client: Client,
-        policy: SharedPolicy,
+        shared: Arc<Shared>,
         nodes: Store<Node>,
         statefulsets: Store<StatefulSet>,
         jobs: Store<Job>,
-        metrics: Arc<Metrics>,
-        clock: Box<dyn Fn() -> Timestamp + Send + Sync>,
     ) -> Self {
         Context {
-            recorder: crate::reconcile::recorder(client.clone()),
-            client,
-            policy,
+            shared,
             nodes,
             statefulsets,
             jobs,
-            metrics,
-            clock,
             state: Mutex::new(State::default()),
             features: Features::ALL,
         }
@@ -254,7 +213,11 @@ impl Context {
     }
 
     fn now(&self) -> Timestamp {
-        (self.clock)()
+        self.shared.now()
+    }
+
+    fn client(&self) -> kube::Client {
+        self.shared.client.clone()
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -262,7 +225,8 @@ impl Context {
     }
 
     fn count(&self, action: FailureAction) {
-        self.metrics
+        self.shared
+            .metrics
             .failure_actions
             .get_or_create(&FailureLabels { action })
             .inc();
@@ -283,9 +247,7 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, on).await {
-            warn!(error = %e, reason, "could not publish an Event");
-        }
+        self.shared.publish(event, on).await;
     }
 
     /// The same Warning Event on the workload and on its pod (a reclaim).
@@ -335,7 +297,7 @@ fn requeue_at(now: Timestamp, at: Timestamp) -> Action {
 
 /// Reconcile one pod: its node, then its trainer's exits.
 pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
-    if !injected(&pod) {
+    if !pod::injected(&pod) {
         return Ok(Action::await_change());
     }
     let Some(owner) = owner(&pod) else {
@@ -343,7 +305,12 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     };
     let now = ctx.now();
     let namespace = owner.namespace.clone();
-    let profile = ctx.policy.current().profile_for(&namespace).into_owned();
+    let profile = ctx
+        .shared
+        .policy
+        .current()
+        .profile_for(&namespace)
+        .into_owned();
     let pod_name = pod.name_any();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let pod_ref = pod.object_ref(&());
@@ -388,7 +355,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     }
 
     let mut action = Action::await_change();
-    let mut own_loss = crashloop::pod_lost(&pod);
+    let mut own_loss = pod::lost(&pod);
     if let Some(health) = &health {
         own_loss |= !health.ready;
         let node = node_name.clone().unwrap_or_default();
@@ -484,7 +451,7 @@ pub async fn reconcile_pod(pod: Arc<Pod>, ctx: Arc<Context>) -> Result<Action> {
     }
 
     // A pod lost another way (evicted, preempted, deleted): a peer loss.
-    if crashloop::pod_lost(&pod) {
+    if pod::lost(&pod) {
         let first = {
             let mut st = ctx.state();
             let key = (namespace.clone(), pod_name.clone());
@@ -589,7 +556,7 @@ pub fn disrupted_status(why: &str, now: Timestamp) -> serde_json::Value {
     json!({"status": {
         "phase": "Failed",
         "conditions": [{
-            "type": trainwire_engine::mutation::job::DISRUPTION_TARGET,
+            "type": pod::DISRUPTION_TARGET,
             "status": "True",
             "reason": DISRUPTION_REASON,
             "message": format!("trainwire reclaims the pod: {why}"),
@@ -599,7 +566,7 @@ pub fn disrupted_status(why: &str, now: Timestamp) -> serde_json::Value {
 }
 
 async fn mark_disrupted(ctx: &Context, namespace: &str, name: &str, why: &str) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.client(), namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
@@ -619,7 +586,7 @@ async fn mark_disrupted(ctx: &Context, namespace: &str, name: &str, why: &str) -
 }
 
 async fn force_delete(ctx: &Context, namespace: &str, name: &str, uid: &str) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.client(), namespace);
     let params = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(kube::api::Preconditions {
@@ -640,7 +607,7 @@ async fn force_delete(ctx: &Context, namespace: &str, name: &str, uid: &str) -> 
 }
 
 async fn taint_node(ctx: &Context, node: &str) -> Result<()> {
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(ctx.client());
     let taint =
         serde_json::to_value(nodefailure::out_of_service_taint(ctx.now())).unwrap_or_default();
     let has_taints = ctx
@@ -668,55 +635,31 @@ async fn taint_node(ctx: &Context, node: &str) -> Result<()> {
         })
 }
 
-fn error_policy<K: Resource>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action {
-    crate::reconcile::retry_after_error(
-        crate::metrics::Controller::failures,
-        &*object,
-        error,
-        &ctx.metrics,
-        ERROR_RECHECK,
-    )
-}
-
-/// Run the failure controller until aborted, with `features` only: every
-/// watch but the Nodes' selects the injected pods and workloads
-/// ([`trainwire_contract::labels`]); the
-/// Node watch runs only for dead-node reclaim, the StatefulSet and Job
-/// watches only for crash-loop stop and resume.
-pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, features: Features) {
+/// The failure controller with `features` only, subscribed to the
+/// process's watches: the injected pods (its primary), the Nodes (re-trigger
+/// the pods on them) for dead-node reclaim only, the StatefulSets and Jobs
+/// for crash-loop stop and resume only. It runs until aborted.
+pub fn run(
+    shared: Arc<Shared>,
+    watches: &Watches,
+    features: Features,
+) -> impl Future<Output = ()> + use<> {
     use futures::FutureExt as _;
-    let selected =
-        watcher::Config::default().labels(&trainwire_contract::labels::injected_selector());
-    let (node_store, node_writer) = reflector::store::<Node>();
-    let (sts_store, sts_writer) = reflector::store::<StatefulSet>();
-    let (job_store, job_writer) = reflector::store::<Job>();
     let mut tasks: Vec<futures::future::BoxFuture<'static, ()>> = Vec::new();
     let ctx = Arc::new(
         Context::new(
-            client.clone(),
-            policy,
-            node_store,
-            sts_store.clone(),
-            job_store.clone(),
-            metrics,
-            Box::new(Timestamp::now),
+            shared,
+            watches.nodes.store(),
+            watches.statefulsets.store(),
+            watches.jobs.store(),
         )
         .with_features(features),
     );
-    let pod_controller = Controller::new(Api::<Pod>::all(client.clone()), selected.clone());
+    let pod_controller =
+        Controller::for_shared_stream(watches.pods.subscribe(), watches.pods.store());
     let pod_controller = if features.node_failure {
-        let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(|n: &mut Node| {
-                crate::reconcile::slim(n);
-                if let Some(s) = n.status.as_mut() {
-                    s.images = None;
-                }
-            })
-            .reflect(node_writer)
-            .applied_objects();
-        let pods_by_node = pod_controller.store();
-        pod_controller.watches_stream(nodes, move |node: Node| {
+        let pods_by_node = watches.pods.store();
+        pod_controller.watches_shared_stream(watches.nodes.subscribe(), move |node: Arc<Node>| {
             let name = node.name_any();
             pods_by_node
                 .state()
@@ -728,7 +671,6 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
                 .collect::<Vec<_>>()
         })
     } else {
-        drop(node_writer);
         pod_controller
     };
     tasks.push(
@@ -738,45 +680,38 @@ pub async fn run(client: Client, policy: SharedPolicy, metrics: Arc<Metrics>, fe
             .boxed(),
     );
     if features.crash_loop {
-        let sts_stream = watcher(Api::<StatefulSet>::all(client.clone()), selected.clone())
-            .default_backoff()
-            .modify(crate::reconcile::slim)
-            .reflect(sts_writer)
-            .applied_objects();
-        let job_stream = watcher(Api::<Job>::all(client.clone()), selected)
-            .default_backoff()
-            .modify(crate::reconcile::slim)
-            .reflect(job_writer)
-            .applied_objects();
         tasks.push(
-            Controller::for_stream(sts_stream, sts_store)
-                .run(reconcile_statefulset, error_policy, ctx.clone())
-                .for_each(|_| futures::future::ready(()))
-                .boxed(),
+            Controller::for_shared_stream(
+                watches.statefulsets.subscribe(),
+                watches.statefulsets.store(),
+            )
+            .run(reconcile_statefulset, error_policy, ctx.clone())
+            .for_each(|_| futures::future::ready(()))
+            .boxed(),
         );
         tasks.push(
-            Controller::for_stream(job_stream, job_store)
+            Controller::for_shared_stream(watches.jobs.subscribe(), watches.jobs.store())
                 .run(reconcile_job, error_policy, ctx)
                 .for_each(|_| futures::future::ready(()))
                 .boxed(),
         );
-    } else {
-        drop((sts_writer, job_writer));
     }
-    info!(
-        node_failure = features.node_failure,
-        crash_loop = features.crash_loop,
-        "failure controller started: peer-loss Events{}{}",
-        if features.node_failure {
-            ", dead-node reclaim"
-        } else {
-            ""
-        },
-        if features.crash_loop {
-            ", crash-loop stop"
-        } else {
-            ""
-        }
-    );
-    futures::future::join_all(tasks).await;
+    async move {
+        info!(
+            node_failure = features.node_failure,
+            crash_loop = features.crash_loop,
+            "failure controller started: peer-loss Events{}{}",
+            if features.node_failure {
+                ", dead-node reclaim"
+            } else {
+                ""
+            },
+            if features.crash_loop {
+                ", crash-loop stop"
+            } else {
+                ""
+            }
+        );
+        futures::future::join_all(tasks).await;
+    }
 }

@@ -38,7 +38,7 @@ pub(super) async fn crash_loop(
     {
         let mut st = ctx.state();
         let history = st.histories.entry(owner.uid.clone()).or_default();
-        for t in crashloop::terminations(pod, &trainer_name(pod)) {
+        for t in crashloop::terminations(pod, &pod::trainer(pod)) {
             match history.observe(t, own_loss, &limits) {
                 Verdict::Stop {
                     reason,
@@ -100,7 +100,7 @@ async fn stop_workload(
                 .unwrap_or(1);
             stopped[ann::STOPPED_REPLICAS] = json!(replicas.to_string());
             let patch = json!({"metadata": {"annotations": stopped}, "spec": {"replicas": 0}});
-            Api::<StatefulSet>::namespaced(ctx.client.clone(), &owner.namespace)
+            Api::<StatefulSet>::namespaced(ctx.client(), &owner.namespace)
                 .patch(&owner.name, &params, &Patch::Merge(&patch))
                 .await
                 .map_err(|source| Error::Api {
@@ -111,7 +111,7 @@ async fn stop_workload(
         }
         _ => {
             let patch = json!({"metadata": {"annotations": stopped}, "spec": {"suspend": true}});
-            Api::<Job>::namespaced(ctx.client.clone(), &owner.namespace)
+            Api::<Job>::namespaced(ctx.client(), &owner.namespace)
                 .patch(&owner.name, &params, &Patch::Merge(&patch))
                 .await
                 .map_err(|source| Error::Api {
@@ -183,7 +183,7 @@ where
     };
     let namespace = object.namespace().unwrap_or_default();
     let name = object.name_any();
-    let api: Api<K> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<K> = Api::namespaced(ctx.client(), &namespace);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..PatchParams::default()
