@@ -31,7 +31,6 @@
 //! all of them, after every figure is printed.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
@@ -67,8 +66,11 @@ fn real_node_recovery() {
         .unwrap_or_else(|e| panic!("trainer image: {e}"));
     node.import_image(&archive, TRAINER_IMAGE)
         .unwrap_or_else(|e| panic!("{e}"));
-    node.apply(&real_node::images::host_python_policy(&prefix, HOST_PYTHON_LABEL))
-        .unwrap_or_else(|e| panic!("host Python policy: {e}"));
+    node.apply(&real_node::images::host_python_policy(
+        &prefix,
+        HOST_PYTHON_LABEL,
+    ))
+    .unwrap_or_else(|e| panic!("host Python policy: {e}"));
 
     let mut lines = Vec::new();
     let mut failures = Vec::new();
@@ -145,6 +147,32 @@ impl<'a> World<'a> {
         let start = Instant::now();
         node.create_namespace(ns, &[(HOST_PYTHON_LABEL, "true")])?;
         install.bind_sidecar(node, ns)?;
+        // The policy selects the namespace by its label, from the
+        // apiserver's cache of namespaces: wait until it applies here.
+        let probe = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, namespace: {ns}}}\nspec:\n  containers: [{{name: c, image: \"{TRAINER_IMAGE}\"}}]\n"
+        );
+        poll(
+            &format!("{ns}: the host-Python policy applying"),
+            Duration::from_secs(30),
+            || {
+                node.kubectl_stdin(
+                    &[
+                        "create",
+                        "--dry-run=server",
+                        "--validate=false",
+                        "-o",
+                        "json",
+                        "-f",
+                        "-",
+                    ],
+                    Some(&probe),
+                )
+                .ok()?
+                .contains("host-python")
+                .then_some(())
+            },
+        )?;
         let script = trainwire_tests::torch::train_script();
         node.kubectl(&[
             "create",
@@ -156,11 +184,8 @@ impl<'a> World<'a> {
         ])?;
         let ckpt = node.dir().join(format!("ckpt-{ns}"));
         std::fs::create_dir_all(&ckpt).map_err(|e| format!("{e}"))?;
-        std::fs::set_permissions(
-            &ckpt,
-            std::os::unix::fs::PermissionsExt::from_mode(0o777),
-        )
-        .map_err(|e| format!("{e}"))?;
+        std::fs::set_permissions(&ckpt, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .map_err(|e| format!("{e}"))?;
         let security = user.map_or(String::new(), |uid| {
             format!("\n          securityContext:\n            runAsUser: {uid}\n            runAsGroup: {uid}")
         });
@@ -252,10 +277,18 @@ spec:
 
     fn remove(&self) {
         let _ = self.node.kubectl(&[
-            "delete", "statefulset,deployment,pods", "--all", "-n", &self.ns, "--grace-period=0",
-            "--force", "--wait=false",
+            "delete",
+            "statefulset,deployment,pods",
+            "--all",
+            "-n",
+            &self.ns,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
         ]);
-        let _ = self.node.kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
+        let _ = self
+            .node
+            .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
     }
 
     /// The StatefulSet's pods (name -> object).
@@ -313,24 +346,33 @@ spec:
 
     /// Three pods Ready, two of them training (workers), a step in the last 2 s.
     fn wait_steady(&self, limit: Duration) -> Result<(), String> {
-        poll(&format!("{}: world of 2 + 1 spare training", self.ns), limit, || {
-            let pods = self.pods();
-            let ready = pods
-                .values()
-                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-                .filter(|p| {
-                    p["status"]["conditions"]
-                        .as_array()
-                        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-                })
-                .count();
-            if ready < 3 {
-                return None;
-            }
-            let training = self.agents().values().filter(|(_, r)| !r.is_empty()).count();
-            let last = self.steps().last().map(|(t, _)| *t)?;
-            (training == 2 && secs(SystemTime::now(), last) < 2.0).then_some(())
-        })
+        poll(
+            &format!("{}: world of 2 + 1 spare training", self.ns),
+            limit,
+            || {
+                let pods = self.pods();
+                let ready = pods
+                    .values()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .filter(|p| {
+                        p["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
+                    })
+                    .count();
+                if ready < 3 {
+                    return None;
+                }
+                let training = self
+                    .agents()
+                    .values()
+                    .filter(|(_, r)| !r.is_empty())
+                    .count();
+                let last = self.steps().last().map(|(t, _)| *t)?;
+                (training == 2 && secs(SystemTime::now(), last) < 2.0).then_some(())
+            },
+        )
         .map_err(|e| {
             format!(
                 "{e}\n{}",
@@ -409,7 +451,9 @@ spec:
                     if name == lost || !pod["metadata"]["deletionTimestamp"].is_null() {
                         continue;
                     }
-                    let Some(status) = self.sidecar_status(&pod) else { continue };
+                    let Some(status) = self.sidecar_status(&pod) else {
+                        continue;
+                    };
                     let trains_since = time_of(&status["training"]["since"]);
                     if status["training"].is_object() && trains_since.is_none_or(|s| s < at) {
                         sidecars_done = false;
@@ -417,10 +461,12 @@ spec:
                     m.sidecars.insert(name, status);
                 }
             }
-            let complete = sidecars_done
-                && m.running_seen.is_some()
-                && !m.last_loss["resumedAt"].is_null();
-            let deadline = m.first_step.map_or(hard, |f| f + Duration::from_secs(20)).min(hard);
+            let complete =
+                sidecars_done && m.running_seen.is_some() && !m.last_loss["resumedAt"].is_null();
+            let deadline = m
+                .first_step
+                .map_or(hard, |f| f + Duration::from_secs(20))
+                .min(hard);
             if complete || now > deadline {
                 return m;
             }
@@ -436,14 +482,25 @@ spec:
             let before = self.world()["generation"].as_u64().unwrap_or(0);
             let netns = self.node.pod_netns(&self.ns, &cut)?;
             let at = SystemTime::now();
-            real_node_run("nsenter", &[&format!("--net={netns}"), "ip", "link", "set", "eth0", "down"])?;
+            real_node_run(
+                "nsenter",
+                &[
+                    &format!("--net={netns}"),
+                    "ip",
+                    "link",
+                    "set",
+                    "eth0",
+                    "down",
+                ],
+            )?;
             let m = self.measure(at, &cut, before);
             self.report("silent cut", &cut, at, &m, lines, failures, true);
 
             // 2. The cut pod deleted: it was out of the world already.
             let before = self.world();
             let at = SystemTime::now();
-            self.node.kubectl(&["delete", "pod", "-n", &self.ns, &cut, "--wait=false"])?;
+            self.node
+                .kubectl(&["delete", "pod", "-n", &self.ns, &cut, "--wait=false"])?;
             let (opened, phases, gap) = self.watch_quiet(at, &cut, &before)?;
             lines.push(format!(
                 "{} deleted already-lost pod {cut}: world generation {} -> {}, phases seen {phases:?}, longest step gap {gap:.2} s",
@@ -463,7 +520,8 @@ spec:
             let victim = self.rank0_pod()?;
             let before = self.world()["generation"].as_u64().unwrap_or(0);
             let at = SystemTime::now();
-            self.node.kubectl(&["delete", "pod", "-n", &self.ns, &victim, "--wait=false"])?;
+            self.node
+                .kubectl(&["delete", "pod", "-n", &self.ns, &victim, "--wait=false"])?;
             let m = self.measure(at, &victim, before);
             self.report("pod deleted", &victim, at, &m, lines, failures, false);
             self.wait_steady(Duration::from_secs(90))?;
@@ -518,7 +576,8 @@ spec:
             let replaced = pods.get(deleted).is_some_and(|p| {
                 time_of(&p["metadata"]["creationTimestamp"]).is_some_and(|c| secs(c, at) > -1.0)
                     && p["status"]["conditions"].as_array().is_some_and(|c| {
-                        c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
                     })
             });
             if replaced {
@@ -566,7 +625,9 @@ spec:
                 "{name}:{}",
                 s["training"]["seen_by"].as_str().unwrap_or("-")
             ));
-            if let Some(t) = time_of(&s["last_loss"]["suspected_at"]).filter(|t| secs(*t, at) > -1.0) {
+            if let Some(t) =
+                time_of(&s["last_loss"]["suspected_at"]).filter(|t| secs(*t, at) > -1.0)
+            {
                 saw.push(format!(
                     "{name} {} rank {} {}",
                     fmt_rel(Some(t), at),
@@ -605,7 +666,8 @@ spec:
         };
         if silent {
             match loss_at {
-                Some(t) if secs(t, at) <= 5.0 && m.world_saw.is_some_and(|s| secs(s, at) <= 6.0) => {}
+                Some(t)
+                    if secs(t, at) <= 5.0 && m.world_saw.is_some_and(|s| secs(s, at) <= 6.0) => {}
                 _ => fail(format!(
                     "the silent cut is not recorded as a loss within 5 s (world loss at {}, shown {})",
                     fmt_rel(loss_at, at),
@@ -660,9 +722,16 @@ fn real_node_run(program: &str, args: &[&str]) -> Result<(), String> {
 /// The direct children of `pid` (every thread's).
 fn children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(text.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
         }
     }
     out

@@ -215,17 +215,20 @@ mod tests {
             "train-0.train.ns.svc.cluster.local".to_string(),
             vec![Ipv4Addr::new(198, 18, 0, 10)],
         );
-        let a = answer(&query("Train-0.train.ns.svc.cluster.local", 1), &records)
-            .unwrap_or_default();
+        let a =
+            answer(&query("Train-0.train.ns.svc.cluster.local", 1), &records).unwrap_or_default();
         assert_eq!(&a[..2], &[0x12, 0x34]);
         assert_eq!(a[3] & 0x0f, 0, "NOERROR");
         assert_eq!(u16::from_be_bytes([a[6], a[7]]), 1);
         assert_eq!(&a[a.len() - 4..], &[198, 18, 0, 10]);
-        let aaaa = answer(&query("train-0.train.ns.svc.cluster.local", 28), &records)
-            .unwrap_or_default();
+        let aaaa =
+            answer(&query("train-0.train.ns.svc.cluster.local", 28), &records).unwrap_or_default();
         assert_eq!((aaaa[3] & 0x0f, aaaa[7]), (0, 0), "NOERROR, no answer");
-        let nx = answer(&query("train-0.train.ns.svc.ns.svc.cluster.local", 1), &records)
-            .unwrap_or_default();
+        let nx = answer(
+            &query("train-0.train.ns.svc.ns.svc.cluster.local", 1),
+            &records,
+        )
+        .unwrap_or_default();
         assert_eq!(nx[3] & 0x0f, 3, "NXDOMAIN");
         assert!(answer(&[0; 5], &records).is_none());
     }

@@ -92,7 +92,11 @@ pub fn trainer_image(work: &Path, python_prefix: &Path) -> Result<PathBuf, Strin
         .map_err(|e| format!("nsswitch: {e}"))?;
     let tmp = rootfs.join("tmp");
     fs::create_dir_all(&tmp).map_err(|e| format!("mkdir: {e}"))?;
-    for (path, mode) in [(tmp.as_path(), 0o1777), (&rootfs.join("root"), 0o755), (&rootfs.join("home/trainer"), 0o777)] {
+    for (path, mode) in [
+        (tmp.as_path(), 0o1777),
+        (&rootfs.join("root"), 0o755),
+        (&rootfs.join("home/trainer"), 0o777),
+    ] {
         fs::set_permissions(path, fs::Permissions::from_mode(mode))
             .map_err(|e| format!("chmod {}: {e}", path.display()))?;
     }
@@ -136,7 +140,16 @@ fn oci_archive(
     let image = format!("{}:{tag}", layout.display());
     run("umoci", &["init", "--layout", &layout.to_string_lossy()])?;
     run("umoci", &["new", "--image", &image])?;
-    run("umoci", &["raw", "add-layer", "--image", &image, &layer.to_string_lossy()])?;
+    run(
+        "umoci",
+        &[
+            "raw",
+            "add-layer",
+            "--image",
+            &image,
+            &layer.to_string_lossy(),
+        ],
+    )?;
     let mut args = vec![
         "config".to_string(),
         "--image".to_string(),
@@ -179,7 +192,8 @@ fn oci_archive(
 /// when one is missing (CI builds them before the tests).
 pub fn trainwire_archives() -> Result<(PathBuf, PathBuf), String> {
     let root = crate::repo_root();
-    let manifest = fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
+    let manifest =
+        fs::read_to_string(root.join("Cargo.toml")).map_err(|e| format!("Cargo.toml: {e}"))?;
     let version = manifest
         .lines()
         .find_map(|l| l.strip_prefix("version = \""))
@@ -208,7 +222,10 @@ pub fn trainwire_archives() -> Result<(PathBuf, PathBuf), String> {
 /// The host Python's prefix (where torch is).
 pub fn python_prefix() -> Result<PathBuf, String> {
     let out = std::process::Command::new(crate::torch::python())
-        .args(["-c", "import sys; print(sys.prefix); print(sys.base_prefix)"])
+        .args([
+            "-c",
+            "import sys; print(sys.prefix); print(sys.base_prefix)",
+        ])
         .output()
         .map_err(|e| format!("python: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);

@@ -63,7 +63,12 @@ fn missing() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("a real node needs root (cgroups, a bridge, iptables, mounts)".into());
     }
-    for bin in ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"] {
+    for bin in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+    ] {
         let p = k8s_dir().join("bin").join(format!("{bin}.zst"));
         if !p.is_file() {
             return Some(format!(
@@ -87,10 +92,13 @@ fn missing() -> Option<String> {
         ("ip", "iproute2"),
     ] {
         if !on_path(tool) {
-            return Some(format!("{tool} not found (Debian: apt-get install {package})"));
+            return Some(format!(
+                "{tool} not found (Debian: apt-get install {package})"
+            ));
         }
     }
-    if !Path::new("/usr/lib/cni/bridge").is_file() || !Path::new("/usr/lib/cni/host-local").is_file()
+    if !Path::new("/usr/lib/cni/bridge").is_file()
+        || !Path::new("/usr/lib/cni/host-local").is_file()
     {
         return Some(
             "the CNI plugins are missing in /usr/lib/cni (Debian: apt-get install containernetworking-plugins)"
@@ -101,9 +109,8 @@ fn missing() -> Option<String> {
 }
 
 fn on_path(tool: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
 }
 
 /// A running single-node cluster. Dropping it stops everything and undoes
@@ -247,7 +254,11 @@ impl RealNode {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(args)
-            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -293,14 +304,18 @@ impl RealNode {
         name: &str,
         limit: Duration,
     ) -> Result<(), String> {
-        poll(&format!("deployment {namespace}/{name} available"), limit, || {
-            let d = self.get_json(&["deployment", "-n", namespace, name]).ok()?;
-            d["status"]["conditions"]
-                .as_array()?
-                .iter()
-                .any(|c| c["type"] == "Available" && c["status"] == "True")
-                .then_some(())
-        })
+        poll(
+            &format!("deployment {namespace}/{name} available"),
+            limit,
+            || {
+                let d = self.get_json(&["deployment", "-n", namespace, name]).ok()?;
+                d["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == "Available" && c["status"] == "True")
+                    .then_some(())
+            },
+        )
     }
 
     /// A namespace whose ServiceAccount `default` and the ConfigMaps every
@@ -312,14 +327,29 @@ impl RealNode {
             .collect();
         self.apply(&format!(
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:{}\n",
-            if labels.is_empty() { " {}".to_string() } else { labels }
+            if labels.is_empty() {
+                " {}".to_string()
+            } else {
+                labels
+            }
         ))?;
-        poll(&format!("namespace {name} ready for pods"), Duration::from_secs(30), || {
-            (self
-                .kubectl(&["get", "-n", name, "serviceaccount/default", "configmap/kube-root-ca.crt", "configmap/openshift-service-ca.crt"])
-                .is_ok())
-            .then_some(())
-        })
+        poll(
+            &format!("namespace {name} ready for pods"),
+            Duration::from_secs(30),
+            || {
+                (self
+                    .kubectl(&[
+                        "get",
+                        "-n",
+                        name,
+                        "serviceaccount/default",
+                        "configmap/kube-root-ca.crt",
+                        "configmap/openshift-service-ca.crt",
+                    ])
+                    .is_ok())
+                .then_some(())
+            },
+        )
     }
 
     /// The kubelet's log files of a container of a pod (CRI format, one file
@@ -331,7 +361,11 @@ impl RealNode {
             if !entry.file_name().to_string_lossy().starts_with(&prefix) {
                 continue;
             }
-            for f in fs::read_dir(entry.path().join(container)).into_iter().flatten().flatten() {
+            for f in fs::read_dir(entry.path().join(container))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 files.push(f.path());
             }
         }
@@ -364,8 +398,14 @@ impl RealNode {
                 .and_then(|rest| rest.rsplit_once('_'))
                 .map(|(pod, _)| pod.to_string())
                 .unwrap_or_default();
-            for f in fs::read_dir(entry.path().join(container)).into_iter().flatten().flatten() {
-                let Ok(text) = fs::read_to_string(f.path()) else { continue };
+            for f in fs::read_dir(entry.path().join(container))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let Ok(text) = fs::read_to_string(f.path()) else {
+                    continue;
+                };
                 for line in text.lines() {
                     // <RFC 3339 time> <stream> <P|F> <text>
                     let mut parts = line.splitn(4, ' ');
@@ -405,13 +445,18 @@ impl RealNode {
         self.pod_containers(namespace, pod)?
             .iter()
             .filter(|c| c["Labels"]["io.cri-containerd.kind"] == "sandbox")
-            .filter_map(|c| netns_of(c))
+            .filter_map(netns_of)
             .find(|p| Path::new(p).exists())
             .ok_or_else(|| format!("no network namespace for {namespace}/{pod}"))
     }
 
     /// The host PID of a running container's first process.
-    pub fn container_pid(&self, namespace: &str, pod: &str, container: &str) -> Result<i32, String> {
+    pub fn container_pid(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<i32, String> {
         let tasks = self.ctr(&["tasks", "ls"])?;
         let running: HashMap<&str, i32> = tasks
             .lines()
@@ -570,9 +615,14 @@ impl RealNode {
                 .any(|c| c["type"] == "Ready" && c["status"] == "True")
                 .then_some(())
         })?;
-        poll("the default ServiceAccount", Duration::from_secs(30), || {
-            self.kubectl(&["get", "serviceaccount", "default", "-n", "default"]).ok()
-        })?;
+        poll(
+            "the default ServiceAccount",
+            Duration::from_secs(30),
+            || {
+                self.kubectl(&["get", "serviceaccount", "default", "-n", "default"])
+                    .ok()
+            },
+        )?;
         eprintln!(
             "real node {} Ready in {:.1} s ({})",
             self.id,
@@ -688,7 +738,10 @@ impl RealNode {
             "del".into(),
             br.clone(),
         ]));
-        run("ip", &["addr", "add", &format!("{}/24", self.bridge_ip), "dev", &br])?;
+        run(
+            "ip",
+            &["addr", "add", &format!("{}/24", self.bridge_ip), "dev", &br],
+        )?;
         run("ip", &["link", "set", &br, "up"])?;
         let cni = self.dir.path().join("cni");
         let conf = serde_json::json!({
@@ -741,7 +794,10 @@ impl RealNode {
         let relay_port = tcp.local_addr().map_err(|e| format!("{e}"))?.port();
         runtime.spawn(dns::poll_records(api, records.clone()));
         runtime.spawn(dns::serve(udp, records));
-        runtime.spawn(dns::relay(tcp, SocketAddr::from(([127, 0, 0, 1], api_port))));
+        runtime.spawn(dns::relay(
+            tcp,
+            SocketAddr::from(([127, 0, 0, 1], api_port)),
+        ));
         self.runtime = Some(runtime);
         let rule: Vec<String> = [
             "PREROUTING",
@@ -946,7 +1002,12 @@ maxPods: 60
         };
         // The sandboxes' network namespaces, while containerd still answers.
         let netns: Vec<String> = self
-            .ctr(&["containers", "ls", "-q", "labels.\"io.cri-containerd.kind\"==sandbox"])
+            .ctr(&[
+                "containers",
+                "ls",
+                "-q",
+                "labels.\"io.cri-containerd.kind\"==sandbox",
+            ])
             .unwrap_or_default()
             .lines()
             .filter_map(|id| {
@@ -979,7 +1040,12 @@ maxPods: 60
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        for name in ["kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"] {
+        for name in [
+            "kube-scheduler",
+            "kube-controller-manager",
+            "kube-apiserver",
+            "etcd",
+        ] {
             stop(name, &mut self.procs);
         }
         while let Some((_, mut child)) = self.procs.pop() {
@@ -1043,8 +1109,13 @@ fn iptables_rules() -> Option<Vec<(String, String, String)>> {
     let mut out = Vec::new();
     for program in ["iptables", "ip6tables"] {
         for table in ["filter", "nat", "mangle"] {
-            let Ok(text) = run(program, &["-w", "-t", table, "-S"]) else { continue };
-            out.extend(text.lines().map(|l| (program.to_string(), table.to_string(), l.to_string())));
+            let Ok(text) = run(program, &["-w", "-t", table, "-S"]) else {
+                continue;
+            };
+            out.extend(
+                text.lines()
+                    .map(|l| (program.to_string(), table.to_string(), l.to_string())),
+            );
         }
     }
     Some(out)
@@ -1059,7 +1130,12 @@ fn remove_kubelet_rules(before: &[(String, String, String)]) {
         .collect();
     for (program, table, line) in &added {
         if let Some(rule) = line.strip_prefix("-A ") {
-            let mut args = vec!["-w".to_string(), "-t".to_string(), table.clone(), "-D".to_string()];
+            let mut args = vec![
+                "-w".to_string(),
+                "-t".to_string(),
+                table.clone(),
+                "-D".to_string(),
+            ];
             args.extend(shell_words(rule));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let _ = run(program, &args);
@@ -1114,7 +1190,12 @@ fn unpacked_binaries() -> Result<PathBuf, String> {
         .map(|target| target.join("real-node-bin"))
         .ok_or("no target directory")?;
     fs::create_dir_all(&bin).map_err(|e| format!("mkdir {}: {e}", bin.display()))?;
-    for b in ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"] {
+    for b in [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+    ] {
         let src = k8s_dir().join("bin").join(format!("{b}.zst"));
         let dst = bin.join(b);
         let newer = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -1124,7 +1205,14 @@ fn unpacked_binaries() -> Result<PathBuf, String> {
         let part = bin.join(format!("{b}.part"));
         run(
             "zstd",
-            &["-q", "-d", "-f", "-o", &part.to_string_lossy(), &src.to_string_lossy()],
+            &[
+                "-q",
+                "-d",
+                "-f",
+                "-o",
+                &part.to_string_lossy(),
+                &src.to_string_lossy(),
+            ],
         )?;
         fs::rename(&part, &dst).map_err(|e| format!("rename {}: {e}", dst.display()))?;
     }
@@ -1240,9 +1328,11 @@ mod tests {
 
     #[test]
     fn parses_rfc3339() {
-        let t = parse_rfc3339("2026-12-04T16:40:00.5Z").and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        let t = parse_rfc3339("2026-12-04T16:40:00.5Z")
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
         assert_eq!(t.map(|d| d.as_millis()), Some(1_796_402_400_500));
-        let o = parse_rfc3339("2026-12-04T17:40:00.5+01:00").and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+        let o = parse_rfc3339("2026-12-04T17:40:00.5+01:00")
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
         assert_eq!(o.map(|d| d.as_millis()), Some(1_796_402_400_500));
         assert!(parse_rfc3339("yesterday").is_none());
     }

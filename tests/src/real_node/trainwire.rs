@@ -30,7 +30,8 @@ fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             copy_dir(&entry.path(), &dst)?;
         } else {
-            std::fs::copy(entry.path(), &dst).map_err(|e| format!("copy {}: {e}", dst.display()))?;
+            std::fs::copy(entry.path(), &dst)
+                .map_err(|e| format!("copy {}: {e}", dst.display()))?;
         }
     }
     Ok(())
@@ -50,14 +51,26 @@ impl RealNode {
             .and_then(|n| n.strip_suffix(".oci.tar"))
             .ok_or("unexpected webhook archive name")?
             .to_string();
-        self.import_image(&webhook, &format!("ghcr.io/trainwire/trainwire-webhook:{version}"))?;
-        self.import_image(&sidecar, &format!("ghcr.io/trainwire/trainwire-sidecar:{version}"))?;
+        self.import_image(
+            &webhook,
+            &format!("ghcr.io/trainwire/trainwire-webhook:{version}"),
+        )?;
+        self.import_image(
+            &sidecar,
+            &format!("ghcr.io/trainwire/trainwire-sidecar:{version}"),
+        )?;
 
         let manifests = self.dir().join("manifests");
         copy_dir(&crate::repo_root().join("manifests"), &manifests)?;
         let certs = manifests.join("overlays/self-managed/certs");
         let _ = std::fs::remove_dir_all(&certs);
-        let bin = crate::webhook_binary()?;
+        // The binary the images were built from, else this build's.
+        let release = crate::repo_root().join("target/release/trainwire-webhook");
+        let bin = if std::env::var_os("TRAINWIRE_WEBHOOK_BIN").is_none() && release.is_file() {
+            release
+        } else {
+            crate::webhook_binary()?
+        };
         super::run(
             &bin.to_string_lossy(),
             &[
@@ -96,15 +109,27 @@ spec:
     spec:
       containers: [{name: trainer, image: x, command: [torchrun, t.py]}]
 "#;
-        super::poll("the webhook answering admission", Duration::from_secs(60), || {
-            let out = self
-                .kubectl_stdin(
-                    &["create", "--dry-run=server", "--validate=false", "-o", "json", "-f", "-"],
-                    Some(probe),
-                )
-                .ok()?;
-            out.contains("PET_NNODES").then_some(())
-        })?;
+        super::poll(
+            "the webhook answering admission",
+            Duration::from_secs(60),
+            || {
+                let out = self
+                    .kubectl_stdin(
+                        &[
+                            "create",
+                            "--dry-run=server",
+                            "--validate=false",
+                            "-o",
+                            "json",
+                            "-f",
+                            "-",
+                        ],
+                        Some(probe),
+                    )
+                    .ok()?;
+                out.contains("PET_NNODES").then_some(())
+            },
+        )?;
         Ok(Install {
             manifests,
             took: start.elapsed(),
