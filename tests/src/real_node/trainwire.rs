@@ -38,11 +38,11 @@ fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
 }
 
 impl RealNode {
-    /// Installs trainwire and waits until both Deployments are available
-    /// and the webhook answers the apiserver (a server-side dry-run of an
-    /// opted-in StatefulSet is injected). Bounded: 120 s.
-    pub fn install_trainwire(&self) -> Result<Install, String> {
-        let start = Instant::now();
+    /// trainwire's `images/build` archives (built when missing) imported
+    /// into containerd's `k8s.io` namespace under the names the manifests
+    /// use (`ghcr.io/trainwire/trainwire-{webhook,sidecar}:<version>`);
+    /// returns the version. For an install by other means (a Helm chart).
+    pub fn import_trainwire_images(&self) -> Result<String, String> {
         let (webhook, sidecar) = super::images::trainwire_archives()?;
         let version = webhook
             .file_name()
@@ -59,6 +59,15 @@ impl RealNode {
             &sidecar,
             &format!("ghcr.io/trainwire/trainwire-sidecar:{version}"),
         )?;
+        Ok(version)
+    }
+
+    /// Installs trainwire and waits until both Deployments are available
+    /// and the webhook answers the apiserver (a server-side dry-run of an
+    /// opted-in StatefulSet is injected). Bounded: 120 s.
+    pub fn install_trainwire(&self) -> Result<Install, String> {
+        let start = Instant::now();
+        self.import_trainwire_images()?;
 
         let manifests = self.dir().join("manifests");
         copy_dir(&crate::repo_root().join("manifests"), &manifests)?;
