@@ -14,6 +14,7 @@ pub mod fuzz;
 pub mod kubelet;
 pub mod mock_api;
 pub mod netns;
+pub mod real_node;
 pub mod rendered;
 pub mod scale;
 pub mod tensorflow;
