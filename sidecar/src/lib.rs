@@ -249,7 +249,7 @@ pub async fn run(
             active.push("kubernetes");
         }
         s.detection = DetectionStatus {
-            configured: format!("{:?}", config.detection).to_lowercase(),
+            configured: config.detection.as_str().to_string(),
             active,
             why: choice.why.clone(),
             problem: None,
