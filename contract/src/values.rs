@@ -281,7 +281,9 @@ choice!(
 choice!(
     /// Which peer-health sources the sidecar runs.
     Detection, "auto, kubernetes (or k8s), heartbeat (or heartbeats), both", {
-    /// The Kubernetes watch if the service account may list and watch pods, else heartbeats.
+    /// Every source the sidecar can run: the Kubernetes watch if the
+    /// service account may list and watch pods, heartbeats if the peer
+    /// hosts are known.
     Auto => "auto",
     /// Only the Kubernetes watch.
     Kubernetes => "kubernetes" | "k8s",

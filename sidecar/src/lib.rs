@@ -257,7 +257,7 @@ pub async fn run(
             active.push("kubernetes");
         }
         s.detection = DetectionStatus {
-            configured: format!("{:?}", config.detection).to_lowercase(),
+            configured: config.detection.as_str().to_string(),
             active,
             why: choice.why.clone(),
             problem: None,

@@ -383,10 +383,13 @@ fn start(test: &str, case: &Case, trainer: Trainer) -> World {
                 (tw::AGENT_MATCH, agent_tag.clone()),
                 ("RUST_LOG", "info".to_string()),
             ])
-            .envs(
-                torch::webhook_env("2", 1, &format!("node-0:{STORE_PORT}"), "seen", rank)
-                    .into_iter(),
-            )
+            .envs(torch::webhook_env(
+                "2",
+                1,
+                &format!("node-0:{STORE_PORT}"),
+                "seen",
+                rank,
+            ))
             .env("CHECKPOINT_DIR", &ckpt)
             .env("GLOO_SOCKET_IFNAME", "eth0");
         let proc = Proc::spawn_as(

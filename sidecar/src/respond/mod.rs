@@ -730,7 +730,7 @@ mod tests {
             let last_answer = time(last.last_answer_at.as_deref().expect("the last answer"));
             let decided = time(&last.detected_at);
             let gap = |a: k8s_openapi::jiff::Timestamp, b: k8s_openapi::jiff::Timestamp| {
-                (b.as_millisecond() - a.as_millisecond()) as i64
+                b.as_millisecond() - a.as_millisecond()
             };
             assert!(
                 (900..=1100).contains(&gap(last_answer, first_miss)),
