@@ -16,7 +16,8 @@
 //!    replica saw before ([`Memory`]) and derives the status from the last
 //!    one (the annotation as read, or the one this replica computed last);
 //! 3. calls the pure [`decide_write`]: nothing when only `updatedAt` would
-//!    change, a new phase at once (a loss opened, training seen again),
+//!    change, into or out of `Recovering` at once (a loss opened,
+//!    training seen again),
 //!    other changes in a merge patch of the annotation at most once per
 //!    [`MIN_WRITE_INTERVAL`] per workload (a write held back is made at the
 //!    end of the interval, with whatever is true then).

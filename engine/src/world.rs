@@ -1154,8 +1154,9 @@ pub enum Write {
 }
 
 /// Whether to write `desired` over `current` (the annotation as read),
-/// given the last write (this replica's, else `current.updatedAt`): a
-/// change of phase at once, other changes at most once per `min_interval`.
+/// given the last write (this replica's, else `current.updatedAt`): into or
+/// out of `Recovering` at once, other changes at most once per
+/// `min_interval`.
 pub fn decide_write(
     current: Option<&WorldStatus>,
     desired: &WorldStatus,
@@ -1166,9 +1167,13 @@ pub fn decide_write(
     if current.is_some_and(|c| c.same_as(desired)) {
         return Write::Unchanged;
     }
-    if current.is_some_and(|c| c.phase != desired.phase) {
-        // A new phase (a loss opened, training resumed) is written at
-        // once: the interval holds back only the details of one phase.
+    if current.is_some_and(|c| {
+        c.phase != desired.phase
+            && (c.phase == Phase::Recovering || desired.phase == Phase::Recovering)
+    }) {
+        // Into or out of `Recovering` (a loss opened, training seen again)
+        // is written at once; the interval holds back the rest (a pod's
+        // readiness flapping between `Running` and `Forming`).
         return Write::Now;
     }
     let next = last_write.and_then(|t| t.checked_add(min_interval).ok());

@@ -610,8 +610,8 @@ async fn a_silent_loss_is_dated_at_the_cut_and_its_deletion_is_no_new_loss() -> 
 #[tokio::test]
 async fn a_new_leader_keeps_the_history_it_reads() -> Result<()> {
     let mut c = Cluster::new();
-    // Written by the last leader at 95; the phase is the same now (a new
-    // phase would be written at once): the write interval runs from then.
+    // Written by the last leader at 95 (not `Recovering`, which would be
+    // left at once): the write interval runs from then.
     let written = json!({"version": 1, "phase": "Forming", "nodes": {"ready": 0, "expected": 2},
         "generation": 4, "updatedAt": at(95).to_string()});
     c.sts["metadata"]["annotations"]["trainwire.dev/world"] = json!(written.to_string());

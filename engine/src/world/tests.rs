@@ -435,7 +435,13 @@ fn status(generation: u64, updated: &str) -> WorldStatus {
     Write::After(Duration::from_secs(6))
 )]
 #[case::changed_at_the_interval(Some(status(0, "x")), Some(90), 100, Write::Now)]
-#[case::a_new_phase_at_once(
+#[case::running_to_forming_waits(
+    Some(WorldStatus { phase: Phase::Running, ..status(1, "x") }),
+    Some(99),
+    100,
+    Write::After(Duration::from_secs(9))
+)]
+#[case::into_or_out_of_recovering_at_once(
     Some(WorldStatus { phase: Phase::Recovering, ..status(1, "x") }),
     Some(99),
     100,
