@@ -701,15 +701,12 @@ pub fn parse_time(text: &str) -> Option<Timestamp> {
 /// first showed it) and `at` (its action, at the confirmation); the
 /// sidecar's clock, but never in the future of ours.
 fn record_loss_time(r: &PeerLossRecord, now: Timestamp) -> Timestamp {
-    [
-        Some(r.at.as_str()),
-        r.suspected_at.as_deref(),
-    ]
-    .into_iter()
-    .flatten()
-    .filter_map(parse_time)
-    .min()
-    .map_or(now, |t| t.min(now))
+    [Some(r.at.as_str()), r.suspected_at.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter_map(parse_time)
+        .min()
+        .map_or(now, |t| t.min(now))
 }
 
 /// Since when a pod's own sidecar says it trains: its record's
