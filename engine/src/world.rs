@@ -74,11 +74,6 @@ use crate::mutation::annotations as ann;
 const POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 /// The label (and annotation) Indexed Job pods carry their index in.
 const JOB_INDEX: &str = "batch.kubernetes.io/job-completion-index";
-/// The trainer container when the pod does not name it.
-const DEFAULT_TRAINER: &str = "trainer";
-/// Bound on the pod's `trainwire.dev/status` annotation read for the
-/// trainer's name.
-const MAX_POD_STATUS_BYTES: usize = 16 * 1024;
 
 /// One pod of the world, as the status needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,26 +113,6 @@ fn trainer_status<'a>(statuses: &'a [ContainerStatus], name: &str) -> Option<&'a
     })
 }
 
-/// From the pod's `trainwire.dev/status` (the template's, as injected): the
-/// trainer container's name, and whether the sidecar was injected.
-fn injected_pod(meta: &ObjectMeta) -> (String, bool) {
-    let status = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ann::STATUS))
-        .filter(|v| v.len() <= MAX_POD_STATUS_BYTES)
-        .and_then(|v| serde_json::from_str::<serde_json::Value>(v).ok());
-    let name = status
-        .as_ref()
-        .and_then(|v| v.get("container").and_then(|c| c.as_str()))
-        .filter(|c| !c.is_empty())
-        .unwrap_or(DEFAULT_TRAINER)
-        .to_string();
-    let sidecar = status
-        .as_ref()
-        .is_some_and(|v| v.get("sidecarPort").is_some_and(|p| !p.is_null()));
-    (name, sidecar)
-}
 
 /// The latest exit of a container and whether it is down now; `None` for
 /// an exit that is a normal end (code 0 where the pod does not restart it).
@@ -180,10 +155,7 @@ impl PodView {
             .and_then(|v| v.parse::<u32>().ok())?;
         let status = pod.status.as_ref();
         let (ready, ready_since) = ready_of(pod);
-        let conditions = status.and_then(|s| s.conditions.as_deref()).unwrap_or(&[]);
-        let disrupted = conditions
-            .iter()
-            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True");
+        let disrupted = crate::pod::disruption(pod);
         let phase = status.and_then(|s| s.phase.as_deref());
         let lost = if let Some(t) = deleted_at(meta) {
             Some((t, "pod-deleted"))
@@ -205,7 +177,11 @@ impl PodView {
         let statuses = status
             .and_then(|s| s.container_statuses.as_deref())
             .unwrap_or(&[]);
-        let (trainer, sidecar) = injected_pod(meta);
+        let record = crate::pod::status_record(meta);
+        let (trainer, sidecar) = (
+            crate::pod::trainer_of(pod, record.as_ref()),
+            crate::pod::runs_sidecar(record.as_ref()),
+        );
         let (trainer_exit, trainer_down) = match trainer_status(statuses, &trainer) {
             Some(c) if phase != Some("Succeeded") => container_exit(c, restarts_always, now),
             _ => (None, false),
