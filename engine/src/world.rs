@@ -113,7 +113,6 @@ fn trainer_status<'a>(statuses: &'a [ContainerStatus], name: &str) -> Option<&'a
     })
 }
 
-
 /// The latest exit of a container and whether it is down now; `None` for
 /// an exit that is a normal end (code 0 where the pod does not restart it).
 fn container_exit(

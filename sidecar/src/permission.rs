@@ -352,7 +352,6 @@ impl Resumed {
                 training_since: Some(rfc3339(since)),
                 torch_rank: seen.torch_rank,
                 training_seen_by: Some(by.as_str().to_string()),
-                ..Default::default()
             });
         }
         let restarted = self.restarted?;
