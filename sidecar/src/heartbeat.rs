@@ -64,16 +64,7 @@ impl Beat {
     }
 }
 
-/// The probe URL of rank `rank`.
-pub fn url_of(config: &Config, rank: u32) -> Option<String> {
-    let host = config.heartbeat.host_of(rank)?;
-    let host = if host.contains(':') && !host.starts_with('[') {
-        format!("[{host}]")
-    } else {
-        host
-    };
-    Some(format!("http://{host}:{}/heartbeat", config.health_port))
-}
+pub use crate::peers::url_of;
 
 /// The ranks this sidecar probes: [`ring::watched`] over every pod of the
 /// workload (the world's largest size plus the hot spares,

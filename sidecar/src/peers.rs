@@ -450,6 +450,18 @@ fn set_state(peer: &mut Peer, state: State, at: Instant) {
     }
 }
 
+/// The heartbeat URL of rank `rank`'s sidecar (its probe; the other
+/// endpoints of a peer's sidecar are on the same host and port).
+pub fn url_of(config: &crate::config::Config, rank: u32) -> Option<String> {
+    let host = config.heartbeat.host_of(rank)?;
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    Some(format!("http://{host}:{}/heartbeat", config.health_port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -625,7 +625,7 @@ async fn ask_peers(http: &HttpClient, config: &crate::config::Config) -> Vec<Ran
                 stuck: Vec::new(),
                 unknown: Some(why),
             };
-            let Some(url) = crate::heartbeat::url_of(config, rank)
+            let Some(url) = crate::peers::url_of(config, rank)
                 .map(|u| u.replace("/heartbeat", "/progress"))
             else {
                 return unknown("no peer host pattern".into());
