@@ -321,8 +321,21 @@ fn inject(
     ctx.status.spares = world.spares;
     ctx.status.rdzv_store = world.store_service.clone().unwrap_or_default();
     let sidecar = sidecar_container::enabled(ctx, ann)?;
-    let handler =
-        rendezvous_handler::resolve(ctx, ann, &world, sidecar, &spec.containers[trainer])?;
+    // An init container of the sidecar's name that the strip kept is the
+    // manifest's own (kept as is, with a warning): trainwire cannot give it
+    // the handler's channel, so the trainer keeps torch's c10d.
+    let own_sidecar = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .any(|c| c.name == sidecar_container::NAME);
+    let handler = rendezvous_handler::resolve(
+        ctx,
+        ann,
+        &world,
+        sidecar && !own_sidecar,
+        &spec.containers[trainer],
+    )?;
     let mut desired = match framework {
         Framework::PyTorch => {
             rendezvous::desired(ctx, &shape, ann, &world, &spec.containers[trainer])
