@@ -625,8 +625,8 @@ async fn ask_peers(http: &HttpClient, config: &crate::config::Config) -> Vec<Ran
                 stuck: Vec::new(),
                 unknown: Some(why),
             };
-            let Some(url) = crate::peers::url_of(config, rank)
-                .map(|u| u.replace("/heartbeat", "/progress"))
+            let Some(url) =
+                crate::peers::url_of(config, rank).map(|u| u.replace("/heartbeat", "/progress"))
             else {
                 return unknown("no peer host pattern".into());
             };
