@@ -328,6 +328,9 @@ impl Peers {
                             set_state(peer, State::Replaced, at);
                             peer.identity = Some(identity);
                             peer.reason = None;
+                            // The replacement has not answered yet: its
+                            // silence while it starts is no loss.
+                            peer.last_answer = None;
                         } else if peer.lost_by == Some(obs.source) {
                             // The same peer is back (it was frozen, or its
                             // pod became Ready again): the source that lost it
@@ -375,6 +378,14 @@ impl Peers {
                 // (a name that does not resolve, say) is shown.
                 State::Unknown | State::Absent => peer.detail = detail,
                 State::Lost | State::NotWatched => {}
+                // Seen by the watch only, never by an answer (a replacement
+                // whose sidecar is still starting): heartbeats cannot lose
+                // what they never saw alive; the watch sees it fail.
+                State::Healthy | State::Suspect | State::Replaced
+                    if peer.last_answer.is_none() =>
+                {
+                    peer.detail = detail
+                }
                 State::Healthy | State::Suspect | State::Replaced => {
                     peer.trouble_since.get_or_insert(at);
                     peer.misses += 1;
@@ -569,6 +580,21 @@ mod tests {
         // A new pod in the watch is still a replacement.
         p.observe(obs(1, Source::Kubernetes, Evidence::Alive(id("b")), at(4)));
         assert_eq!(p.get(1).map(|x| x.state), Some(State::Replaced));
+        // While its sidecar starts it answers nothing: no second loss (the
+        // deleted cut pod's replacement on a real node).
+        for s in 5..10 {
+            let miss = Evidence::Missed("connection refused".into());
+            assert!(p.observe(obs(1, Source::Heartbeat, miss, at(s))).is_none());
+        }
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Replaced));
+        // Once it answered, its silence counts again.
+        p.observe(obs(1, Source::Heartbeat, Evidence::Alive(id("b")), at(10)));
+        assert_eq!(p.get(1).map(|x| x.state), Some(State::Healthy));
+        let lost = (11..14).find_map(|s| {
+            let miss = Evidence::Missed("timeout".into());
+            p.observe(obs(1, Source::Heartbeat, miss, at(s)))
+        });
+        assert!(lost.is_some(), "a replacement seen alive is lost by its silence");
     }
 
     #[test]
