@@ -23,9 +23,11 @@ pub const PEER_HOSTS: &str = "TRAINWIRE_PEER_HOSTS";
 /// Rank of the rendezvous host (the pod that runs the c10d store): `0`, or
 /// `none` when the store is outside the world (etcd-v2).
 pub const RDZV_HOST_RANK: &str = "TRAINWIRE_RDZV_HOST_RANK";
-/// Port of the rendezvous store on the rendezvous host (c10d, static); the
+/// Port of the rendezvous store (c10d, static): on the rendezvous host, or
+/// of the dedicated store. Its connections are not the collective's (the
+/// training scan leaves them out), and with the store on pod 0 the
 /// survivors restart their agent only once a replacement host's store
-/// accepts connections there. Unset: not checked (etcd-v2, older webhooks).
+/// accepts connections there. Unset: neither (etcd-v2, older webhooks).
 pub const RDZV_PORT: &str = "TRAINWIRE_RDZV_PORT";
 /// The directory shared with the trainer's rendezvous handler
 /// ([`crate::rendezvous::CHANNEL_DIR`] as injected): the sidecar writes each

@@ -201,13 +201,12 @@ pub fn inject(
     if world.spares > 0 {
         vars.push(plain(env::SPARES, world.spares.to_string()));
     }
-    // Where pod 0's store listens: a replacement host is there for the
-    // survivors' restarted torchrun only once it accepts connections.
-    if let Some(port) = ctx
-        .status
-        .rdzv_port
-        .filter(|_| !tensorflow && world.store_service.is_none())
-    {
+    // The rendezvous store's port, pod 0's or the dedicated store's: its
+    // connections are not the collective's (an agent's keep-alive every
+    // second would look like training steps), and a replacement of pod 0
+    // is there for the survivors' restarted torchrun only once its store
+    // accepts connections.
+    if let Some(port) = ctx.status.rdzv_port.filter(|_| !tensorflow) {
         vars.push(plain(env::RDZV_PORT, port.to_string()));
     }
     vars.push(plain(

@@ -2276,7 +2276,12 @@ fn spares_and_a_dedicated_store_point_every_node_at_the_store() {
         sidecar_value(o, "TRAINWIRE_RDZV_HOST_RANK").as_deref(),
         Some("none")
     );
-    assert_eq!(sidecar_value(o, "TRAINWIRE_RDZV_PORT"), None);
+    // The store's port: its connections (every agent's keep-alive) are not
+    // the collective's.
+    assert_eq!(
+        sidecar_value(o, "TRAINWIRE_RDZV_PORT").as_deref(),
+        Some("29500")
+    );
     let status =
         status::read(&serde_json::from_value(o["spec"]["template"].clone()).expect("template"))
             .expect("status");
