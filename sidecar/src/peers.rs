@@ -381,9 +381,7 @@ impl Peers {
                 // Seen by the watch only, never by an answer (a replacement
                 // whose sidecar is still starting): heartbeats cannot lose
                 // what they never saw alive; the watch sees it fail.
-                State::Healthy | State::Suspect | State::Replaced
-                    if peer.last_answer.is_none() =>
-                {
+                State::Healthy | State::Suspect | State::Replaced if peer.last_answer.is_none() => {
                     peer.detail = detail
                 }
                 State::Healthy | State::Suspect | State::Replaced => {
@@ -594,7 +592,10 @@ mod tests {
             let miss = Evidence::Missed("timeout".into());
             p.observe(obs(1, Source::Heartbeat, miss, at(s)))
         });
-        assert!(lost.is_some(), "a replacement seen alive is lost by its silence");
+        assert!(
+            lost.is_some(),
+            "a replacement seen alive is lost by its silence"
+        );
     }
 
     #[test]
