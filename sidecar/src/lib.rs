@@ -63,6 +63,7 @@ pub mod respond;
 pub mod ring;
 pub mod server;
 pub mod signal;
+pub mod stall;
 pub mod status;
 pub mod world;
 

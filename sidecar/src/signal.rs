@@ -15,6 +15,9 @@ use serde::Serialize;
 
 use crate::config::ActionLimits;
 
+/// Time limit of one `/proc` scan plus the signals.
+pub const EXECUTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Linux reports process start times in `USER_HZ` ticks, which is 100 on
 /// every architecture the sidecar is built for (it is a fixed ABI value).
 pub const TICKS_PER_SECOND: u64 = 100;

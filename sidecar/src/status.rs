@@ -460,7 +460,7 @@ pub struct StatusDoc {
     /// none run).
     pub training: Option<TrainingStatus>,
     /// Whether the world makes progress, and the last stall found.
-    pub progress: Option<crate::progress::ProgressStatus>,
+    pub progress: Option<crate::stall::ProgressStatus>,
 }
 
 /// State shared by the sidecar's tasks and its HTTP server.

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use crate::events::EventSink;
 use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, Sent};
@@ -13,8 +13,7 @@ use crate::status::{ActionLabels, ActionStatus, Shared, SignalFailureLabels, rfc
 use super::episode::Episode;
 use super::policy::{MAX_ATTEMPTS, goal_reached, retry_after};
 
-/// Time limit of one `/proc` scan plus the signals.
-pub const EXECUTE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::signal::EXECUTE_TIMEOUT;
 
 /// What the executor did for one step.
 pub(super) struct Executed {
