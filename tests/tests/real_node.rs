@@ -383,6 +383,30 @@ spec:
         })
     }
 
+    /// The pods, and the trainer's and the sidecar's last lines since `at`
+    /// (for a failure's message).
+    fn since(&self, at: SystemTime) -> String {
+        let mut out = self
+            .node
+            .kubectl(&["get", "pods", "-n", &self.ns, "-o", "wide"])
+            .unwrap_or_default();
+        for container in ["trainer", "trainwire-sidecar"] {
+            let lines: Vec<_> = self
+                .node
+                .log_lines(&self.ns, STS, container)
+                .into_iter()
+                .filter(|(t, _, _)| *t >= at)
+                .collect();
+            for (t, pod, line) in lines.iter().skip(lines.len().saturating_sub(40)) {
+                out.push_str(&format!(
+                    "{} {pod}/{container}: {line}\n",
+                    fmt_rel(Some(*t), at)
+                ));
+            }
+        }
+        out
+    }
+
     /// (time, pod) of every training step line.
     fn steps(&self) -> Vec<(SystemTime, String)> {
         self.node
@@ -661,7 +685,10 @@ spec:
         ));
         let mut fail = |what: String| failures.push(format!("{label}: {what}"));
         let Some(first) = first else {
-            fail("no training step after the loss within 90 s".into());
+            fail(format!(
+                "no training step after the loss within 90 s; what the pods said since:\n{}",
+                self.since(at)
+            ));
             return;
         };
         if silent {
