@@ -155,9 +155,14 @@ impl TrainingSeenBy {
 /// after the collective formed before training counts as seen
 /// ([`TrainingSeenBy::CollectiveTraffic`]): a trainer's start-up sends at
 /// most two bursts over them (torch's object broadcast of the checkpoint
-/// choice, DDP's parameter broadcast after the checkpoint load); the
-/// third is a training step's gradient all-reduce, or a later one.
-pub const STEP_BURSTS: u32 = 3;
+/// choice, DDP's parameter broadcast after the checkpoint load), and a
+/// third when one of them straddles two scans or the mesh's last
+/// connections open after the scan that saw it form; the third can also be
+/// the first step's all-reduce, which DDP starts during the backward pass,
+/// before the step is done and logged. So the fourth: a training step's
+/// all-reduce after the first (on the real node a third dated the
+/// resumption up to 0.15 s before the trainer logged its first step).
+pub const STEP_BURSTS: u32 = 4;
 
 /// How long after their start workers that expect peers but hold no TCP
 /// connection at all (not even to the rendezvous store, which torch's

@@ -25,7 +25,7 @@ pub const SPARE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// `trainingSince` is recorded within this of what shows it, ahead of the
 /// next checkpoint, and the collective's bursts are counted at this pace),
 /// for at most [`RESUMPTION_WATCH`] after the loss or the workers' start.
-pub const RESUMPTION_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+pub const RESUMPTION_CHECK_INTERVAL: Duration = Duration::from_millis(250);
 /// How long after a loss training is awaited at the faster pace.
 pub const RESUMPTION_WATCH: Duration = Duration::from_secs(300);
 /// A `/proc` scan that takes longer than this is abandoned (and reported).
@@ -828,9 +828,10 @@ mod tests {
             assert_eq!(record.suspected_at, Some(text(100)));
         }
 
-        /// With the collective's traffic readable, training is the third
+        /// With the collective's traffic readable, training is the fourth
         /// scan whose connections carried new bytes after it formed (the
-        /// start-up's broadcasts are at most two); a collective that stays
+        /// start-up's broadcasts are at most two, three when one straddles
+        /// two scans); a collective that stays
         /// silent (NCCL over RDMA) counts from its forming after the wait.
         #[test]
         fn training_is_the_collectives_traffic_after_it_formed() {
@@ -844,21 +845,23 @@ mod tests {
             assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
             // Formed at 108 with the checkpoint choice broadcast; the
             // parameters' broadcast at 109; nothing while loading; a new
-            // connection's bytes at 111 (the first step); a step at 112.
+            // connection's bytes at 111 (the first step); steps at 112
+            // and 113.
             let scans = [
                 (108, vec![(1, 300)]),
                 (109, vec![(1, 90_000)]),
                 (110, vec![(1, 90_000)]),
                 (111, vec![(1, 90_000), (2, 40)]),
+                (112, vec![(1, 180_000), (2, 40)]),
             ];
             for (at, bytes) in scans {
                 seen.collective = formed(&bytes);
                 assert_eq!(r.next(Some(&l), &seen, OWN, t(at)), None, "at {at}");
             }
-            seen.collective = formed(&[(1, 180_000), (2, 40)]);
-            let record = r.next(Some(&l), &seen, OWN, t(112)).expect("the record");
-            assert_eq!(STEP_BURSTS, 3);
-            assert_eq!(record.training_since, Some(text(112)));
+            seen.collective = formed(&[(1, 270_000), (2, 40)]);
+            let record = r.next(Some(&l), &seen, OWN, t(113)).expect("the record");
+            assert_eq!(STEP_BURSTS, 4);
+            assert_eq!(record.training_since, Some(text(113)));
             assert_eq!(
                 record.training_seen_by.as_deref(),
                 Some("collective-traffic")
