@@ -16,6 +16,24 @@ use crate::{Grammar, Invalid, PositiveDuration, string_value};
 /// 30 minutes. A world whose saves or evaluations are longer sets its own.
 pub const DEFAULT_STALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
+/// The signal a sidecar sends a stalled world's workers before it restarts
+/// them, for their Python stacks: trainwire's `sitecustomize` (on the
+/// trainer's `PYTHONPATH` with the rendezvous handler) registers Python's
+/// `faulthandler` for it, which writes every thread's stack to the process's
+/// standard error from the signal handler itself. SIGPWR: applications
+/// leave it alone (SIGUSR1 and SIGUSR2 are often taken: job requeue,
+/// profilers), and its default action ends a process without a handler
+/// with no core dump, as the SIGTERM that follows would.
+pub const STACKS_SIGNAL: &str = "SIGPWR";
+/// The trainer's variable that names [`STACKS_SIGNAL`] to trainwire's
+/// `sitecustomize` (by its name, as Python's `signal` module spells it);
+/// unset or empty, nothing is registered.
+pub const STACKS_SIGNAL_ENV: &str = "TRAINWIRE_STACKS_SIGNAL";
+/// How long a sidecar waits after asking for the stacks (and resuming a
+/// stopped worker) before it stops the workers: the dump takes
+/// milliseconds once the process runs.
+pub const STACKS_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// `off`, or how long no rank's collective traffic may stand still before
 /// the world is stalled.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

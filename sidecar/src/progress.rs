@@ -638,22 +638,68 @@ pub fn kill_leftovers(
         .collect()
 }
 
-/// The restart-workers effect for a stall: SIGTERM the workers
-/// ([`Plan::TermWorkers`]), then SIGCONT them, so that a stopped worker
-/// receives its SIGTERM now rather than when torchrun's own stop gives up
-/// waiting (30 s) and kills it; those still there after [`KILL_AFTER`] are
-/// killed. On a thread of its own, with a time limit.
+/// Asks each worker for its Python stacks
+/// ([`STACKS_SIGNAL`](trainwire_contract::stall::STACKS_SIGNAL), SIGPWR, which
+/// trainwire's `sitecustomize` registers with `faulthandler`), resumes a
+/// stopped one so that it writes them now, and gives them
+/// [`STACKS_WAIT`](trainwire_contract::stall::STACKS_WAIT) to do so. A
+/// worker in an uninterruptible wait writes nothing; one without the
+/// registration ends (the signal's default action, no core dump), as its
+/// SIGTERM would have made it.
+pub fn ask_for_stacks(workers: &[signal::Process]) -> Vec<signal::Sent> {
+    use nix::sys::signal::Signal;
+    use trainwire_contract::stall::{STACKS_SIGNAL, STACKS_WAIT};
+    let Ok(stacks) = STACKS_SIGNAL.parse::<Signal>() else {
+        return Vec::new();
+    };
+    let sent: Vec<signal::Sent> = workers
+        .iter()
+        .map(|w| {
+            let pid = nix::unistd::Pid::from_raw(w.pid);
+            let error = match nix::sys::signal::kill(pid, stacks) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => None,
+                Err(e) => Some(e.to_string()),
+            };
+            let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+            signal::Sent {
+                pid: w.pid,
+                role: "worker",
+                signal: stacks.as_str(),
+                error,
+            }
+        })
+        .collect();
+    if !sent.is_empty() {
+        std::thread::sleep(STACKS_WAIT);
+    }
+    sent
+}
+
+/// The restart-workers effect for a stall: where the trainer has
+/// trainwire's Python files (the rendezvous handler's channel is
+/// configured), first each worker's Python stacks into the trainer's log
+/// ([`ask_for_stacks`]); then SIGTERM the workers ([`Plan::TermWorkers`])
+/// and SIGCONT them, so that a stopped worker receives its SIGTERM now
+/// rather than when torchrun's own stop gives up waiting (30 s) and kills
+/// it; those still there after [`KILL_AFTER`] are killed. On a thread of
+/// its own, with a time limit.
 async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
     let matcher = AgentMatcher::new(config.agent_match.clone());
     let self_pid = std::process::id() as i32;
+    let stacks = config.rendezvous_dir.is_some();
     let work = signal::on_own_thread("trainwire-stall", move || {
         let procs = signal::scan(Path::new("/proc"));
         let trainers = signal::find_trainers(&procs, &matcher, self_pid);
-        let mut sent = signal::execute(Plan::TermWorkers, &trainers, u64::MAX);
         let workers: Vec<signal::Process> = trainers
             .iter()
             .flat_map(|t| t.workers.iter().cloned())
             .collect();
+        let mut sent = if stacks {
+            ask_for_stacks(&workers)
+        } else {
+            Vec::new()
+        };
+        sent.extend(signal::execute(Plan::TermWorkers, &trainers, u64::MAX));
         for w in &workers {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(w.pid),
@@ -687,6 +733,7 @@ async fn restart_workers(config: &crate::config::Config) -> (Outcome, String) {
         .join(", ");
     match (sent.len(), failed) {
         (0, _) => (Outcome::NoTrainer, "no worker to restart".into()),
+        (_, 0) if terminated == 0 => (Outcome::NoTrainer, "no worker to restart".into()),
         (_, 0) => (
             Outcome::Signalled,
             format!("{terminated} workers signalled: {text}"),

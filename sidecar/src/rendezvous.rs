@@ -21,7 +21,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use trainwire_contract::rendezvous::{HANDLER_BACKEND, LOSS_FILE, NODE_FILE};
 
 /// The handler's files, relative to the directory put on `PYTHONPATH`.
-pub const HANDLER_FILES: [(&str, &str); 4] = [
+pub const HANDLER_FILES: [(&str, &str); 5] = [
     (
         "trainwire_rendezvous/__init__.py",
         include_str!("../rendezvous/trainwire_rendezvous/__init__.py"),
@@ -37,6 +37,11 @@ pub const HANDLER_FILES: [(&str, &str); 4] = [
     (
         "trainwire_rendezvous-1.0.dist-info/RECORD",
         include_str!("../rendezvous/trainwire_rendezvous-1.0.dist-info/RECORD"),
+    ),
+    // The workers' Python stacks on the sidecar's signal (a stall).
+    (
+        "sitecustomize.py",
+        include_str!("../rendezvous/sitecustomize.py"),
     ),
 ];
 

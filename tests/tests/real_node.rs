@@ -34,12 +34,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use trainwire_tests::real_node::{self, Install, RealNode, TRAINER_IMAGE, parse_rfc3339, poll};
+use trainwire_tests::real_node::world::{
+    Shape, World, descendants, fmt_rel, prepare_trainer, run, secs, time_of,
+};
+use trainwire_tests::real_node::{self, RealNode};
 
 const TEST: &str = "real_node_recovery";
-const STS: &str = "train";
-/// The label of the namespaces the host-Python policy applies to.
-const HOST_PYTHON_LABEL: &str = "trainwire.test/host-python";
 
 #[test]
 fn real_node_recovery() {
@@ -61,21 +61,17 @@ fn real_node_recovery() {
         node_ready.as_secs_f64(),
         install.took.as_secs_f64()
     );
-    let prefix = real_node::images::python_prefix().unwrap_or_else(|e| panic!("{e}"));
-    let archive = real_node::images::trainer_image(&node.dir().join("images"), &prefix)
-        .unwrap_or_else(|e| panic!("trainer image: {e}"));
-    node.import_image(&archive, TRAINER_IMAGE)
-        .unwrap_or_else(|e| panic!("{e}"));
-    node.apply(&real_node::images::host_python_policy(
-        &prefix,
-        HOST_PYTHON_LABEL,
-    ))
-    .unwrap_or_else(|e| panic!("host Python policy: {e}"));
+    prepare_trainer(&node).unwrap_or_else(|e| panic!("{e}"));
 
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (ns, user) in [("rn-root", None), ("rn-uid1000", Some(1000))] {
-        let world = match World::create(&node, &install, ns, user) {
+        let shape = Shape {
+            user,
+            spares: 1,
+            annotations: Vec::new(),
+        };
+        let world = match World::create(&node, &install, ns, shape) {
             Ok(w) => w,
             Err(e) => {
                 failures.push(format!("{ns}: {e}"));
@@ -101,13 +97,6 @@ fn real_node_recovery() {
     );
 }
 
-/// One training world in its own namespace.
-struct World<'a> {
-    node: &'a RealNode,
-    ns: String,
-    user: &'static str,
-}
-
 /// What the world annotation and the sidecars showed after one loss.
 #[derive(Default)]
 struct Measured {
@@ -122,328 +111,30 @@ struct Measured {
     sidecars: BTreeMap<String, Value>,
 }
 
-fn secs(a: SystemTime, b: SystemTime) -> f64 {
-    match a.duration_since(b) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    }
+/// The loss scenarios and their figures, on a [`World`].
+trait Scenarios {
+    fn measure(&self, at: SystemTime, lost: &str, generation_before: u64) -> Measured;
+    fn run_scenarios(&self, lines: &mut Vec<String>, failures: &mut Vec<String>);
+    fn watch_quiet(
+        &self,
+        at: SystemTime,
+        deleted: &str,
+        before: &Value,
+    ) -> Result<(Option<Value>, Vec<String>, f64), String>;
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &self,
+        kind: &str,
+        pod: &str,
+        at: SystemTime,
+        m: &Measured,
+        lines: &mut Vec<String>,
+        failures: &mut Vec<String>,
+        silent: bool,
+    );
 }
 
-fn fmt_rel(t: Option<SystemTime>, base: SystemTime) -> String {
-    t.map_or("never".to_string(), |t| format!("{:+.1} s", secs(t, base)))
-}
-
-fn time_of(v: &Value) -> Option<SystemTime> {
-    v.as_str().and_then(parse_rfc3339)
-}
-
-impl<'a> World<'a> {
-    fn create(
-        node: &'a RealNode,
-        install: &Install,
-        ns: &str,
-        user: Option<u32>,
-    ) -> Result<World<'a>, String> {
-        let start = Instant::now();
-        node.create_namespace(ns, &[(HOST_PYTHON_LABEL, "true")])?;
-        install.bind_sidecar(node, ns)?;
-        // The policy selects the namespace by its label, from the
-        // apiserver's cache of namespaces: wait until it applies here.
-        let probe = format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: probe, namespace: {ns}}}\nspec:\n  containers: [{{name: c, image: \"{TRAINER_IMAGE}\"}}]\n"
-        );
-        poll(
-            &format!("{ns}: the host-Python policy applying"),
-            Duration::from_secs(30),
-            || {
-                node.kubectl_stdin(
-                    &[
-                        "create",
-                        "--dry-run=server",
-                        "--validate=false",
-                        "-o",
-                        "json",
-                        "-f",
-                        "-",
-                    ],
-                    Some(&probe),
-                )
-                .ok()?
-                .contains("host-python")
-                .then_some(())
-            },
-        )?;
-        let script = trainwire_tests::torch::train_script();
-        node.kubectl(&[
-            "create",
-            "configmap",
-            "train",
-            "-n",
-            ns,
-            &format!("--from-file=train.py={}", script.display()),
-        ])?;
-        let ckpt = node.dir().join(format!("ckpt-{ns}"));
-        std::fs::create_dir_all(&ckpt).map_err(|e| format!("{e}"))?;
-        std::fs::set_permissions(&ckpt, std::os::unix::fs::PermissionsExt::from_mode(0o777))
-            .map_err(|e| format!("{e}"))?;
-        let security = user.map_or(String::new(), |uid| {
-            format!("\n          securityContext:\n            runAsUser: {uid}\n            runAsGroup: {uid}")
-        });
-        let fs_group = user.map_or(String::new(), |uid| {
-            format!("\n      securityContext:\n        fsGroup: {uid}")
-        });
-        node.apply(&format!(
-            r#"apiVersion: v1
-kind: PersistentVolume
-metadata:
-  name: {id}-{ns}-ckpt
-spec:
-  capacity: {{storage: 1Gi}}
-  accessModes: [ReadWriteMany]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  hostPath: {{path: "{ckpt}", type: Directory}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: ckpt
-  namespace: {ns}
-spec:
-  accessModes: [ReadWriteMany]
-  storageClassName: ""
-  volumeName: {id}-{ns}-ckpt
-  resources: {{requests: {{storage: 1Gi}}}}
----
-apiVersion: v1
-kind: Service
-metadata:
-  name: {STS}
-  namespace: {ns}
-spec:
-  clusterIP: None
-  selector: {{app: {STS}}}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: {STS}
-  namespace: {ns}
-  annotations:
-    trainwire.dev/inject: "true"
-    trainwire.dev/nnodes: "2"
-    trainwire.dev/spares: "1"
-    trainwire.dev/rdzv-store: dedicated
-    trainwire.dev/checkpoint-pvc: ckpt
-spec:
-  serviceName: {STS}
-  replicas: 3
-  podManagementPolicy: Parallel
-  selector:
-    matchLabels: {{app: {STS}}}
-  template:
-    metadata:
-      labels: {{app: {STS}}}
-    spec:{fs_group}
-      containers:
-        - name: trainer
-          image: {TRAINER_IMAGE}
-          imagePullPolicy: Never
-          command: [torchrun, /train/train.py]{security}
-          env:
-            - {{name: TRAIN_STEPS, value: "1000000"}}
-            - {{name: TRAIN_SLEEP, value: "0.2"}}
-            - {{name: TRAIN_LOG_EVERY, value: "1"}}
-            - {{name: TRAIN_CHECKPOINT_INTERVAL, value: "25"}}
-          volumeMounts: [{{name: train, mountPath: /train}}]
-      volumes:
-        - {{name: train, configMap: {{name: train}}}}
-"#,
-            id = node.id,
-            ckpt = ckpt.display(),
-        ))?;
-        let world = World {
-            node,
-            ns: ns.to_string(),
-            user: if user.is_some() { "uid1000" } else { "root" },
-        };
-        world.wait_steady(Duration::from_secs(150))?;
-        eprintln!(
-            "{ns}: world training in {:.1} s",
-            start.elapsed().as_secs_f64()
-        );
-        Ok(world)
-    }
-
-    fn remove(&self) {
-        let _ = self.node.kubectl(&[
-            "delete",
-            "statefulset,deployment,pods",
-            "--all",
-            "-n",
-            &self.ns,
-            "--grace-period=0",
-            "--force",
-            "--wait=false",
-        ]);
-        let _ = self
-            .node
-            .kubectl(&["delete", "namespace", &self.ns, "--wait=false"]);
-    }
-
-    /// The StatefulSet's pods (name -> object).
-    fn pods(&self) -> BTreeMap<String, Value> {
-        self.node
-            .get_json(&["pods", "-n", &self.ns, "-l", &format!("app={STS}")])
-            .ok()
-            .and_then(|l| l["items"].as_array().cloned())
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|p| Some((p["metadata"]["name"].as_str()?.to_string(), p)))
-            .collect()
-    }
-
-    fn world(&self) -> Value {
-        self.node
-            .get_json(&["statefulset", "-n", &self.ns, STS])
-            .ok()
-            .and_then(|s| {
-                serde_json::from_str(s["metadata"]["annotations"]["trainwire.dev/world"].as_str()?)
-                    .ok()
-            })
-            .unwrap_or(Value::Null)
-    }
-
-    /// pod -> (agent pid, its workers' `RANK`s), for pods whose trainer runs.
-    fn agents(&self) -> BTreeMap<String, (i32, Vec<u32>)> {
-        let mut out = BTreeMap::new();
-        for pod in self.pods().keys() {
-            let Ok(pid) = self.node.container_pid(&self.ns, pod, "trainer") else {
-                continue;
-            };
-            let ranks = children(pid)
-                .into_iter()
-                .filter_map(|w| {
-                    let env = std::fs::read(format!("/proc/{w}/environ")).ok()?;
-                    env.split(|b| *b == 0)
-                        .find_map(|kv| kv.strip_prefix(b"RANK="))
-                        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
-                })
-                .collect();
-            out.insert(pod.clone(), (pid, ranks));
-        }
-        out
-    }
-
-    /// The pod whose worker is torch's rank 0.
-    fn rank0_pod(&self) -> Result<String, String> {
-        self.agents()
-            .into_iter()
-            .find(|(_, (_, ranks))| ranks.contains(&0))
-            .map(|(pod, _)| pod)
-            .ok_or_else(|| format!("{}: no pod runs torch's rank 0", self.ns))
-    }
-
-    /// Three pods Ready, two of them training (workers), a step in the last 2 s.
-    fn wait_steady(&self, limit: Duration) -> Result<(), String> {
-        poll(
-            &format!("{}: world of 2 + 1 spare training", self.ns),
-            limit,
-            || {
-                let pods = self.pods();
-                let ready = pods
-                    .values()
-                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-                    .filter(|p| {
-                        p["status"]["conditions"].as_array().is_some_and(|c| {
-                            c.iter()
-                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                        })
-                    })
-                    .count();
-                if ready < 3 {
-                    return None;
-                }
-                let training = self
-                    .agents()
-                    .values()
-                    .filter(|(_, r)| !r.is_empty())
-                    .count();
-                let last = self.steps().last().map(|(t, _)| *t)?;
-                (training == 2 && secs(SystemTime::now(), last) < 2.0).then_some(())
-            },
-        )
-        .map_err(|e| {
-            format!(
-                "{e}\n{}",
-                self.node
-                    .kubectl(&["get", "pods,events", "-n", &self.ns, "-o", "wide"])
-                    .unwrap_or_default()
-            )
-        })
-    }
-
-    /// The pods, and the trainer's and the sidecar's last lines since `at`
-    /// (for a failure's message).
-    fn since(&self, at: SystemTime) -> String {
-        let mut out = self
-            .node
-            .kubectl(&["get", "pods", "-n", &self.ns, "-o", "wide"])
-            .unwrap_or_default();
-        for container in ["trainer", "trainwire-sidecar"] {
-            let lines: Vec<_> = self
-                .node
-                .log_lines(&self.ns, STS, container)
-                .into_iter()
-                .filter(|(t, _, _)| *t >= at)
-                .collect();
-            for (t, pod, line) in lines.iter().skip(lines.len().saturating_sub(40)) {
-                out.push_str(&format!(
-                    "{} {pod}/{container}: {line}\n",
-                    fmt_rel(Some(*t), at)
-                ));
-            }
-        }
-        out
-    }
-
-    /// (time, pod) of every training step line.
-    fn steps(&self) -> Vec<(SystemTime, String)> {
-        self.node
-            .log_lines(&self.ns, STS, "trainer")
-            .into_iter()
-            .filter(|(_, _, l)| l.starts_with("[trainwire-train] step="))
-            .map(|(t, pod, _)| (t, pod))
-            .collect()
-    }
-
-    /// The first step of workers started after `after`.
-    fn first_step_after(&self, after: SystemTime) -> Option<SystemTime> {
-        let lines = self.node.log_lines(&self.ns, STS, "trainer");
-        let start = lines
-            .iter()
-            .find(|(t, _, l)| *t > after && l.starts_with("[trainwire-train] start "))?
-            .0;
-        lines
-            .iter()
-            .find(|(t, _, l)| *t >= start && l.starts_with("[trainwire-train] step="))
-            .map(|(t, _, _)| *t)
-    }
-
-    fn sidecar_status(&self, pod: &Value) -> Option<Value> {
-        let ip = pod["status"]["podIP"].as_str()?;
-        let port = pod["spec"]["initContainers"]
-            .as_array()?
-            .iter()
-            .chain(pod["spec"]["containers"].as_array()?.iter())
-            .flat_map(|c| c["env"].as_array().cloned().unwrap_or_default())
-            .find(|e| e["name"] == "TRAINWIRE_HEALTH_PORT")
-            .and_then(|e| e["value"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "29600".to_string());
-        let status = trainwire_tests::net::status(&format!("{ip}:{port}"));
-        (!status.is_null()).then_some(status)
-    }
-
+impl Scenarios for World<'_> {
     /// Polls the world and the sidecars after a loss at `at`, until every
     /// figure is in or `first step + 20 s` (at most `at + 90 s`).
     fn measure(&self, at: SystemTime, lost: &str, generation_before: u64) -> Measured {
@@ -506,7 +197,7 @@ spec:
             let before = self.world()["generation"].as_u64().unwrap_or(0);
             let netns = self.node.pod_netns(&self.ns, &cut)?;
             let at = SystemTime::now();
-            real_node_run(
+            run(
                 "nsenter",
                 &[
                     &format!("--net={netns}"),
@@ -555,7 +246,7 @@ spec:
             let agents = self.agents();
             let (agent, _) = agents.get(&victim).ok_or("no agent")?;
             let before = self.world()["generation"].as_u64().unwrap_or(0);
-            let mut tree = children(*agent);
+            let mut tree = descendants(*agent);
             tree.push(*agent);
             let at = SystemTime::now();
             for pid in tree {
@@ -728,38 +419,4 @@ spec:
             )),
         }
     }
-}
-
-fn real_node_run(program: &str, args: &[&str]) -> Result<(), String> {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{program} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// The direct children of `pid` (every thread's).
-fn children(pid: i32) -> Vec<i32> {
-    let mut out = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
-            out.extend(
-                text.split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok()),
-            );
-        }
-    }
-    out
 }

@@ -26,7 +26,7 @@ use super::injection::{Ctx, Refusal};
 use super::rendezvous::World;
 use super::trainer::{self, Conflict, Desired};
 use crate::policy::{self, Framework, RdzvBackend, RdzvHandler, RdzvStore};
-use trainwire_contract::env;
+use trainwire_contract::{env, stall};
 use trainwire_contract::rendezvous::{CHANNEL_DIR, HANDLER_BACKEND, HANDLER_DIR, SHARED_DIR};
 
 /// The init container that installs the handler.
@@ -164,6 +164,12 @@ pub fn desired(c: &Container, handler: Handler) -> Vec<Desired> {
             env::RENDEZVOUS_DIR,
             CHANNEL_DIR,
             "where the sidecar tells the rendezvous handler of a loss",
+            Conflict::ManifestWins,
+        ),
+        Desired::value(
+            stall::STACKS_SIGNAL_ENV,
+            stall::STACKS_SIGNAL,
+            "the signal on which the workers write their Python stacks (trainwire's sitecustomize), sent by the sidecar before it restarts a stalled world",
             Conflict::ManifestWins,
         ),
     ];

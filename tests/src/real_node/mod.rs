@@ -27,6 +27,7 @@
 pub mod dns;
 pub mod images;
 pub mod trainwire;
+pub mod world;
 
 use std::collections::HashMap;
 use std::fs;

@@ -1,0 +1,259 @@
+//! A hung world on a real node (issue 40, docs/real-node.md): trainwire
+//! installed from its images, real `torchrun` + `examples/train.py`
+//! (CPU/gloo) in a StatefulSet of 2 with a dedicated store, the trainer as
+//! root, `trainwire.dev/stall-timeout: 20s` and otherwise the defaults
+//! (`on-stall: restart-workers`). One worker of the pod of torch's rank 0 is
+//! stopped (SIGSTOP), then one of the other pod: every process stays alive,
+//! every pod Ready, every heartbeat answers.
+//!
+//! For each it prints one line (when a sidecar's `/status` showed the
+//! stall, by whom, the first training step after it and the checkpoint it
+//! resumed from, the world status's `lastStall`, the `WorldStalled` Events,
+//! the `stalls_total` metric, the workers' Python stacks in the trainer's
+//! log), then asserts: found within the timeout + 5 s, training again from
+//! the newest checkpoint within the timeout + 15 s, the stall shown in
+//! `/status`, the world status, an Event and the metric, and the stopped
+//! worker's Python stack in its pod's trainer log.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+use trainwire_tests::real_node::world::{
+    Shape, World, fmt_rel, prepare_trainer, secs, time_of, workers,
+};
+use trainwire_tests::real_node::{self, RealNode};
+
+const TEST: &str = "real_node_stall";
+const STALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[test]
+fn real_node_stall() {
+    let torch = trainwire_tests::Prerequisite::from_result(
+        trainwire_tests::torch::torch_version()
+            .map_err(|why| format!("PyTorch is not importable ({why}); pip install torch")),
+    );
+    if !trainwire_tests::require::require_all(TEST, [real_node::prerequisites(), torch]) {
+        return;
+    }
+    let started = Instant::now();
+    let node = RealNode::start("stall").unwrap_or_else(|e| panic!("real node: {e}"));
+    let install = node
+        .install_trainwire()
+        .unwrap_or_else(|e| panic!("install: {e}\n{}", node.component_log("kubelet", 20)));
+    prepare_trainer(&node).unwrap_or_else(|e| panic!("{e}"));
+    let shape = Shape {
+        user: None,
+        spares: 0,
+        annotations: vec![(
+            "trainwire.dev/stall-timeout",
+            format!("{}s", STALL_TIMEOUT.as_secs()),
+        )],
+    };
+    let world = World::create(&node, &install, "rn-stall", shape)
+        .unwrap_or_else(|e| panic!("world: {e}"));
+    let mut lines = Vec::new();
+    let mut failures = Vec::new();
+    let result = (|| -> Result<(), String> {
+        let rank0 = world.rank0_pod()?;
+        stop_a_worker(&world, &rank0, "rank 0's pod", &mut lines, &mut failures)?;
+        world.wait_steady(Duration::from_secs(90))?;
+        let rank0 = world.rank0_pod()?;
+        let other = world
+            .agents()
+            .into_iter()
+            .map(|(pod, _)| pod)
+            .find(|p| *p != rank0)
+            .ok_or("no second training pod")?;
+        stop_a_worker(&world, &other, "the other pod", &mut lines, &mut failures)
+    })();
+    if let Err(e) = result {
+        failures.push(format!("the scenarios stopped: {e}"));
+    }
+    eprintln!(
+        "\nreal node stall figures (whole test {:.0} s):",
+        started.elapsed().as_secs_f64()
+    );
+    for line in &lines {
+        eprintln!("{line}");
+    }
+    world.remove();
+    drop(node);
+    assert!(
+        failures.is_empty(),
+        "{} of issue 40's goals failed on the real node:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
+
+/// The `WorldStalled` Events of the world's namespace, each counted as
+/// often as it was reported (an Event repeated is one object whose count
+/// grows).
+fn stall_events(world: &World<'_>) -> u64 {
+    world
+        .events("WorldStalled")
+        .iter()
+        .map(|e| e["count"].as_u64().unwrap_or(1).max(1))
+        .sum()
+}
+
+/// `stalls_total` summed over its labels, from a sidecar's `/metrics`.
+fn stalls_total(world: &World<'_>, pod: &Value) -> Option<f64> {
+    let text = trainwire_tests::net::http_get(&world.sidecar_addr(pod)?, "/metrics")?;
+    Some(
+        text.lines()
+            .filter(|l| l.contains("stalls_total{") && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// Stops one worker of `pod`, then measures and checks what follows.
+fn stop_a_worker(
+    world: &World<'_>,
+    pod: &str,
+    which: &str,
+    lines: &mut Vec<String>,
+    failures: &mut Vec<String>,
+) -> Result<(), String> {
+    let agents = world.agents();
+    let (_, ws) = agents
+        .get(pod)
+        .ok_or_else(|| format!("no trainer in {pod}"))?;
+    let worker = *ws.first().ok_or_else(|| format!("no worker in {pod}"))?;
+    // After a checkpoint, so that the newest one is known.
+    let events_before = stall_events(world);
+    let pods = world.pods();
+    let metric_before: f64 = pods
+        .values()
+        .filter_map(|p| stalls_total(world, p))
+        .sum();
+    let checkpoint = world.latest_checkpoint().ok_or("no checkpoint yet")?;
+    let at = SystemTime::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .map_err(|e| format!("SIGSTOP {worker}: {e}"))?;
+
+    // Found: a sidecar's /status shows a stall after the stop.
+    let mut found: Option<(SystemTime, String, Value)> = None;
+    let mut first: Option<(SystemTime, String)> = None;
+    let mut world_stall = Value::Null;
+    let hard = at + STALL_TIMEOUT + Duration::from_secs(60);
+    loop {
+        let now = SystemTime::now();
+        if found.is_none() {
+            for (name, p) in world.pods() {
+                if let Some(status) = world.sidecar_status(&p) {
+                    let stall = &status["progress"]["last_stall"];
+                    if time_of(&stall["at"]).is_some_and(|t| t >= at) {
+                        found = Some((now, name, stall.clone()));
+                        break;
+                    }
+                }
+            }
+        }
+        if first.is_none() {
+            first = world.first_start_after(at);
+        }
+        let w = world.world();
+        if time_of(&w["lastStall"]["at"]).is_some_and(|t| t >= at) {
+            world_stall = w["lastStall"].clone();
+        }
+        if (found.is_some() && first.is_some() && !world_stall.is_null()) || now > hard {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let events = stall_events(world);
+    let metric_after: f64 = world
+        .pods()
+        .values()
+        .filter_map(|p| stalls_total(world, p))
+        .sum();
+    // The workers' Python stacks, dumped into the trainer's log before
+    // their restart (faulthandler, asked by the sidecar).
+    let stacks: Vec<(String, String)> = world
+        .node
+        .log_lines(&world.ns, real_node::world::STS, "trainer")
+        .into_iter()
+        .filter(|(t, _, l)| *t >= at && l.contains("File \"/train/train.py\""))
+        .map(|(_, p, l)| (p, l))
+        .collect();
+    let stack_in_pod = stacks.iter().any(|(p, _)| p == pod);
+    let resumed_from = first.as_ref().and_then(|(_, l)| {
+        l.split_whitespace()
+            .find_map(|kv| kv.strip_prefix("resumed_from="))
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    let label = format!("root SIGSTOP a worker of {which} ({pod}, pid {worker})");
+    lines.push(format!(
+        "{label}: found {} by {} ({}); first step {} resumed_from {} (newest checkpoint at the stop {checkpoint}); world lastStall {}; WorldStalled Events +{}; stalls_total {} -> {}; Python stack lines in the log {} (in {pod}: {stack_in_pod})",
+        fmt_rel(found.as_ref().map(|f| f.0), at),
+        found.as_ref().map_or("-", |f| f.1.as_str()),
+        found
+            .as_ref()
+            .map_or(String::new(), |f| format!("{} {}", f.2["action"], f.2["result"])),
+        fmt_rel(first.as_ref().map(|f| f.0), at),
+        resumed_from.map_or("-".to_string(), |r| r.to_string()),
+        world_stall,
+        events.saturating_sub(events_before),
+        metric_before,
+        metric_after,
+        stacks.len(),
+    ));
+    let mut fail = |what: String| failures.push(format!("{label}: {what}"));
+    match &found {
+        Some((t, _, stall)) => {
+            if secs(*t, at) > (STALL_TIMEOUT + Duration::from_secs(5)).as_secs_f64() {
+                fail(format!(
+                    "found {} after the stop, later than the timeout + 5 s",
+                    fmt_rel(Some(*t), at)
+                ));
+            }
+            if stall["action"] != "restart-workers" || stall["result"] != "signalled" {
+                fail(format!("not acted on: {stall}"));
+            }
+        }
+        None => fail(format!(
+            "no sidecar showed the stall within {:?}; since the stop:\n{}",
+            hard.duration_since(at).unwrap_or_default(),
+            world.since(at)
+        )),
+    }
+    match &first {
+        Some((t, _))
+            if secs(*t, at) <= (STALL_TIMEOUT + Duration::from_secs(15)).as_secs_f64() => {}
+        other => fail(format!(
+            "training stepped again {} after the stop, not within the timeout + 15 s",
+            fmt_rel(other.as_ref().map(|f| f.0), at)
+        )),
+    }
+    if resumed_from.is_none_or(|r| r < checkpoint) {
+        fail(format!(
+            "resumed from {resumed_from:?}, not from the newest checkpoint ({checkpoint}) or later"
+        ));
+    }
+    if world_stall.is_null() {
+        fail("the world status shows no lastStall after the stop".into());
+    }
+    if events <= events_before {
+        fail("no new WorldStalled Event".into());
+    }
+    if metric_after <= metric_before {
+        fail(format!(
+            "stalls_total did not grow ({metric_before} -> {metric_after})"
+        ));
+    }
+    if !stack_in_pod {
+        fail(format!(
+            "no Python stack of the stopped worker in {pod}'s trainer log"
+        ));
+    }
+    // The stopped worker is gone (restarted), not left stopped.
+    if workers(world.agents().get(pod).map_or(0, |a| a.0)).contains(&worker) {
+        fail(format!("worker {worker} is still there"));
+    }
+    Ok(())
+}
