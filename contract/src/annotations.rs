@@ -34,6 +34,9 @@ pub const ON_PEER_LOSS: &str = "trainwire.dev/on-peer-loss";
 pub const STALL_TIMEOUT: &str = "trainwire.dev/stall-timeout";
 /// What the sidecars do about a stalled world: `restart-workers` or `none`.
 pub const ON_STALL: &str = "trainwire.dev/on-stall";
+/// How long a peer may be silent before its loss is confirmed (a duration
+/// from 200ms to 10m, [`crate::LossWindow`]).
+pub const LOSS_WINDOW: &str = "trainwire.dev/loss-window";
 /// The training framework: `pytorch` (torchrun's env) or `tensorflow` (`TF_CONFIG`).
 pub const FRAMEWORK: &str = "trainwire.dev/framework";
 /// Written by trainwire on the pod template (never read from the workload).
@@ -86,6 +89,7 @@ pub const KNOWN: &[&str] = &[
     ON_PEER_LOSS,
     STALL_TIMEOUT,
     ON_STALL,
+    LOSS_WINDOW,
     FRAMEWORK,
     FAIL_FAST_EXIT_CODES,
     MAX_FAILURES,

@@ -151,6 +151,10 @@ pub struct Config {
     pub on_peer_loss: OnPeerLoss,
     pub detection: Detection,
     pub heartbeat: HeartbeatConfig,
+    /// How long a peer may be silent before its loss is confirmed where
+    /// torchrun drops a silent node itself; the heartbeats derive from it
+    /// unless set one by one ([`crate::LossWindow`]).
+    pub loss_window: crate::LossWindow,
     pub not_ready_grace: Duration,
     pub limits: ActionLimits,
     /// Outage that confirms a loss by itself; `None`: `auto` (see
@@ -177,8 +181,10 @@ pub use crate::values::MAX_SPARES;
 /// Defaults, documented in `docs/sidecar.md`.
 pub mod defaults {
     use std::time::Duration;
-    pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
-    pub const HEARTBEAT_MISSES: u32 = 3;
+    /// The loss window (`TRAINWIRE_LOSS_WINDOW`): 1 s. The heartbeats'
+    /// interval (200 ms), misses (4) and probe time limit (1.2 s) derive
+    /// from it ([`crate::LossWindow`]).
+    pub const LOSS_WINDOW: Duration = crate::loss_window::DEFAULT_LOSS_WINDOW;
     pub const NOT_READY_GRACE: Duration = Duration::from_secs(10);
     pub const ACTION_COOLDOWN: Duration = Duration::from_secs(30);
     pub const MAX_ACTIONS: u32 = 3;
@@ -188,12 +194,6 @@ pub mod defaults {
     pub const CHECKPOINT_POLL_INTERVAL: Duration = Duration::from_secs(10);
     /// `TRAINWIRE_CONFIRM_AFTER=auto` in a fixed-size world.
     pub const CONFIRM_AFTER_FIXED: Duration = Duration::from_secs(30);
-    /// `TRAINWIRE_CONFIRM_AFTER=auto` for a non-host peer of an elastic
-    /// world or of a world with hot spares: torchrun's own rendezvous
-    /// keep-alive window as trainwire injects it (1 s × 3), after which
-    /// torchrun drops the node anyway (the world shrinks, or a spare
-    /// takes its place).
-    pub const CONFIRM_AFTER_ELASTIC: Duration = crate::rendezvous::KEEP_ALIVE_WINDOW;
     pub const REPLACEMENT_WAIT: Duration = Duration::from_secs(600);
 }
 
@@ -276,12 +276,14 @@ impl Config {
     }
 
     /// The outage that confirms the loss of `lost_rank` by itself: the
-    /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) the rendezvous
-    /// keep-alive window (3 s) for a peer that is not the rendezvous host
-    /// in a world where torchrun itself drops a silent node after that
-    /// window (an elastic world, which shrinks, or a world with hot spares,
-    /// one of which takes the node's place), 30 s otherwise (a fixed world
-    /// rides out a shorter outage: its connections resume);
+    /// configured `TRAINWIRE_CONFIRM_AFTER`, else (`auto`) the loss window
+    /// (`TRAINWIRE_LOSS_WINDOW`, 1 s by default) for a peer that is not the
+    /// rendezvous host in a world where torchrun itself drops a silent node
+    /// (an elastic world, which shrinks, or a world with hot spares, one of
+    /// which takes the node's place; the sidecar tells the trainer's
+    /// rendezvous handler, which evicts it at once), 30 s otherwise (a fixed
+    /// world rides out a shorter outage: its connections resume, and the
+    /// rendezvous host's loss costs every survivor its agent);
     /// never shorter than the reporting detection (interval × misses).
     pub fn confirm_after_for(&self, lost_rank: u32) -> Duration {
         let detection = self
@@ -291,7 +293,7 @@ impl Config {
         let dropped_by_torchrun =
             matches!(self.nnodes, NodeCount::Elastic { .. }) || self.spares > 0;
         let auto = if dropped_by_torchrun && Some(lost_rank) != self.rdzv_host_rank {
-            defaults::CONFIRM_AFTER_ELASTIC
+            self.loss_window.get()
         } else {
             defaults::CONFIRM_AFTER_FIXED
         };
@@ -418,11 +420,18 @@ impl Config {
             });
         }
 
-        let interval =
-            positive_duration(src, env::HEARTBEAT_INTERVAL, defaults::HEARTBEAT_INTERVAL)?;
-        let misses = var::<S, PositiveCount>(src, env::HEARTBEAT_MISSES)?
-            .map_or(defaults::HEARTBEAT_MISSES, PositiveCount::get);
-        let default_timeout = interval.saturating_mul(misses.saturating_add(2));
+        // The heartbeats derive from the loss window; each may still be
+        // set on its own (tests, a platform's tuning in `sidecar.env`).
+        let loss_window = var::<S, crate::LossWindow>(src, env::LOSS_WINDOW)?.unwrap_or_default();
+        let set_interval = var::<S, PositiveDuration>(src, env::HEARTBEAT_INTERVAL)?;
+        let set_misses = var::<S, PositiveCount>(src, env::HEARTBEAT_MISSES)?;
+        let interval = set_interval.map_or(loss_window.heartbeat_interval(), Into::into);
+        let misses = set_misses.map_or(loss_window.heartbeat_misses(), PositiveCount::get);
+        let default_timeout = if set_interval.is_none() && set_misses.is_none() {
+            loss_window.probe_timeout()
+        } else {
+            interval.saturating_mul(misses.saturating_add(2))
+        };
         let timeout = positive_duration(src, env::HEARTBEAT_TIMEOUT, default_timeout)?;
 
         let max_actions =
@@ -484,6 +493,7 @@ impl Config {
                 misses,
                 timeout,
             },
+            loss_window,
             not_ready_grace: duration(src, env::NOT_READY_GRACE, defaults::NOT_READY_GRACE)?,
             limits,
             confirm_after,
@@ -558,21 +568,32 @@ mod tests {
     #[test]
     fn confirmation_outage_by_topology() {
         let elastic = cfg(&[(env::NNODES, "2:3")]).expect("elastic");
-        assert_eq!(elastic.confirm_after_for(2), Duration::from_secs(3));
+        assert_eq!(elastic.confirm_after_for(2), Duration::from_secs(1));
         assert_eq!(
             elastic.confirm_after_for(0),
             Duration::from_secs(30),
             "the rendezvous host of an elastic world is still the store"
         );
         // With hot spares a spare takes a silent node's place once its
-        // keep-alive expires: the same window, but for the store's host.
+        // keep-alive expires (or the handler evicts it): the loss window,
+        // but for the store's host.
         let spares = cfg(&[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "0")]).expect("spares");
-        assert_eq!(spares.confirm_after_for(1), Duration::from_secs(3));
-        assert_eq!(spares.confirm_after_for(2), Duration::from_secs(3));
+        assert_eq!(spares.confirm_after_for(1), Duration::from_secs(1));
+        assert_eq!(spares.confirm_after_for(2), Duration::from_secs(1));
         assert_eq!(spares.confirm_after_for(0), Duration::from_secs(30));
         let store_outside =
             cfg(&[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")]).expect("spares");
-        assert_eq!(store_outside.confirm_after_for(0), Duration::from_secs(3));
+        assert_eq!(store_outside.confirm_after_for(0), Duration::from_secs(1));
+        // A longer window: longer to confirm, slower heartbeats.
+        let slow = cfg(&[(env::SPARES, "1"), (env::LOSS_WINDOW, "2s")]).expect("2s");
+        assert_eq!(slow.confirm_after_for(1), Duration::from_secs(2));
+        assert_eq!(slow.confirm_after_for(0), Duration::from_secs(30));
+        assert_eq!(slow.heartbeat.interval, Duration::from_millis(400));
+        assert_eq!(slow.heartbeat.misses, 4);
+        assert_eq!(slow.heartbeat.timeout, Duration::from_millis(2400));
+        let e = cfg(&[(env::LOSS_WINDOW, "100ms")]).expect_err("too short");
+        assert_eq!(e.var(), env::LOSS_WINDOW);
+        assert!(e.to_string().contains("1500ms"), "{e}");
         let set =
             cfg(&[(env::CONFIRM_AFTER, "12s"), (env::REPLACEMENT_WAIT, "2m")]).expect("explicit");
         assert_eq!(set.confirm_after_for(0), Duration::from_secs(12));
@@ -580,7 +601,12 @@ mod tests {
         let auto = cfg(&[(env::CONFIRM_AFTER, "auto")]).expect("auto");
         assert_eq!(auto.confirm_after, None);
         // Never shorter than the reporting detection.
-        let short = cfg(&[(env::CONFIRM_AFTER, "1s")]).expect("short");
+        let short = cfg(&[
+            (env::CONFIRM_AFTER, "1s"),
+            (env::HEARTBEAT_INTERVAL, "1s"),
+            (env::HEARTBEAT_MISSES, "3"),
+        ])
+        .expect("short");
         assert_eq!(short.confirm_after_for(1), Duration::from_secs(3));
         assert!(cfg(&[(env::CONFIRM_AFTER, "0s")]).is_err());
         assert!(cfg(&[(env::CONFIRM_AFTER, "soon")]).is_err());
@@ -591,9 +617,10 @@ mod tests {
         let c = cfg(&[]).expect("minimal config");
         assert_eq!(c.nnodes, NodeCount::Fixed(2));
         assert_eq!(c.node_rank, 1);
-        assert_eq!(c.heartbeat.interval, Duration::from_secs(1));
-        assert_eq!(c.heartbeat.misses, 3);
-        assert_eq!(c.heartbeat.timeout, Duration::from_secs(5));
+        assert_eq!(c.loss_window, crate::LossWindow::default());
+        assert_eq!(c.heartbeat.interval, Duration::from_millis(200));
+        assert_eq!(c.heartbeat.misses, 4);
+        assert_eq!(c.heartbeat.timeout, Duration::from_millis(1200));
         assert_eq!(c.confirm_after, None);
         assert_eq!(c.confirm_after_for(0), Duration::from_secs(30));
         assert_eq!(c.replacement_wait, Duration::from_secs(600));
@@ -748,6 +775,6 @@ mod tests {
     #[test]
     fn empty_value_counts_as_unset() {
         let c = cfg(&[(env::HEARTBEAT_INTERVAL, " ")]).expect("blank uses default");
-        assert_eq!(c.heartbeat.interval, Duration::from_secs(1));
+        assert_eq!(c.heartbeat.interval, Duration::from_millis(200));
     }
 }

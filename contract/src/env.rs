@@ -50,9 +50,11 @@ pub const CHECKPOINT_POLL: &str = "TRAINWIRE_CHECKPOINT_POLL";
 pub const ON_PEER_LOSS: &str = "TRAINWIRE_ON_PEER_LOSS";
 /// Peer-health source: `auto`, `kubernetes`, `heartbeat`, `both`.
 pub const DETECTION: &str = "TRAINWIRE_DETECTION";
-/// Heartbeat probe interval (`1s`, `500ms`).
+/// Heartbeat probe interval (`1s`, `500ms`); default a fifth of the loss
+/// window ([`LOSS_WINDOW`]).
 pub const HEARTBEAT_INTERVAL: &str = "TRAINWIRE_HEARTBEAT_INTERVAL";
-/// Missed heartbeats after which a peer is lost.
+/// Missed heartbeats after which a peer is lost; default 4 (of a fifth of
+/// the loss window each).
 pub const HEARTBEAT_MISSES: &str = "TRAINWIRE_HEARTBEAT_MISSES";
 /// How long a peer pod may stay not Ready before it counts as lost.
 pub const NOT_READY_GRACE: &str = "TRAINWIRE_NOT_READY_GRACE";
@@ -68,7 +70,8 @@ pub const AGENT_MATCH: &str = "TRAINWIRE_AGENT_MATCH";
 /// Log format: `text` or `json`.
 pub const LOG_FORMAT: &str = "TRAINWIRE_LOG_FORMAT";
 /// How long one heartbeat probe may wait for its answer before it is
-/// abandoned (default: interval × (misses + 2), 5 s at 1 s × 3). Misses are
+/// abandoned (default: 1.2 × the loss window, or interval × (misses + 2)
+/// when either is set on its own). Misses are
 /// counted per interval without an answer, not per probe, so a slow network
 /// (an answer that takes longer than the interval) is not a miss storm.
 pub const HEARTBEAT_TIMEOUT: &str = "TRAINWIRE_HEARTBEAT_TIMEOUT";
@@ -82,9 +85,9 @@ pub const CHECKPOINT_POLL_INTERVAL: &str = "TRAINWIRE_CHECKPOINT_POLL_INTERVAL";
 /// confirms the loss on its own, when nothing else confirms it (Kubernetes,
 /// or a different pod answering at the peer's name). Default `auto`: 30 s in
 /// a fixed-size world (a blip or slow network that training rides out is
-/// never acted on), 3 s for a non-host peer of an elastic world: torchrun's
-/// rendezvous keep-alive window as trainwire injects it (1 s × 3), after
-/// which torchrun drops the node itself, and the survivors shrink the world.
+/// never acted on), the loss window ([`LOSS_WINDOW`], 1 s) for a non-host
+/// peer of an elastic world or of a world with hot spares, which torchrun
+/// drops itself (the survivors shrink the world, or a spare takes over).
 pub const CONFIRM_AFTER: &str = "TRAINWIRE_CONFIRM_AFTER";
 /// How long, after a confirmed loss of the rendezvous host, to wait for its
 /// replacement before reporting that none came (default `10m`). The GPUs
@@ -100,6 +103,14 @@ pub const STALL_TIMEOUT: &str = "TRAINWIRE_STALL_TIMEOUT";
 /// What the sidecar does on a stall: `restart-workers` or `none`
 /// (`trainwire.dev/on-stall`).
 pub const ON_STALL: &str = "TRAINWIRE_ON_STALL";
+
+/// How long a peer may be silent before its loss is confirmed
+/// (`trainwire.dev/loss-window`, default `1s`): the heartbeats derive from
+/// it (a probe every fifth of it, suspect after four intervals without an
+/// answer, a probe's time limit 1.2 × it), and a silent non-host peer of an
+/// elastic world or of a world with hot spares is confirmed lost after it.
+/// Set by the injection only when it differs from the default.
+pub const LOSS_WINDOW: &str = "TRAINWIRE_LOSS_WINDOW";
 
 /// The sidecar's default plain-HTTP port.
 pub const DEFAULT_HEALTH_PORT: u16 = 29600;
@@ -139,4 +150,5 @@ pub const ALL: &[&str] = &[
     STALL_TIMEOUT,
     ON_STALL,
     RENDEZVOUS_DIR,
+    LOSS_WINDOW,
 ];

@@ -19,6 +19,7 @@ pub mod duration;
 pub mod env;
 pub mod failure;
 pub mod labels;
+pub mod loss_window;
 pub mod path;
 pub mod peer_loss;
 pub mod quantity;
@@ -30,6 +31,7 @@ pub mod world;
 
 pub use duration::{Duration, PositiveDuration};
 pub use failure::{ExitCodes, FailureLimit, NodeFailureAction};
+pub use loss_window::LossWindow;
 pub use path::MountPath;
 pub use quantity::{ByteSize, Quantity, ShmSize};
 pub use stall::{StallAction, StallTimeout};

@@ -4,9 +4,11 @@
 //! torchrun's rendezvous declares a node dead once its keep-alive has been
 //! missing for `keep_alive_interval × keep_alive_max_attempt` (15 s by
 //! default; 3 s as trainwire injects it). After that window a lost node is
-//! dropped from the next rendezvous round by torchrun itself, so the
-//! sidecar of an elastic world confirms a loss after the same window (see
-//! [`crate::config::Config::confirm_after_for`]).
+//! dropped from the next rendezvous round by torchrun itself. The sidecar
+//! of an elastic world or of a world with hot spares confirms a silent
+//! loss sooner, after its loss window ([`crate::LossWindow`], 1 s by
+//! default), and tells trainwire's rendezvous handler, which evicts the
+//! node at once (see [`crate::config::Config::confirm_after_for`]).
 
 use std::time::Duration;
 

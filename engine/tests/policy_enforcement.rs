@@ -358,6 +358,22 @@ enum Expect {
 #[case::on_peer_loss_enforced_overwrite(
     "    sidecar:\n      onPeerLoss: {value: restart-agent, enforce: overwrite}\n",
     &[Edit::Annotate("on-peer-loss", "none")], Probe::SidecarEnv("TRAINWIRE_ON_PEER_LOSS"), Expect::Ok("restart-agent", &[r#"policy profile "team" rule sidecar.onPeerLoss: annotation trainwire.dev/on-peer-loss "none" overwritten with the enforced "restart-agent""#]))]
+// ---- the loss window: set only when it differs from the default (1s)
+#[case::loss_window_default_not_set(
+    "    sidecar:\n      lossWindow: {value: 1s}\n",
+    &[Edit::None], Probe::SidecarEnv("TRAINWIRE_LOSS_WINDOW"), Expect::Ok("unset", &[]))]
+#[case::loss_window_from_policy(
+    "    sidecar:\n      lossWindow: {value: 1.5s}\n",
+    &[Edit::None], Probe::SidecarEnv("TRAINWIRE_LOSS_WINDOW"), Expect::Ok("1s500ms", &[]))]
+#[case::loss_window_by_annotation(
+    "    sidecar:\n      lossWindow: {value: 1.5s}\n",
+    &[Edit::Annotate("loss-window", "2s")], Probe::SidecarEnv("TRAINWIRE_LOSS_WINDOW"), Expect::Ok("2s", &[]))]
+#[case::loss_window_enforced_refuse(
+    "    sidecar:\n      lossWindow: {value: 2s, enforce: refuse}\n",
+    &[Edit::Annotate("loss-window", "1s")], Probe::SidecarEnv("TRAINWIRE_LOSS_WINDOW"), Expect::Refused(r#"policy profile "team" rule sidecar.lossWindow: annotation trainwire.dev/loss-window is "1s", but the policy enforces "2s"; remove it or set it to that value"#))]
+#[case::loss_window_enforced_overwrite(
+    "    sidecar:\n      lossWindow: {value: 2s, enforce: overwrite}\n",
+    &[Edit::Annotate("loss-window", "500ms")], Probe::SidecarEnv("TRAINWIRE_LOSS_WINDOW"), Expect::Ok("2s", &[r#"policy profile "team" rule sidecar.lossWindow: annotation trainwire.dev/loss-window "500ms" overwritten with the enforced "2s""#]))]
 fn enforcement(
     #[case] profile: &str,
     #[case] edits: &[Edit],

@@ -343,8 +343,9 @@ pub async fn run(
     served.map_err(Error::Serve)
 }
 
-/// How often open loss episodes are re-evaluated (outage confirmation,
-/// the replacement wait).
+/// How often open loss episodes are re-evaluated (the replacement wait, a
+/// step's retry); an outage's confirmation also wakes the coordinator at
+/// its own deadline ([`Responder::next_confirmation`]).
 const TICK: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Feeds observations into the peers' state machine and the responder.
@@ -367,12 +368,24 @@ async fn coordinate(
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        // A silent loss is confirmed when its outage reaches the window,
+        // not at the next tick after it.
+        let deadline = responder.next_confirmation();
         let obs = tokio::select! {
             obs = rx.recv() => match obs {
                 Some(obs) => obs,
                 None => return,
             },
             _ = tick.tick() => {
+                responder.tick(Instant::now(), &peers).await;
+                continue;
+            }
+            _ = async {
+                match deadline {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            }, if deadline.is_some() => {
                 responder.tick(Instant::now(), &peers).await;
                 continue;
             }

@@ -261,6 +261,41 @@ impl Network {
         self.in_switch(&["link", "set", &node.port, "up"])
     }
 
+    /// A blip: the bridge stops forwarding a node's frames, both ways,
+    /// until [`Network::unblock`]. Unlike [`Network::cut`] no link goes
+    /// down, so nothing waits for the kernel to bring a link back up after
+    /// (its link watch applies a carrier change up to a second later): a
+    /// blip of this length, as a switch or a network that drops packets
+    /// for a while gives it.
+    pub fn block(&self, node: &Node) -> Result<(), String> {
+        self.port_state(node, "0")
+    }
+
+    /// Undo [`Network::block`]: the bridge forwards the node's frames again.
+    pub fn unblock(&self, node: &Node) -> Result<(), String> {
+        self.port_state(node, "3")
+    }
+
+    /// Sets the bridge port state of `node` (0 disabled, 3 forwarding; the
+    /// bridge runs no STP, so the state is the caller's to set).
+    fn port_state(&self, node: &Node, state: &str) -> Result<(), String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.switch, "bridge", "link", "set"])
+            .args(["dev", &node.port, "state", state])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("bridge link set: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "bridge link set dev {} state {state}: {}",
+                node.port,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
+
     /// Processes running inside a node's namespace.
     pub fn pids(&self, node: &Node) -> Vec<i32> {
         namespace_pids(&node.ns)

@@ -538,34 +538,13 @@ fn slow_dns_does_not_starve_the_action() {
 /// beat, the last answer before it and its source said. Nothing is
 /// signalled (a spare takes the lost node's place).
 #[test]
-fn a_silent_cut_is_recorded_within_5s_with_default_settings() {
-    let test = "a_silent_cut_is_recorded_within_5s_with_default_settings";
+fn a_silent_cut_is_confirmed_within_the_window_with_default_settings() {
+    let test = "a_silent_cut_is_confirmed_within_the_window_with_default_settings";
     if !netns::require_netns(test) {
         return;
     }
-    let mut c = Cluster::new().unwrap_or_else(|e| panic!("{test}: {e}"));
-    c.tuned = false;
-    c.extra = vec![
-        (tw::SPARES, "1".to_string()),
-        (tw::RDZV_HOST_RANK, "none".to_string()),
-    ];
-    // The pods of the world and its spare.
-    c.nnodes = 2;
-    for (label, rank) in [("n0", 0), ("n1", 1), ("n2", 2)] {
-        c.start_pod(label, rank, "auto")
-            .unwrap_or_else(|e| panic!("{test}: {e}"));
-    }
-    let survivors = [("n0", 0u64), ("n2", 2u64)];
-    c.until(
-        "every sidecar to see its peers healthy",
-        Duration::from_secs(60),
-        || {
-            survivors
-                .iter()
-                .all(|(l, _)| c.peer_state(l, 1).as_deref() == Some("healthy"))
-                && c.peer_state("n1", 0).as_deref() == Some("healthy")
-        },
-    );
+    let c = spares_world(test, &[]);
+    let survivors = SURVIVORS;
     let detection = c.status("n0").unwrap_or_else(|e| panic!("{e}"))["detection"].clone();
     assert_eq!(detection["configured"], "auto", "{detection:#}");
 
@@ -609,8 +588,10 @@ fn a_silent_cut_is_recorded_within_5s_with_default_settings() {
         let s = c.status(label).unwrap_or_else(|e| panic!("{e}"));
         let took = recorded[i]
             .unwrap_or_else(|| panic!("{label} recorded nothing: {s:#}\n{}", c.log.tail(80)));
+        // The window (1 s) from the last answer before the cut; a margin
+        // for a loaded machine.
         assert!(
-            took <= Duration::from_secs(5),
+            took <= Duration::from_secs(2),
             "{label} recorded the loss {took:?} after the cut: {s:#}"
         );
         let loss = &s["last_loss"];
@@ -647,4 +628,202 @@ fn a_silent_cut_is_recorded_within_5s_with_default_settings() {
             assert!(metrics.lines().any(|l| l == series), "{series}:\n{metrics}");
         }
     }
+}
+
+/// The survivors of [`spares_world`]'s cut-off rank 1 (the world's other
+/// pod and the spare).
+const SURVIVORS: [(&str, u64); 2] = [("n0", 0), ("n2", 2)];
+
+/// A world of 2 with one hot spare and the store outside the world, every
+/// sidecar with the defaults (what the webhook injects) and `extra`, once
+/// every sidecar sees its peers healthy.
+fn spares_world(test: &str, extra: &[(&'static str, &str)]) -> Cluster {
+    let mut c = Cluster::new().unwrap_or_else(|e| panic!("{test}: {e}"));
+    c.tuned = false;
+    c.extra = vec![
+        (tw::SPARES, "1".to_string()),
+        (tw::RDZV_HOST_RANK, "none".to_string()),
+    ];
+    c.extra
+        .extend(extra.iter().map(|(k, v)| (*k, (*v).to_string())));
+    c.nnodes = 2;
+    for (label, rank) in [("n0", 0), ("n1", 1), ("n2", 2)] {
+        c.start_pod(label, rank, "auto")
+            .unwrap_or_else(|e| panic!("{test}: {e}"));
+    }
+    c.until(
+        "every sidecar to see its peers healthy",
+        Duration::from_secs(60),
+        || every_peer_healthy(&c),
+    );
+    c
+}
+
+fn every_peer_healthy(c: &Cluster) -> bool {
+    SURVIVORS
+        .iter()
+        .all(|(l, _)| c.peer_state(l, 1).as_deref() == Some("healthy"))
+        && c.peer_state("n1", 0).as_deref() == Some("healthy")
+}
+
+/// One counter of a survivor's `/metrics` (0 when absent).
+fn counter(c: &Cluster, label: &str, series: &str) -> u64 {
+    netns::http_get(
+        &c.pod(label).node.ns,
+        SocketAddr::from(([127, 0, 0, 1], PORT)),
+        "/metrics",
+    )
+    .unwrap_or_default()
+    .lines()
+    .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+const CONFIRMED: &str = r#"trainwire_sidecar_losses_confirmed_total{confirmation="outage"}"#;
+const SUSPECTED: &str =
+    r#"trainwire_sidecar_peers_lost_total{source="heartbeat",reason="missed-heartbeats"}"#;
+
+/// Confirmed and suspected losses on both survivors.
+fn losses(c: &Cluster) -> [u64; 4] {
+    [
+        counter(c, "n0", CONFIRMED),
+        counter(c, "n2", CONFIRMED),
+        counter(c, "n0", SUSPECTED),
+        counter(c, "n2", SUSPECTED),
+    ]
+}
+
+/// Default settings (a 1 s loss window): the bridge drops rank 1's frames
+/// for a blip, then forwards them again. A blip shorter than the window costs nothing (no
+/// loss confirmed by either survivor); one well past it is a confirmed
+/// loss. Blips of 800 ms and 1 s, at the window's edge (it counts from the
+/// last answer before the blip, up to one 200 ms interval earlier, and a
+/// probe lost in the blip is answered only after TCP's retransmission),
+/// are printed, not judged.
+#[test]
+fn blips_shorter_than_the_loss_window_are_no_loss() {
+    let test = "blips_shorter_than_the_loss_window_are_no_loss";
+    if !netns::require_netns(test) {
+        return;
+    }
+    let c = spares_world(test, &[]);
+    let n1 = c.pod("n1").node.clone();
+    for blip_ms in [500u64, 700, 800, 1000, 1500] {
+        let before = losses(&c);
+        c.net.block(&n1).unwrap_or_else(|e| panic!("block: {e}"));
+        // The blip itself: a stimulus of this length, not a wait.
+        std::thread::sleep(Duration::from_millis(blip_ms));
+        c.net
+            .unblock(&n1)
+            .unwrap_or_else(|e| panic!("unblock: {e}"));
+        c.until(
+            "every sidecar to see its peers healthy again",
+            Duration::from_secs(30),
+            || every_peer_healthy(&c),
+        );
+        let after = losses(&c);
+        let delta: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+        println!(
+            "BLIP window=1s blip_ms={blip_ms} confirmed=[{}, {}] suspected=[{}, {}]",
+            delta[0], delta[1], delta[2], delta[3]
+        );
+        if blip_ms <= 700 {
+            assert_eq!(
+                &delta[..2],
+                &[0, 0],
+                "a {blip_ms} ms blip was confirmed as a loss\n{}",
+                c.log.tail(60)
+            );
+        }
+        if blip_ms >= 1500 {
+            assert_eq!(
+                &delta[..2],
+                &[1, 1],
+                "a {blip_ms} ms blip was not confirmed by both survivors\n{}",
+                c.log.tail(60)
+            );
+        }
+    }
+}
+
+/// Added latency each way on rank 1's link for `hold`; the losses each
+/// survivor confirmed and suspected meanwhile, and the most heartbeats the
+/// survivors missed in a row.
+fn under_latency(c: &Cluster, one_way: Duration, hold: Duration) -> ([u64; 4], u64) {
+    let before = losses(c);
+    let slow = c
+        .net
+        .delay(&c.pod("n1").node, one_way)
+        .unwrap_or_else(|e| panic!("delay: {e}"));
+    let start = Instant::now();
+    let mut most_missed = 0;
+    while start.elapsed() < hold {
+        for (label, _) in SURVIVORS {
+            let missed = c
+                .status(label)
+                .ok()
+                .and_then(|s| {
+                    s["peers"]
+                        .as_array()?
+                        .iter()
+                        .find(|p| p["rank"] == 1)
+                        .and_then(|p| p["misses"].as_u64())
+                })
+                .unwrap_or(0);
+            most_missed = most_missed.max(missed);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(slow);
+    let after = losses(c);
+    let mut delta = [0; 4];
+    for i in 0..4 {
+        delta[i] = after[i] - before[i];
+    }
+    (delta, most_missed)
+}
+
+/// 300 ms added each way (600 ms round trips) for 15 s: with the default
+/// window (1 s) no loss is confirmed.
+#[test]
+fn latency_of_300ms_each_way_is_no_loss_with_the_default_window() {
+    let test = "latency_of_300ms_each_way_is_no_loss_with_the_default_window";
+    if !netns::require_netns(test) {
+        return;
+    }
+    let c = spares_world(test, &[]);
+    let (delta, most_missed) =
+        under_latency(&c, Duration::from_millis(300), Duration::from_secs(15));
+    println!(
+        "LATENCY window=1s one_way_ms=300 confirmed=[{}, {}] suspected=[{}, {}] most_missed_in_a_row={most_missed}",
+        delta[0], delta[1], delta[2], delta[3]
+    );
+    assert_eq!(&delta[..2], &[0, 0], "{}", c.log.tail(80));
+}
+
+/// 600 ms added each way (1.2 s round trips) for 15 s: with a 2 s window
+/// no loss is confirmed. With the default window the same latency is
+/// printed (round trips longer than the 1 s window: expect losses).
+#[test]
+fn latency_of_600ms_each_way_is_no_loss_with_a_2s_window() {
+    let test = "latency_of_600ms_each_way_is_no_loss_with_a_2s_window";
+    if !netns::require_netns(test) {
+        return;
+    }
+    let c = spares_world(test, &[(tw::LOSS_WINDOW, "2s")]);
+    let (delta, most_missed) =
+        under_latency(&c, Duration::from_millis(600), Duration::from_secs(15));
+    println!(
+        "LATENCY window=2s one_way_ms=600 confirmed=[{}, {}] suspected=[{}, {}] most_missed_in_a_row={most_missed}",
+        delta[0], delta[1], delta[2], delta[3]
+    );
+    assert_eq!(&delta[..2], &[0, 0], "{}", c.log.tail(80));
+    drop(c);
+    let c = spares_world(test, &[]);
+    let (delta, most_missed) =
+        under_latency(&c, Duration::from_millis(600), Duration::from_secs(15));
+    println!(
+        "LATENCY window=1s one_way_ms=600 confirmed=[{}, {}] suspected=[{}, {}] most_missed_in_a_row={most_missed}",
+        delta[0], delta[1], delta[2], delta[3]
+    );
 }

@@ -339,15 +339,17 @@ impl World {
                 (tw::AGENT_MATCH, agent_token.as_str()),
                 (tw::DETECTION, "heartbeat"),
                 (tw::BIND_ADDRESS, "0.0.0.0"),
-                (tw::HEARTBEAT_INTERVAL, "1s"),
-                (tw::HEARTBEAT_MISSES, "3"),
                 ("RUST_LOG", "info"),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),
         );
-        // Faster detection than the defaults, to measure what the handler
-        // does with it: TRAINWIRE_E2E_HEARTBEAT_INTERVAL, _CONFIRM_AFTER.
+        // The heartbeats and the confirmation derive from the loss window
+        // (1 s by default: a probe every 200 ms, suspect after 4 misses,
+        // confirmed after 1 s), as injected. Other detection settings, to
+        // measure what the handler does with them:
+        // TRAINWIRE_E2E_LOSS_WINDOW, _HEARTBEAT_INTERVAL, _CONFIRM_AFTER.
         for (from, to) in [
+            ("TRAINWIRE_E2E_LOSS_WINDOW", tw::LOSS_WINDOW),
             ("TRAINWIRE_E2E_HEARTBEAT_INTERVAL", tw::HEARTBEAT_INTERVAL),
             ("TRAINWIRE_E2E_CONFIRM_AFTER", tw::CONFIRM_AFTER),
         ] {

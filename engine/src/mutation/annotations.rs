@@ -71,6 +71,7 @@ pub struct Annotations {
     pub on_peer_loss: Option<PeerLossAction>,
     pub stall_timeout: Option<trainwire_contract::StallTimeout>,
     pub on_stall: Option<trainwire_contract::StallAction>,
+    pub loss_window: Option<trainwire_contract::LossWindow>,
     pub framework: Option<Framework>,
     /// Read by the controller, checked here so a bad value is refused.
     pub fail_fast_exit_codes: Option<trainwire_contract::ExitCodes>,
@@ -327,6 +328,7 @@ pub fn parse(annotations: Option<&serde_json::Map<String, Value>>) -> Result<Ann
             ON_PEER_LOSS => out.on_peer_loss = Some(typed(key, raw)?),
             STALL_TIMEOUT => out.stall_timeout = Some(typed(key, raw)?),
             ON_STALL => out.on_stall = Some(typed(key, raw)?),
+            LOSS_WINDOW => out.loss_window = Some(typed(key, raw)?),
             FRAMEWORK => out.framework = Some(typed(key, raw)?),
             FAIL_FAST_EXIT_CODES => out.fail_fast_exit_codes = Some(typed(key, raw)?),
             MAX_FAILURES => out.max_failures = Some(typed(key, raw)?),

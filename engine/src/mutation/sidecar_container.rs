@@ -239,7 +239,14 @@ pub fn inject(
         &profile.sidecar.on_stall,
         ann.on_stall.map(|a| (a, on_stall_source.as_str())),
     )?;
-    for w in [stall_timeout.warning, on_stall.warning]
+    let window_source = format!("annotation {}", annotations::LOSS_WINDOW);
+    let loss_window = policy::resolve(
+        profile,
+        "sidecar.lossWindow",
+        &profile.sidecar.loss_window,
+        ann.loss_window.map(|w| (w, window_source.as_str())),
+    )?;
+    for w in [stall_timeout.warning, on_stall.warning, loss_window.warning]
         .into_iter()
         .flatten()
     {
@@ -250,6 +257,11 @@ pub fn inject(
     }
     if on_stall.value != trainwire_contract::StallAction::RestartWorkers {
         vars.push(plain(env::ON_STALL, on_stall.value.as_str()));
+    }
+    // Likewise the loss window: the heartbeats and the confirmation of a
+    // silent loss derive from it in the sidecar.
+    if loss_window.value != trainwire_contract::LossWindow::default() {
+        vars.push(plain(env::LOSS_WINDOW, loss_window.value.to_string()));
     }
     if tensorflow && !profile.sidecar.env.contains_key(env::AGENT_MATCH) {
         match super::tensorflow::agent_match(&spec.containers[trainer]) {

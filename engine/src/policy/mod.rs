@@ -221,6 +221,10 @@ pub struct SidecarPolicy {
     /// What the sidecars do on a stall (`trainwire.dev/on-stall`).
     #[serde(default = "default_on_stall")]
     pub on_stall: Setting<trainwire_contract::StallAction>,
+    /// How long a peer may be silent before its loss is confirmed
+    /// (`trainwire.dev/loss-window`): a duration from 200ms to 10m.
+    #[serde(default = "default_loss_window")]
+    pub loss_window: Setting<trainwire_contract::LossWindow>,
     /// Whether the sidecar is injected at all (`trainwire.dev/sidecar`).
     #[serde(default = "default_sidecar_enabled")]
     pub enabled: Setting<bool>,
@@ -247,6 +251,9 @@ fn default_stall_timeout() -> Setting<trainwire_contract::StallTimeout> {
 fn default_on_stall() -> Setting<trainwire_contract::StallAction> {
     Setting::default_value(trainwire_contract::StallAction::RestartWorkers)
 }
+fn default_loss_window() -> Setting<trainwire_contract::LossWindow> {
+    Setting::default_value(trainwire_contract::LossWindow::default())
+}
 fn default_sidecar_enabled() -> Setting<bool> {
     Setting::default_value(true)
 }
@@ -259,6 +266,7 @@ impl Default for SidecarPolicy {
             on_peer_loss: default_on_peer_loss(),
             stall_timeout: default_stall_timeout(),
             on_stall: default_on_stall(),
+            loss_window: default_loss_window(),
             enabled: default_sidecar_enabled(),
             env: BTreeMap::new(),
             run_as_user: None,

@@ -336,6 +336,7 @@ const SETTING_FIELDS: &[&str] = &[
     "onPeerLoss",
     "stallTimeout",
     "onStall",
+    "lossWindow",
     "enabled",
 ];
 

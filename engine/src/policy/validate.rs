@@ -434,6 +434,10 @@ fn sidecar_config<'a>(
             env::ON_STALL.to_string(),
             p.sidecar.on_stall.value.to_string(),
         ),
+        (
+            env::LOSS_WINDOW.to_string(),
+            p.sidecar.loss_window.value.to_string(),
+        ),
     ]);
     for (k, v) in extra {
         vars.insert(k.to_string(), v.to_string());

@@ -422,6 +422,20 @@ impl Responder {
         }
     }
 
+    /// When the next heartbeat loss is due to be confirmed by its outage
+    /// (the earliest open, unconfirmed heartbeat episode's last answer plus
+    /// its confirmation outage): the coordinator wakes up then, not a tick
+    /// later. `None` when no such episode is open.
+    pub fn next_confirmation(&self) -> Option<Instant> {
+        self.episodes
+            .iter()
+            .filter(|(_, ep)| {
+                ep.confirmation.is_none() && ep.closed.is_none() && ep.source == Source::Heartbeat
+            })
+            .map(|(&rank, ep)| ep.outage_start() + self.shared.config.confirm_after_for(rank))
+            .min()
+    }
+
     /// Confirms `rank`'s loss seen by heartbeats once its outage (from the
     /// last answer) reaches `TRAINWIRE_CONFIRM_AFTER` for it: longer than
     /// training itself rides out. The Kubernetes watch may still show the
@@ -776,7 +790,9 @@ mod tests {
             "heartbeat",
             &[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")],
         );
-        // 3 misses of 500 ms: lost after 1.5 s, confirmed only at 3 s.
+        // 3 misses of 500 ms: lost after 1.5 s (the peers' count),
+        // confirmed only at 2 s (never before interval × the 4 misses the
+        // configuration counts, above the 1 s window).
         let config = Config {
             heartbeat: crate::config::HeartbeatConfig {
                 interval: Duration::from_millis(500),
@@ -832,6 +848,73 @@ mod tests {
             .await;
         let status = shared.status();
         assert!(status.last_action.is_none(), "{:?}", status.last_action);
+    }
+
+    /// With the default window (1 s) and hot spares, a silent non-host
+    /// peer is suspect after four missed 200 ms beats, and its confirmation
+    /// is due exactly one window after its last answer: the coordinator
+    /// wakes up then ([`Responder::next_confirmation`]), and not before.
+    #[tokio::test]
+    async fn a_silent_loss_is_due_for_confirmation_one_window_after_the_last_answer() {
+        use crate::env;
+        let config = host_loss_config(
+            "train-{i}.train",
+            "heartbeat",
+            &[(env::SPARES, "1"), (env::RDZV_HOST_RANK, "none")],
+        );
+        assert_eq!(config.heartbeat.interval, Duration::from_millis(200));
+        assert_eq!(config.heartbeat.misses, 4);
+        assert_eq!(config.confirm_after_for(0), Duration::from_secs(1));
+        let shared = Shared::new(config.clone());
+        let mut responder = Responder::new(
+            shared.clone(),
+            EventSink::disabled(),
+            true,
+            Resolver::table(Default::default()),
+        );
+        let mut peers = Peers::with_spares(config.nnodes, 1, 1, 4, Instant::now());
+        assert_eq!(responder.next_confirmation(), None);
+        // The last answer 850 ms ago, then four missed beats.
+        let t0 = Instant::now() - Duration::from_millis(850);
+        let answer = Identity {
+            uid: "pod0".into(),
+            ..Identity::default()
+        };
+        let mut evidence = vec![(Evidence::Alive(answer), 0)];
+        for ms in [200, 400, 600, 800] {
+            evidence.push((Evidence::Missed("no answer".into()), ms));
+        }
+        for (evidence, ms) in evidence {
+            let obs = Observation {
+                rank: 0,
+                source: Source::Heartbeat,
+                evidence,
+                at: t0 + Duration::from_millis(ms),
+            };
+            match peers.observe(obs.clone()) {
+                Some(loss) => responder.on_loss(&loss, &peers).await,
+                None => responder.on_observation(&obs, &peers).await,
+            }
+        }
+        let due = responder
+            .next_confirmation()
+            .expect("a confirmation is due");
+        assert_eq!(due, t0 + Duration::from_secs(1));
+        // Just before it: still suspect.
+        responder.tick(due - Duration::from_millis(1), &peers).await;
+        assert_eq!(
+            shared.status().last_loss.as_ref().map(|l| l.state),
+            Some("suspect")
+        );
+        // At it: confirmed, and nothing more is due.
+        responder.tick(due, &peers).await;
+        let status = shared.status();
+        let last = status.last_loss.as_ref().expect("a loss");
+        assert!(
+            matches!(last.confirmed_by, Some(Confirmation::Outage)),
+            "{last:?}"
+        );
+        assert_eq!(responder.next_confirmation(), None);
     }
 
     /// Kubernetes detection alone (no heartbeats), rendezvous host lost: the

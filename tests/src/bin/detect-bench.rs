@@ -2,22 +2,28 @@
 //!
 //! ```text
 //! cargo build --release -p trainwire-sidecar
-//! cargo run --release -p trainwire-tests --bin detect-bench [-- TRIALS_1S TRIALS_200MS IDLE_SECS]
+//! cargo run --release -p trainwire-tests --bin detect-bench [-- TRIALS_WINDOW TRIALS_KUBE IDLE_SECS]
 //! ```
 //!
-//! 1. Heartbeat path: two real sidecar processes on 127.0.0.10/.11, the
-//!    survivor watching a fake torchrun agent (`sidecar/tests/fake_torchrun.py`)
-//!    with `restart-workers`. Each trial freezes the peer's sidecar with
-//!    SIGSTOP at a random phase of the probe interval and measures the time
-//!    until the worker's SIGTERM handler runs (its own timestamp), then thaws
-//!    it. Reported as p50/p90/p99/max against interval x misses.
+//! 1. Heartbeat path: two real sidecar processes on 127.0.0.10/.11 of a
+//!    world of 2 with a hot spare (which never comes) and the store outside
+//!    the world, every detection setting at its default (the 1 s loss
+//!    window: a probe every 200 ms, suspect after 4 misses, a non-host loss
+//!    confirmed after 1 s), and again with a 2 s window; the survivor
+//!    watches a fake torchrun agent (`sidecar/tests/fake_torchrun.py`) with
+//!    `restart-workers`, which acts on the confirmed loss. Each trial
+//!    freezes the peer's sidecar with SIGSTOP at a random phase of the probe
+//!    interval and measures the time until the worker's SIGTERM handler
+//!    runs (its own timestamp), then thaws it. Reported as p50/p90/p99/max
+//!    against the window.
 //! 2. Kubernetes-watch path: the recorded pod events (deleted, failed,
 //!    restart, ...) go through the same tracker, state machine and responder
 //!    the sidecar runs, which SIGTERMs a real worker; measured from the
 //!    event to the signal being sent (the API server's own watch latency is
 //!    not included).
-//! 3. Idle RSS and CPU of a sidecar heartbeating with one peer at 1s,
-//!    against a `sleep` process as the floor.
+//! 3. Idle RSS and CPU of a sidecar heartbeating with one peer at the
+//!    defaults (200 ms) and at 1 s x 3 (the defaults before the loss
+//!    window), against a `sleep` process as the floor.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -52,23 +58,30 @@ fn sidecar_binary() -> Result<PathBuf> {
     Ok(bin)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One sidecar of the bench's world (2 nodes, a spare that never comes,
+/// the store outside the world), every detection setting at its default
+/// but for `settings`.
 fn start_sidecar(
     bin: &Path,
     rank: u32,
     port: u16,
-    interval: &str,
-    misses: u32,
+    settings: &[(&str, &str)],
     tag: &str,
     log: &Path,
 ) -> Result<KillOnDrop> {
     let out = std::fs::File::create(log)?;
-    let child = loopback_sidecar(bin, rank, 2, port)
-        .env("RUST_LOG", "warn")
+    let mut cmd = loopback_sidecar(bin, rank, 2, port);
+    cmd.env("RUST_LOG", "warn")
         .env("TRAINWIRE_POD_NAME", format!("bench-{rank}"))
-        .env("TRAINWIRE_HEARTBEAT_INTERVAL", interval)
-        .env("TRAINWIRE_HEARTBEAT_MISSES", misses.to_string())
+        .env_remove("TRAINWIRE_HEARTBEAT_INTERVAL")
+        .env_remove("TRAINWIRE_HEARTBEAT_MISSES")
         .env_remove("TRAINWIRE_HEARTBEAT_TIMEOUT")
+        .env("TRAINWIRE_SPARES", "1")
+        .env("TRAINWIRE_RDZV_HOST_RANK", "none");
+    for (k, v) in settings {
+        cmd.env(k, v);
+    }
+    let child = cmd
         .env("TRAINWIRE_ON_PEER_LOSS", "restart-workers")
         .env("TRAINWIRE_ACTION_COOLDOWN", "0s")
         .env("TRAINWIRE_MAX_ACTIONS", "100000")
@@ -125,7 +138,15 @@ impl Lcg {
     }
 }
 
-fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) -> Result<Vec<f64>> {
+/// Freeze the peer, time the survivor's SIGTERM of its worker; `phase_ms`
+/// is the probe interval the freeze is spread over.
+fn heartbeat_trials(
+    bin: &Path,
+    settings: &[(&str, &str)],
+    phase_ms: u64,
+    trials: usize,
+) -> Result<Vec<f64>> {
+    let interval_ms = phase_ms;
     let dir = tempfile::tempdir()?;
     let port = free_port();
     let tag = format!("detect-bench-agent-{port}");
@@ -146,25 +167,15 @@ fn heartbeat_trials(bin: &Path, interval_ms: u64, misses: u32, trials: usize) ->
             .spawn()
             .context("python3 fake_torchrun.py")?,
     );
-    let interval = format!("{interval_ms}ms");
     let peer = start_sidecar(
         bin,
         0,
         port,
-        &interval,
-        misses,
+        settings,
         &format!("{tag}-none"),
         &dir.path().join("s0.log"),
     )?;
-    let survivor = start_sidecar(
-        bin,
-        1,
-        port,
-        &interval,
-        misses,
-        &tag,
-        &dir.path().join("s1.log"),
-    )?;
+    let survivor = start_sidecar(bin, 1, port, settings, &tag, &dir.path().join("s1.log"))?;
     let addr = format!("127.0.0.11:{port}");
     let mut rng = Lcg(0x5eed ^ interval_ms);
     let mut out = Vec::new();
@@ -347,15 +358,14 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
-fn idle(bin: &Path, secs: u64) -> Result<()> {
+fn idle(bin: &Path, secs: u64, name: &str, settings: &[(&str, &str)]) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let port = free_port();
     let a = start_sidecar(
         bin,
         0,
         port,
-        "1s",
-        3,
+        settings,
         "detect-bench-idle-none",
         &dir.path().join("a.log"),
     )?;
@@ -363,8 +373,7 @@ fn idle(bin: &Path, secs: u64) -> Result<()> {
         bin,
         1,
         port,
-        "1s",
-        3,
+        settings,
         "detect-bench-idle-none",
         &dir.path().join("b.log"),
     )?;
@@ -386,11 +395,8 @@ fn idle(bin: &Path, secs: u64) -> Result<()> {
     let c1 = cpu_ticks(pid).unwrap_or(0);
     let wall = t0.elapsed().as_secs_f64();
     let cpu_pct = (c1 - c0) as f64 / 100.0 / wall * 100.0;
-    println!();
-    println!("| process | RSS (KiB) | CPU over {secs}s idle |");
-    println!("| --- | --- | --- |");
     println!(
-        "| trainwire-sidecar (1 peer, 1s heartbeats, serving its peer's probes) | {} | {:.3}% ({} ticks) |",
+        "| trainwire-sidecar ({name}, 1 peer, serving its peer's probes) | {} | {:.3}% ({} ticks) |",
         rss_kib(pid).unwrap_or(0),
         cpu_pct,
         c1 - c0
@@ -408,32 +414,44 @@ fn main() -> Result<()> {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let trials_1s = args.first().copied().unwrap_or(20);
-    let trials_200 = args.get(1).copied().unwrap_or(50);
+    let trials_window = args.first().copied().unwrap_or(30);
+    let trials_kube = args.get(1).copied().unwrap_or(30);
     let idle_secs = args.get(2).copied().unwrap_or(30) as u64;
     let bin = sidecar_binary()?;
     println!("sidecar: {}", bin.display());
     println!();
     println!("| path | trials | min s | p50 s | p90 s | p99 s | max s | baseline");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let v = heartbeat_trials(&bin, 1000, 3, trials_1s)?;
+    let v = heartbeat_trials(&bin, &[], 200, trials_window)?;
     summary(
-        "heartbeat 1s x 3 misses (timeout 500ms), SIGSTOP -> worker SIGTERM",
+        "heartbeat, defaults (1s window: 200ms x 4, confirmed after 1s), SIGSTOP -> worker SIGTERM",
         v,
-        "interval x misses = 3.0 s; bound 3 x 1 s + 0.5 s = 3.5 s",
+        "the window, from the last answer: 1.0 s",
     );
-    let v = heartbeat_trials(&bin, 200, 3, trials_200)?;
+    let v = heartbeat_trials(&bin, &[("TRAINWIRE_LOSS_WINDOW", "2s")], 400, trials_window)?;
     summary(
-        "heartbeat 200ms x 3 misses (timeout 100ms), SIGSTOP -> worker SIGTERM",
+        "heartbeat, 2s window (400ms x 4, confirmed after 2s), SIGSTOP -> worker SIGTERM",
         v,
-        "interval x misses = 0.6 s; bound 0.7 s",
+        "the window, from the last answer: 2.0 s",
     );
-    let v = kube_trials(trials_200)?;
+    let v = kube_trials(trials_kube)?;
     summary(
         "kube watch: recorded Deleted event -> SIGTERM sent",
         v,
         "(plus the API server's watch delivery)",
     );
-    idle(&bin, idle_secs)?;
+    println!();
+    println!("| process | RSS (KiB) | CPU over {idle_secs}s idle |");
+    println!("| --- | --- | --- |");
+    idle(&bin, idle_secs, "defaults: 200ms heartbeats", &[])?;
+    idle(
+        &bin,
+        idle_secs,
+        "1s x 3 heartbeats",
+        &[
+            ("TRAINWIRE_HEARTBEAT_INTERVAL", "1s"),
+            ("TRAINWIRE_HEARTBEAT_MISSES", "3"),
+        ],
+    )?;
     Ok(())
 }
