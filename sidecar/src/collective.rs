@@ -25,7 +25,11 @@
 //! one. When the workers' `/proc/<pid>/fd` is readable (the same user), the
 //! choice narrows to their own sockets (the agent's are left out), and
 //! their `/proc/<pid>/environ` tells torch's node rank and whether they
-//! expect peers at all.
+//! expect peers at all. A worker forked by the agent's forkserver (warm
+//! workers) carries the forkserver's environment, which tells neither:
+//! for those, and whenever no worker's environment tells the rank, what the
+//! agent's rendezvous handler wrote of its last round does
+//! ([`crate::rendezvous::agent_node`], readable by every user).
 //!
 //! [`Watch`] turns the scans into the one observation that training runs,
 //! with what it was seen by ([`TrainingSeenBy`]).
@@ -320,6 +324,62 @@ impl WorkerEnv {
     }
 }
 
+impl WorkerEnv {
+    /// What the agent's rendezvous handler wrote of its last round, as a
+    /// worker's environment would say it: torch's node rank, and peers
+    /// expected when the round has more than one node (or an unknown
+    /// number).
+    pub fn of_agent(node: &crate::rendezvous::AgentNode) -> WorkerEnv {
+        WorkerEnv {
+            group_rank: node.group_rank,
+            rendezvous: true,
+            world_size: node.world_size,
+            local_world_size: node.world_size.map(|_| 1),
+            tf_config: false,
+        }
+    }
+}
+
+/// The trainer's workers on this pod, for [`scan`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Workers {
+    pub pids: Vec<i32>,
+    /// Those forked by the agent's forkserver: their `/proc/<pid>/environ`
+    /// is the forkserver's, not what torchrun gave them (never read).
+    pub forked: BTreeSet<i32>,
+    /// What the agent's rendezvous handler wrote of its last round.
+    pub agent: Option<WorkerEnv>,
+}
+
+impl Workers {
+    /// Workers started by the agent itself (their environment is theirs).
+    pub fn plain(pids: Vec<i32>) -> Workers {
+        Workers {
+            pids,
+            ..Workers::default()
+        }
+    }
+
+    /// The workers of `trainers` (a worker whose parent is not its agent is
+    /// the forkserver's), with the agent's `node` file when there is one.
+    pub fn of(
+        trainers: &[crate::signal::Trainer],
+        node: Option<&crate::rendezvous::AgentNode>,
+    ) -> Workers {
+        let all = trainers
+            .iter()
+            .flat_map(|t| t.workers.iter().map(move |w| (t, w)));
+        Workers {
+            pids: all.clone().map(|(_, w)| w.pid).collect(),
+            forked: all
+                .filter(|(t, w)| w.ppid != t.agent.pid)
+                .map(|(_, w)| w.pid)
+                .collect(),
+            agent: node.map(WorkerEnv::of_agent),
+        }
+    }
+}
+
 /// A worker's environment; `None` when it cannot be read.
 pub fn worker_env(proc_root: &Path, pid: i32) -> Option<WorkerEnv> {
     let file = std::fs::File::open(proc_root.join(pid.to_string()).join("environ")).ok()?;
@@ -499,14 +559,14 @@ pub struct Ports {
 /// (the store's, the sidecar's own), `peers` the peer pods' addresses this
 /// sidecar knows, and the sidecar's own sockets (`/proc/self/fd`, read
 /// before and after the dump) are left out. With the workers' torch node
-/// rank, when their environment is readable.
+/// rank, when their environment or the agent's node file tells it.
 pub fn scan(
     proc_root: &Path,
-    workers: &[i32],
+    workers: &Workers,
     ports: &Ports,
     peers: &BTreeSet<IpAddr>,
 ) -> (Collective, Option<u32>) {
-    if workers.is_empty() {
+    if workers.pids.is_empty() {
         return (Collective::Unreadable, None);
     }
     let own_before = socket_inodes(Path::new("/proc"), "self").unwrap_or_default();
@@ -517,6 +577,7 @@ pub fn scan(
         own_ports: ports.own.clone(),
         own_inodes: own_before.union(&own_after).copied().collect(),
         workers_uids: workers
+            .pids
             .iter()
             .filter_map(|&w| process_uid(proc_root, w))
             .collect(),
@@ -530,18 +591,27 @@ pub fn scan(
 /// with `scope` (the workers' descriptors and environment are read here).
 pub fn scan_rows(
     proc_root: &Path,
-    workers: &[i32],
+    all: &Workers,
     rows: Option<&[SocketRow]>,
     mut scope: Scope,
 ) -> (Collective, Option<u32>) {
+    let workers = all.pids.as_slice();
     if workers.is_empty() {
         return (Collective::Unreadable, None);
     }
-    let envs: Vec<WorkerEnv> = workers
+    let mut envs: Vec<WorkerEnv> = workers
         .iter()
+        .filter(|w| !all.forked.contains(w))
         .filter_map(|&w| worker_env(proc_root, w))
         .collect();
-    let torch_rank = envs.iter().find_map(|e| e.group_rank);
+    let torch_rank = envs
+        .iter()
+        .find_map(|e| e.group_rank)
+        .or_else(|| all.agent.as_ref().and_then(|a| a.group_rank));
+    // Forked workers' world is the agent's round.
+    if workers.iter().any(|w| all.forked.contains(w)) {
+        envs.extend(all.agent.clone());
+    }
     // The workers' own descriptors, when readable: their sockets alone.
     let readable: Vec<BTreeSet<u64>> = workers
         .iter()
@@ -1052,7 +1122,12 @@ mod tests {
                 ..r
             })
             .collect();
-        let (collective, _) = scan_rows(Path::new("/proc"), &[me], Some(&rows), Scope::default());
+        let (collective, _) = scan_rows(
+            Path::new("/proc"),
+            &Workers::plain(vec![me]),
+            Some(&rows),
+            Scope::default(),
+        );
         assert_eq!(
             collective,
             Collective::Formed {
@@ -1064,7 +1139,12 @@ mod tests {
             own_inodes: mine,
             ..Scope::default()
         };
-        let (collective, _) = scan_rows(Path::new("/proc"), &[me], Some(&rows), own);
+        let (collective, _) = scan_rows(
+            Path::new("/proc"),
+            &Workers::plain(vec![me]),
+            Some(&rows),
+            own,
+        );
         assert_eq!(
             collective,
             Collective::NotExpected,
@@ -1072,11 +1152,23 @@ mod tests {
         );
         // No workers, or no sockets to see: unreadable.
         assert_eq!(
-            scan_rows(Path::new("/proc"), &[], Some(&rows), Scope::default()).0,
+            scan_rows(
+                Path::new("/proc"),
+                &Workers::default(),
+                Some(&rows),
+                Scope::default()
+            )
+            .0,
             Collective::Unreadable
         );
         assert_eq!(
-            scan_rows(Path::new("/proc"), &[me], None, Scope::default()).0,
+            scan_rows(
+                Path::new("/proc"),
+                &Workers::plain(vec![me]),
+                None,
+                Scope::default()
+            )
+            .0,
             Collective::Unreadable
         );
     }
@@ -1252,6 +1344,95 @@ mod tests {
         std::fs::write(dir.join("environ"), b"GROUP_RANK=x\0").expect("write");
         assert_eq!(group_rank(root.path(), 42), None);
         assert_eq!(group_rank(root.path(), 43), None);
+    }
+
+    /// Forkserver children carry the forkserver's environment (the agent's,
+    /// without torchrun's per-worker variables): it is never taken for
+    /// theirs; the agent's node file tells their rank and world instead.
+    #[test]
+    fn forked_workers_take_their_world_from_the_agents_node_file() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let forkserver_env = b"PATH=/bin\0PET_NNODES=2\0OMP_NUM_THREADS=1\0";
+        for pid in [42, 43] {
+            let dir = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).expect("mkdir");
+            std::fs::write(dir.join("environ"), forkserver_env).expect("write");
+        }
+        let node = crate::rendezvous::AgentNode {
+            pid: 7,
+            pid_start_ticks: 1,
+            round: Some(2),
+            group_rank: Some(1),
+            world_size: Some(2),
+            fast: true,
+        };
+        let rows: Vec<SocketRow> = Vec::new();
+        let forked = Workers {
+            pids: vec![42, 43],
+            forked: [42, 43].into(),
+            agent: Some(WorkerEnv::of_agent(&node)),
+        };
+        // Two nodes: peers expected, the collective is awaited (read as
+        // its own, the forkserver's environment would say no peers).
+        let (collective, rank) = scan_rows(root.path(), &forked, Some(&rows), Scope::default());
+        assert_eq!(rank, Some(1));
+        assert_ne!(collective, Collective::NotExpected);
+        let (collective, _) = scan_rows(
+            root.path(),
+            &Workers::plain(vec![42, 43]),
+            Some(&rows),
+            Scope::default(),
+        );
+        assert_eq!(collective, Collective::NotExpected, "read as their own");
+        // A round of one node: none expected.
+        let alone = Workers {
+            agent: Some(WorkerEnv::of_agent(&crate::rendezvous::AgentNode {
+                world_size: Some(1),
+                group_rank: Some(0),
+                ..node.clone()
+            })),
+            ..forked.clone()
+        };
+        let (collective, rank) = scan_rows(root.path(), &alone, Some(&rows), Scope::default());
+        assert_eq!((collective, rank), (Collective::NotExpected, Some(0)));
+        // No node file: nothing known, nothing guessed.
+        let unknown = Workers {
+            agent: None,
+            ..forked
+        };
+        let (collective, rank) = scan_rows(root.path(), &unknown, Some(&rows), Scope::default());
+        assert_eq!(rank, None);
+        assert_ne!(collective, Collective::NotExpected);
+        // Popen workers whose environment is unreadable (another user):
+        // the rank is the agent's.
+        let unreadable = Workers {
+            pids: vec![44],
+            forked: BTreeSet::new(),
+            agent: Some(WorkerEnv::of_agent(&node)),
+        };
+        assert_eq!(
+            scan_rows(root.path(), &unreadable, Some(&rows), Scope::default()).1,
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_worker_whose_parent_is_not_its_agent_is_forked() {
+        let p = |pid, ppid| crate::signal::Process {
+            pid,
+            ppid,
+            start_ticks: 1,
+            argv: vec!["python3".into()],
+        };
+        let trainer = crate::signal::Trainer {
+            agent: p(10, 1),
+            workers: vec![p(11, 10), p(13, 12)],
+            below_workers: vec![p(12, 10)],
+        };
+        let w = Workers::of(&[trainer], None);
+        assert_eq!(w.pids, vec![11, 13]);
+        assert_eq!(w.forked, [13].into());
+        assert_eq!(w.agent, None);
     }
 
     proptest::proptest! {

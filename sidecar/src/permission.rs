@@ -81,22 +81,21 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
                 let matcher = matcher.clone();
                 let ports = ports.clone();
                 let peers = shared.peer_addresses();
+                let node_dir = shared.config.rendezvous_dir.clone();
                 match signal::on_own_thread("trainwire-check", move || {
                     let root = std::path::Path::new("/proc");
                     let procs = signal::scan(root);
                     let trainers = signal::find_trainers(&procs, &matcher, self_pid);
                     let mut up =
                         TrainerSeen::of(&trainers, signal::uptime_ticks(root), SystemTime::now());
-                    let workers: Vec<i32> = trainers
-                        .iter()
-                        .flat_map(|t| t.workers.iter().map(|w| w.pid))
-                        .collect();
-                    (up.collective, up.torch_rank) = if workers.is_empty() && !trainers.is_empty() {
-                        let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
-                        (crate::collective::scan_agents(root, &agents), None)
-                    } else {
-                        crate::collective::scan(root, &workers, &ports, &peers)
-                    };
+                    let workers = agent_workers(root, &trainers, node_dir.as_deref());
+                    (up.collective, up.torch_rank) =
+                        if workers.pids.is_empty() && !trainers.is_empty() {
+                            let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
+                            (crate::collective::scan_agents(root, &agents), None)
+                        } else {
+                            crate::collective::scan(root, &workers, &ports, &peers)
+                        };
                     (
                         signal::check_permission(&trainers),
                         signal::activity(&trainers),
@@ -165,6 +164,21 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
         };
         publish_permission(&shared, &events, &mut last, state, text);
     }
+}
+
+/// The trainer's workers for the collective's scan, with what the agent's
+/// rendezvous handler wrote of its last round (in the channel directory
+/// `node_dir`, when the handler is there): torch's node rank of workers
+/// whose environment does not tell it (forkserver children, another
+/// user's). Blocking.
+pub fn agent_workers(
+    root: &std::path::Path,
+    trainers: &[signal::Trainer],
+    node_dir: Option<&std::path::Path>,
+) -> crate::collective::Workers {
+    let agents: Vec<i32> = trainers.iter().map(|t| t.agent.pid).collect();
+    let node = node_dir.and_then(|dir| crate::rendezvous::agent_node_of(dir, root, &agents));
+    crate::collective::Workers::of(trainers, node.as_ref())
 }
 
 /// What one `/proc` scan shows of the trainer, for [`Resumed`].

@@ -496,10 +496,9 @@ fn sample(
 ) -> Sample {
     let procs = signal::scan(root);
     let trainers = signal::find_trainers(&procs, matcher, self_pid);
-    let workers: Vec<i32> = trainers
-        .iter()
-        .flat_map(|t| t.workers.iter().map(|w| w.pid))
-        .collect();
+    // Forkserver children too (their parent is the agent's forkserver).
+    let scanned = crate::collective::Workers::of(&trainers, None);
+    let workers = scanned.pids.clone();
     let start = signal::newest_worker_start(&trainers);
     let started = start.and_then(|s| {
         let ticks = signal::uptime_ticks(root)?.saturating_sub(s);
@@ -507,7 +506,7 @@ fn sample(
             ticks.saturating_mul(1000) / signal::TICKS_PER_SECOND,
         ))
     });
-    let traffic = match crate::collective::scan(root, &workers, ports, peers).0 {
+    let traffic = match crate::collective::scan(root, &scanned, ports, peers).0 {
         Collective::Formed { traffic } => traffic,
         _ => None,
     };

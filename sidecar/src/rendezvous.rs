@@ -11,6 +11,13 @@
 //! The handler `stat`s it at each of its agent's `num_nodes_waiting()` calls
 //! (every 0.1 s), evicts from torch's rendezvous the agents that ran in that
 //! pod and have not beaten since the confirmation, and restarts its workers.
+//!
+//! The other way, the handler writes [`NODE_FILE`] ([`agent_node`]): its
+//! agent's pid and start time and what the agent got from its last completed
+//! rendezvous (torch's node rank, the nodes in the round). It tells the
+//! sidecar torch's node rank when the workers' `/proc/<pid>/environ` does
+//! not: a worker forked by the agent's forkserver (warm workers) carries
+//! the forkserver's environment, and another user's is not readable.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -95,6 +102,136 @@ pub fn install(python_dir: &Path, channel_dir: &Path) -> Result<(), Error> {
     }
     mkdir(python_dir, 0o755)?;
     mkdir(channel_dir, 0o1777)
+}
+
+/// Most bytes of [`NODE_FILE`] read: the handler writes a few hundred.
+pub const MAX_NODE_BYTES: u64 = 16 * 1024;
+
+/// Why the agent's [`NODE_FILE`] tells nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(
+        "{path} does not exist: the trainer's rendezvous handler has not written it (no trainwire-c10d agent started yet)"
+    )]
+    Missing { path: PathBuf },
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is over {MAX_NODE_BYTES} bytes: not the handler's file")]
+    TooLarge { path: PathBuf },
+    #[error("{path} is not the handler's node file: {source}")]
+    Malformed {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} names agent pid {pid}, which {why}: a file left by an agent that is gone")]
+    Stale {
+        path: PathBuf,
+        pid: i32,
+        why: &'static str,
+    },
+}
+
+/// What the handler wrote of its agent ([`NODE_FILE`]), accepted only while
+/// that agent runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct AgentNode {
+    /// The agent's pid (the pod shares one PID namespace).
+    pub pid: i32,
+    /// The agent's start in clock ticks since boot (`/proc/<pid>/stat`
+    /// field 22): the fence against a pid reused by another process.
+    pub pid_start_ticks: u64,
+    /// The rendezvous round of the last completed rendezvous.
+    #[serde(default)]
+    pub round: Option<u64>,
+    /// torch's node rank (`GROUP_RANK` of the round's workers).
+    #[serde(default)]
+    pub group_rank: Option<u32>,
+    /// The nodes in the round.
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// Whether the handler hears the sidecar's losses.
+    #[serde(default)]
+    pub fast: bool,
+}
+
+/// Parses [`NODE_FILE`]'s bytes (no fence).
+pub fn parse_agent_node(path: &Path, bytes: &[u8]) -> Result<AgentNode, NodeError> {
+    serde_json::from_slice(bytes).map_err(|source| NodeError::Malformed {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The agent's node file in the channel directory `dir`, read (at most
+/// [`MAX_NODE_BYTES`]) and fenced: accepted only when its pid runs under
+/// `proc_root` (normally `/proc`) with the start time the file names, so a
+/// file left by a dead agent, or by one whose pid another process now has,
+/// is refused. Blocking: call off the runtime thread.
+pub fn agent_node(dir: &Path, proc_root: &Path) -> Result<AgentNode, NodeError> {
+    use std::io::Read;
+    let path = dir.join(NODE_FILE);
+    let file = std::fs::File::open(&path).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            NodeError::Missing { path: path.clone() }
+        } else {
+            NodeError::Read {
+                path: path.clone(),
+                source,
+            }
+        }
+    })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_NODE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|source| NodeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+    if bytes.len() as u64 > MAX_NODE_BYTES {
+        return Err(NodeError::TooLarge { path });
+    }
+    let node = parse_agent_node(&path, &bytes)?;
+    let stale = |why| NodeError::Stale {
+        path: path.clone(),
+        pid: node.pid,
+        why,
+    };
+    if node.pid <= 0 {
+        return Err(stale("is no process"));
+    }
+    let stat = std::fs::read_to_string(proc_root.join(node.pid.to_string()).join("stat"))
+        .map_err(|_| stale("is not running"))?;
+    let (_, start) = crate::signal::parse_stat(&stat).ok_or_else(|| stale("is not running"))?;
+    if start != node.pid_start_ticks {
+        return Err(stale("is another process now (another start time)"));
+    }
+    if crate::progress::parse_state(&stat).is_some_and(|s| s == 'Z' || s == 'X') {
+        return Err(stale("has exited"));
+    }
+    Ok(node)
+}
+
+/// [`agent_node`] of one of `agents` (pids of the trainer's agents found in
+/// `proc_root`); `None` (logged at debug) when there is none.
+pub fn agent_node_of(dir: &Path, proc_root: &Path, agents: &[i32]) -> Option<AgentNode> {
+    match agent_node(dir, proc_root) {
+        Ok(node) if agents.contains(&node.pid) => Some(node),
+        Ok(node) => {
+            tracing::debug!(
+                pid = node.pid,
+                "{}: its agent is not the trainer's agent",
+                dir.join(NODE_FILE).display()
+            );
+            None
+        }
+        Err(e) => {
+            tracing::debug!("{e}");
+            None
+        }
+    }
 }
 
 /// One confirmed loss as the handler reads it.
@@ -206,6 +343,157 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o7777;
         assert_eq!(mode(&init), 0o644);
         assert_eq!(mode(&channel), 0o1777);
+    }
+
+    fn own_start_ticks() -> u64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+        crate::signal::parse_stat(&stat).expect("parse").1
+    }
+
+    fn write_node(dir: &Path, text: &str) {
+        std::fs::write(dir.join(NODE_FILE), text).expect("write");
+    }
+
+    #[test]
+    fn the_agents_node_file_is_read_while_its_agent_runs() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let proc_root = Path::new("/proc");
+        let pid = std::process::id() as i32;
+        let start = own_start_ticks();
+        assert!(matches!(
+            agent_node(tmp.path(), proc_root),
+            Err(NodeError::Missing { .. })
+        ));
+        // As the handler writes it (extra fields are ignored).
+        write_node(
+            tmp.path(),
+            &format!(
+                r#"{{"addr": "node-1", "pid": {pid}, "pid_start_ticks": {start}, "local_id": 0,
+                "run_id": "job", "fast": true, "why_not": null, "round": 3, "group_rank": 1,
+                "world_size": 2}}"#
+            ),
+        );
+        let node = agent_node(tmp.path(), proc_root).expect("node");
+        assert_eq!(node.pid, pid);
+        assert_eq!(node.group_rank, Some(1));
+        assert_eq!(node.world_size, Some(2));
+        assert_eq!(node.round, Some(3));
+        assert!(node.fast);
+        assert_eq!(agent_node_of(tmp.path(), proc_root, &[pid]), Some(node));
+        assert_eq!(agent_node_of(tmp.path(), proc_root, &[pid + 1]), None);
+        // Before the first rendezvous completes: no rank yet.
+        write_node(
+            tmp.path(),
+            &format!(r#"{{"pid": {pid}, "pid_start_ticks": {start}, "group_rank": null}}"#),
+        );
+        assert_eq!(
+            agent_node(tmp.path(), proc_root).expect("node").group_rank,
+            None
+        );
+    }
+
+    #[test]
+    fn a_node_file_of_a_dead_or_replaced_agent_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let proc_root = Path::new("/proc");
+        let pid = std::process::id() as i32;
+        let start = own_start_ticks();
+        // The pid now runs another process (another start time).
+        write_node(
+            tmp.path(),
+            &format!(
+                r#"{{"pid": {pid}, "pid_start_ticks": {}, "group_rank": 1}}"#,
+                start + 1
+            ),
+        );
+        assert!(matches!(
+            agent_node(tmp.path(), proc_root),
+            Err(NodeError::Stale { .. })
+        ));
+        // An agent that exited (a reaped child's pid).
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let gone = child.id() as i32;
+        child.wait().expect("wait");
+        write_node(
+            tmp.path(),
+            &format!(r#"{{"pid": {gone}, "pid_start_ticks": {start}, "group_rank": 1}}"#),
+        );
+        let err = agent_node(tmp.path(), proc_root).expect_err("stale");
+        assert!(matches!(err, NodeError::Stale { .. }), "{err}");
+        for pid in [0, -1] {
+            write_node(
+                tmp.path(),
+                &format!(r#"{{"pid": {pid}, "pid_start_ticks": {start}}}"#),
+            );
+            assert!(matches!(
+                agent_node(tmp.path(), proc_root),
+                Err(NodeError::Stale { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_node_file_is_read_within_its_bound() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pid = std::process::id() as i32;
+        let start = own_start_ticks();
+        let doc = format!(r#"{{"pid": {pid}, "pid_start_ticks": {start}, "group_rank": 0}}"#);
+        // Padded with whitespace to exactly the bound: read.
+        let pad = MAX_NODE_BYTES as usize - doc.len();
+        write_node(tmp.path(), &format!("{doc}{}", " ".repeat(pad)));
+        assert!(agent_node(tmp.path(), Path::new("/proc")).is_ok());
+        // One byte over: refused, whatever it holds.
+        write_node(tmp.path(), &format!("{doc}{}", " ".repeat(pad + 1)));
+        assert!(matches!(
+            agent_node(tmp.path(), Path::new("/proc")),
+            Err(NodeError::TooLarge { .. })
+        ));
+        for bad in [
+            "",
+            "null",
+            "[]",
+            r#"{"pid": "1", "pid_start_ticks": 1}"#,
+            r#"{"pid": 1}"#,
+            r#"{"pid": 1, "pid_start_ticks": -1}"#,
+            r#"{"pid": 99999999999, "pid_start_ticks": 1}"#,
+            r#"{"pid": 1, "pid_start_ticks": 1, "group_rank": -1}"#,
+            r#"{"pid": 1, "pid_start_ticks": 1, "group_rank": 1.5}"#,
+        ] {
+            write_node(tmp.path(), bad);
+            assert!(
+                matches!(
+                    agent_node(tmp.path(), Path::new("/proc")),
+                    Err(NodeError::Malformed { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any bytes in the node file: an answer or a typed error, never a
+        /// panic; and a pid under the fake `/proc` with another start time
+        /// is never accepted.
+        #[test]
+        fn a_node_file_of_any_bytes_never_panics(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            pid in 1i32..100,
+            start in 0u64..4,
+            stat in ".{0,80}",
+        ) {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            let _ = parse_agent_node(tmp.path(), &bytes);
+            std::fs::write(tmp.path().join(NODE_FILE), &bytes).expect("write");
+            let proc_root = tmp.path().join("proc");
+            std::fs::create_dir_all(proc_root.join(pid.to_string())).expect("mkdir");
+            std::fs::write(proc_root.join(pid.to_string()).join("stat"), &stat).expect("stat");
+            let _ = agent_node(tmp.path(), &proc_root);
+            let doc = format!(r#"{{"pid": {pid}, "pid_start_ticks": {start}, "group_rank": 1}}"#);
+            std::fs::write(tmp.path().join(NODE_FILE), &doc).expect("write");
+            let fake = format!("{pid} (python) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0", start + 1);
+            std::fs::write(proc_root.join(pid.to_string()).join("stat"), fake).expect("stat");
+            proptest::prop_assert!(agent_node(tmp.path(), &proc_root).is_err());
+        }
     }
 
     #[test]

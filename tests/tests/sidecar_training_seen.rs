@@ -21,6 +21,13 @@
 //!   capabilities (the manifest gives the UID): readable, and torch's node
 //!   rank is read from the workers' environment too.
 //!
+//! The same three with warm workers (trainwire's rendezvous handler,
+//! `--start-method forkserver --run-path` as the webhook injects for a plain
+//! `torchrun script.py`): a worker forked by the agent's forkserver carries
+//! the forkserver's environment, so torch's node rank comes from the
+//! handler's `node.json` in every case, and must be the rank the trainer
+//! logs.
+//!
 //! Needs root (namespaces, `setpriv` to other users). With `CI=true` a
 //! missing prerequisite fails the test; elsewhere it is reported as skipped.
 
@@ -173,6 +180,8 @@ for w in workers:
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trainer {
     Torchrun,
+    /// torchrun with trainwire's handler and forkserver workers.
+    Warm,
     StandIn,
 }
 
@@ -236,6 +245,49 @@ impl World {
             "timed out after {limit:?} waiting for {what}\n{}",
             self.files()
         );
+    }
+
+    /// The rank the trainer of pod `rank` logged at its (last) start:
+    /// torch's node rank with one worker per node.
+    fn logged_rank(&self, rank: usize) -> Option<u64> {
+        let text =
+            std::fs::read_to_string(self.dir.path().join(format!("trainer-{rank}.log"))).ok()?;
+        text.lines()
+            .filter_map(torch::TrainEvent::parse)
+            .filter(|e| e.event == "start")
+            .filter_map(|e| e.num("rank"))
+            .last()
+    }
+
+    /// How many processes a forkserver that pod `rank`'s agent started
+    /// forked (the forkserver does not carry the agent's `-X` tag: found
+    /// as the agent's child that runs `multiprocessing.forkserver`).
+    fn forked_workers(&self, rank: usize) -> usize {
+        let tag = format!("trainwire_agent={}.{rank}", self._tag.value());
+        let cmdline = |pid: i32| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default()
+        };
+        let ppid = |pid: i32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let after = &stat[stat.rfind(')')? + 1..];
+            after.split_whitespace().nth(1)?.parse::<i32>().ok()
+        };
+        let agents = trainwire_tests::process::pids_with_cmdline("python", &tag);
+        let forkservers: Vec<i32> = agents
+            .iter()
+            .flat_map(|&a| descendants(a))
+            .filter(|&p| {
+                ppid(p).is_some_and(|pp| agents.contains(&pp))
+                    && cmdline(p).contains("multiprocessing.forkserver")
+            })
+            .collect();
+        forkservers
+            .iter()
+            .flat_map(|&f| descendants(f))
+            .filter(|&p| ppid(p).is_some_and(|pp| forkservers.contains(&pp)))
+            .count()
     }
 
     /// The host PIDs of the trainer's workers in pod `rank` (the agent's
@@ -312,8 +364,29 @@ fn start(test: &str, case: &Case, trainer: Trainer) -> World {
         dir,
         _tag: tag,
     };
+    // The rendezvous handler, installed as the init container does (the
+    // channel directories are the pods' own).
+    let handler = world.dir.path().join("python");
+    if trainer == Trainer::Warm {
+        let installed = Command::new(&bin)
+            .arg("install-rendezvous-handler")
+            .arg(&handler)
+            .arg("--channel")
+            .arg(world.dir.path().join("channel-0"))
+            .status()
+            .expect("install-rendezvous-handler");
+        assert!(
+            installed.success(),
+            "install-rendezvous-handler: {installed}"
+        );
+        let channel = world.dir.path().join("channel-1");
+        std::fs::create_dir(&channel).expect("mkdir");
+        std::fs::set_permissions(&channel, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    }
     let (python, under_root) = match trainer {
-        Trainer::Torchrun => torch_python().unwrap_or_else(|e| panic!("{test}: {e}")),
+        Trainer::Torchrun | Trainer::Warm => {
+            torch_python().unwrap_or_else(|e| panic!("{test}: {e}"))
+        }
         Trainer::StandIn => (ANY_USER_PYTHON.to_string(), None),
     };
     for rank in 0..2u32 {
@@ -328,7 +401,7 @@ fn start(test: &str, case: &Case, trainer: Trainer) -> World {
         let agent_tag = format!("trainwire_agent={}.{rank}", world._tag.value());
         let peer = format!("node-{}", 1 - rank);
         let trainer_cmd = match trainer {
-            Trainer::Torchrun => format!(
+            Trainer::Torchrun | Trainer::Warm => format!(
                 "\"$TW_PYTHON\" -X {agent_tag} -m torch.distributed.run {} --steps 100000 --checkpoint-interval 50 --log-every 10 --sleep 0.1",
                 train.display()
             ),
@@ -392,6 +465,21 @@ fn start(test: &str, case: &Case, trainer: Trainer) -> World {
             ))
             .env("CHECKPOINT_DIR", &ckpt)
             .env("GLOO_SOCKET_IFNAME", "eth0");
+        if trainer == Trainer::Warm {
+            // What the webhook injects with the handler (the trainer's and
+            // the sidecar's channel directory are one).
+            cmd.env(
+                "PET_RDZV_BACKEND",
+                trainwire_sidecar::rendezvous::HANDLER_BACKEND,
+            )
+            .env("PYTHONPATH", &handler)
+            .env(
+                tw::RENDEZVOUS_DIR,
+                world.dir.path().join(format!("channel-{rank}")),
+            )
+            .env("PET_START_METHOD", "forkserver")
+            .env("PET_RUN_PATH", "1");
+        }
         let proc = Proc::spawn_as(
             &mut cmd,
             world._tag.value(),
@@ -408,7 +496,7 @@ fn run(test: &str, name: &str, trainer: Trainer) {
     if !prerequisites(test) {
         return;
     }
-    if trainer == Trainer::Torchrun && !torch::require_torch(test) {
+    if trainer != Trainer::StandIn && !torch::require_torch(test) {
         return;
     }
     let case = case(name);
@@ -457,7 +545,27 @@ fn run(test: &str, name: &str, trainer: Trainer) {
             world.files()
         );
         // torch's node rank comes from the workers' environment, readable
-        // only as their user.
+        // only as their user; with warm workers from the handler's node
+        // file, whoever the trainer runs as.
+        if trainer == Trainer::Warm {
+            let logged = world.logged_rank(rank);
+            assert!(
+                logged.is_some(),
+                "pod {rank}: no start line\n{}",
+                world.files()
+            );
+            assert_eq!(
+                training["torch_rank"].as_u64(),
+                logged,
+                "pod {rank}: {training}\n{}",
+                world.files()
+            );
+            assert!(
+                world.forked_workers(rank) > 0,
+                "pod {rank}: no worker forked by a forkserver\n{}",
+                world.files()
+            );
+        }
         if trainer == Trainer::Torchrun {
             assert_eq!(
                 training["torch_rank"].is_u64(),
@@ -491,5 +599,17 @@ fn torchrun_training_is_seen_by_its_traffic(#[case] name: &str) {
         "torchrun_training_is_seen_by_its_traffic",
         name,
         Trainer::Torchrun,
+    );
+}
+
+#[rstest]
+#[case::root_trainer("root-trainer")]
+#[case::trainer_of_another_user("other-user")]
+#[case::trainer_of_the_sidecars_user("same-user")]
+fn warm_workers_training_is_seen_with_its_torch_rank(#[case] name: &str) {
+    run(
+        "warm_workers_training_is_seen_with_its_torch_rank",
+        name,
+        Trainer::Warm,
     );
 }

@@ -35,11 +35,11 @@ pub const INIT_NAME: &str = "trainwire-rendezvous-handler";
 pub const VOLUME: &str = "trainwire-run";
 
 /// Whether a plain `torchrun script.py` gets forkserver workers by default.
-/// Off: a forked worker's `/proc/<pid>/environ` is the forkserver's, so the
-/// sidecar cannot read the torch rank torchrun gave it (the world status'
-/// `torchRank`); a manifest that sets `PET_START_METHOD=forkserver` and
-/// `PET_RUN_PATH=1` itself gets warm workers from the handler.
-pub const WARM_WORKERS_BY_DEFAULT: bool = false;
+/// A forked worker's `/proc/<pid>/environ` is the forkserver's, so the
+/// sidecar reads the torch rank torchrun gave it (the world status'
+/// `torchRank`) from the handler's `node.json` instead, and follows workers
+/// whose parent is the forkserver.
+pub const WARM_WORKERS_BY_DEFAULT: bool = true;
 
 const PYTHONPATH: &str = "PYTHONPATH";
 const START_METHOD: &str = "PET_START_METHOD";

@@ -53,9 +53,16 @@ DEFAULT_DIR = "/run/trainwire/rendezvous"
 #: "confirmed_unix_ms": 1764860000000}, ...]}``, the most recent losses only.
 LOSS_FILE = "losses.json"
 
-#: This agent's node descriptor, for the sidecar's status and for people:
-#: ``{"addr": ..., "pid": ..., "local_id": ..., "run_id": ..., "fast": bool,
-#: "why_not": str|null}``.
+#: This agent's node descriptor and what it got from its last completed
+#: rendezvous, for the sidecar (torch's node rank of workers whose
+#: environment does not tell it: forkserver children, another user's) and
+#: for people: ``{"addr": ..., "pid": ..., "pid_start_ticks": ...,
+#: "local_id": ..., "run_id": ..., "fast": bool, "why_not": str|null,
+#: "round": int|null, "group_rank": int|null, "world_size": int|null}``.
+#: ``pid`` is the agent's and ``pid_start_ticks`` its start time
+#: (``/proc/<pid>/stat`` field 22), so a reader can tell a file left by a
+#: dead or replaced agent. Replaced atomically (rename), mode 0644: the
+#: sidecar may run as another user.
 NODE_FILE = "node.json"
 
 #: Most bytes read from the loss file.
@@ -66,6 +73,11 @@ MAX_NODES_PER_POD = 64
 
 #: Old workers still alive this long into a stop are killed.
 STOP_GRACE_SECONDS = 0.5
+
+#: What the forkserver imports before it forks workers: what a worker
+#: imports before its first step (``torch._dynamo`` is loaded by the first
+#: optimizer step), so that a new worker starts with it loaded.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed.run", "torch._dynamo"]
 
 #: Compare-and-set attempts of one eviction.
 MAX_CAS_ATTEMPTS = 8
@@ -195,11 +207,62 @@ class LossFile:
         return fresh
 
 
-def _write_atomic(path: str, text: str) -> None:
+def _write_atomic(path: str, text: str, mode: int = 0o644) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
+        os.fchmod(f.fileno(), mode)
         f.write(text)
     os.replace(tmp, path)
+
+
+def start_ticks(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (``/proc/<pid>/stat``
+    field 22; the command name, field 2, may hold spaces and parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096).decode("ascii", "replace")
+        return int(stat[stat.rindex(")") + 1 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class NodeFile:
+    """This agent's ``node.json`` (see ``NODE_FILE``): written at the
+    handler's set-up and again after each completed rendezvous."""
+
+    def __init__(self, directory: str) -> None:
+        self._path = os.path.join(directory, NODE_FILE)
+        self._pid = os.getpid()
+        self.doc = {
+            "addr": None,
+            "pid": self._pid,
+            "pid_start_ticks": start_ticks(self._pid),
+            "local_id": None,
+            "run_id": None,
+            "fast": False,
+            "why_not": None,
+            "round": None,
+            "group_rank": None,
+            "world_size": None,
+        }
+
+    def write(self, **fields) -> None:
+        self.doc.update(fields)
+        try:
+            _write_atomic(self._path, json.dumps(self.doc))
+        except OSError as e:
+            logger.debug("writing %s: %s", self._path, e)
+
+    def round_done(self, info, round_: int | None) -> None:
+        """What the agent got from a completed rendezvous (torch's
+        ``RendezvousInfo``: this node's group rank, the nodes in the round)."""
+        rank = getattr(info, "rank", None)
+        size = getattr(info, "world_size", None)
+        self.write(
+            round=round_ if isinstance(round_, int) else None,
+            group_rank=rank if isinstance(rank, int) else None,
+            world_size=size if isinstance(size, int) else None,
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -313,6 +376,7 @@ if DynamicRendezvousHandler is not None:
             self._tw_dir = rendezvous_dir()
             self._tw_index = pod_index()
             self._tw_losses = LossFile(os.path.join(self._tw_dir, LOSS_FILE))
+            self._tw_node = NodeFile(self._tw_dir)
             if why_not is None:
                 why_not = _module_gaps() or _handler_gaps(self)
             if why_not is None and self._tw_index is None:
@@ -339,18 +403,13 @@ if DynamicRendezvousHandler is not None:
 
         def _tw_publish_node(self, why_not: str | None) -> None:
             node = getattr(self, "_this_node", None)
-            doc = {
-                "addr": getattr(node, "addr", None),
-                "pid": getattr(node, "pid", None),
-                "local_id": getattr(node, "local_id", None),
-                "run_id": getattr(getattr(self, "_settings", None), "run_id", None),
-                "fast": self._tw_fast,
-                "why_not": why_not,
-            }
-            try:
-                _write_atomic(os.path.join(self._tw_dir, NODE_FILE), json.dumps(doc))
-            except OSError:
-                pass
+            self._tw_node.write(
+                addr=getattr(node, "addr", None),
+                local_id=getattr(node, "local_id", None),
+                run_id=getattr(getattr(self, "_settings", None), "run_id", None),
+                fast=self._tw_fast,
+                why_not=why_not,
+            )
 
         # -- torch's calls --------------------------------------------------
 
@@ -358,14 +417,17 @@ if DynamicRendezvousHandler is not None:
             # The loss that made the agent restart is consumed here.
             self._tw_pending = False
             info = super().next_rendezvous()
-            if self._tw_fast:
-                try:
-                    state = self._state_holder.state
+            round_ = None
+            try:
+                state = self._state_holder.state
+                round_ = state.round
+                if self._tw_fast:
                     self._tw_round_nodes = set(state.participants)
                     self._tw_round = state.round
-                except Exception:  # noqa: BLE001
-                    self._tw_round_nodes = set()
-                    self._tw_round = -1
+            except Exception:  # noqa: BLE001
+                self._tw_round_nodes = set()
+                self._tw_round = -1
+            self._tw_node.round_done(info, round_)
             return info
 
         def num_nodes_waiting(self) -> int:
@@ -471,7 +533,7 @@ def _warm_workers() -> str | None:
 
         if not hasattr(LocalElasticAgent, "_shutdown"):
             return "LocalElasticAgent has no _shutdown"
-        multiprocessing.set_forkserver_preload(["torch", "torch.distributed.run"])
+        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
         forkserver.ensure_running()
 
         def _stop_workers(self, worker_group, *args, **kwargs):
@@ -525,6 +587,9 @@ def _plain_wrap(inner, why_not: str):
     logger.warning("plain c10d rendezvous, the sidecar's losses are not heard: %s", why_not)
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler as _RH
 
+    node_file = NodeFile(rendezvous_dir())
+    node_file.write(why_not=why_not)
+
     class PlainC10d(_RH):
         def __init__(self, inner):
             self._inner = inner
@@ -537,7 +602,10 @@ def _plain_wrap(inner, why_not: str):
             return self._inner.use_agent_store
 
         def next_rendezvous(self):
-            return self._inner.next_rendezvous()
+            info = self._inner.next_rendezvous()
+            state = getattr(getattr(self._inner, "_state_holder", None), "state", None)
+            node_file.round_done(info, getattr(state, "round", None))
+            return info
 
         def is_closed(self) -> bool:
             return self._inner.is_closed()
