@@ -16,9 +16,6 @@ use std::time::Duration;
 use crate::{Count, Grammar, Invalid, MountPath, PositiveCount, PositiveDuration, env};
 pub use crate::{Detection, LogFormat, NodeCount, PeerLossAction, PollMode};
 
-/// The sidecar's name for the peer-loss action.
-pub type OnPeerLoss = PeerLossAction;
-
 /// Where configuration strings come from.
 pub trait Source {
     /// The value of `key`, if set. An empty value counts as unset.
@@ -148,7 +145,7 @@ pub struct Config {
     pub health_port: u16,
     pub bind_address: IpAddr,
     pub checkpoint: Option<CheckpointConfig>,
-    pub on_peer_loss: OnPeerLoss,
+    pub on_peer_loss: PeerLossAction,
     pub detection: Detection,
     pub heartbeat: HeartbeatConfig,
     /// How long a peer may be silent before its loss is confirmed where
@@ -405,7 +402,7 @@ impl Config {
             }),
         };
 
-        let on_peer_loss = var(src, env::ON_PEER_LOSS)?.unwrap_or(OnPeerLoss::Auto);
+        let on_peer_loss = var(src, env::ON_PEER_LOSS)?.unwrap_or(PeerLossAction::Auto);
         let detection = var(src, env::DETECTION)?.unwrap_or(Detection::Auto);
         if matches!(detection, Detection::Heartbeat | Detection::Both) && peer_hosts.is_none() {
             return Err(ConfigError::Missing {
@@ -625,7 +622,7 @@ mod tests {
         assert_eq!(c.confirm_after_for(0), Duration::from_secs(30));
         assert_eq!(c.replacement_wait, Duration::from_secs(600));
         assert_eq!(c.health_port, 29600);
-        assert_eq!(c.on_peer_loss, OnPeerLoss::Auto);
+        assert_eq!(c.on_peer_loss, PeerLossAction::Auto);
         assert_eq!(c.detection, Detection::Auto);
         assert_eq!(c.limits.max_actions, 3);
         assert_eq!(c.limits.window, Duration::from_secs(600));
@@ -661,7 +658,7 @@ mod tests {
         assert_eq!(ck.poll, PollMode::Always);
         assert_eq!(c.agent_match, vec!["fake_torchrun", "other"]);
         assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.on_peer_loss, OnPeerLoss::RestartWorkers);
+        assert_eq!(c.on_peer_loss, PeerLossAction::RestartWorkers);
     }
 
     #[test]

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{NodeCount, OnPeerLoss};
+use crate::config::{NodeCount, PeerLossAction};
 use crate::peers::LossReason;
-use crate::signal::Plan;
+use crate::signal::{Plan, Stopped};
 
 /// What confirmed a loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -60,7 +60,7 @@ impl Confirmation {
 /// Everything [`decide`] looks at for one loss episode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Situation {
-    pub mode: OnPeerLoss,
+    pub mode: PeerLossAction,
     pub lost_rank: u32,
     pub rdzv_host_rank: Option<u32>,
     pub nnodes: NodeCount,
@@ -72,10 +72,9 @@ pub struct Situation {
     /// A new pod answers at the lost peer's name (or, for a restarted
     /// container, the same pod is back): the rendezvous host is there.
     pub replacement_ready: bool,
-    /// The workers were stopped in this episode.
-    pub workers_stopped: bool,
-    /// The agent was killed in this episode.
-    pub agent_killed: bool,
+    /// What of the trainer from before the loss was stopped in this
+    /// episode.
+    pub stopped: Stopped,
     /// Time since the confirmation (zero when unconfirmed).
     pub since_confirmed: Duration,
     pub replacement_wait: Duration,
@@ -151,7 +150,7 @@ fn decision(action: Action, waiting_for: Option<String>, why: impl Into<String>)
 /// The next step for one loss episode.
 pub fn decide(s: &Situation) -> Decision {
     let rank = s.lost_rank;
-    if s.mode == OnPeerLoss::None {
+    if s.mode == PeerLossAction::None {
         return decision(Action::Done, None, "on-peer-loss is none: reporting only");
     }
     if s.confirmation.is_none() {
@@ -165,18 +164,18 @@ pub fn decide(s: &Situation) -> Decision {
     }
     let is_host = Some(rank) == s.rdzv_host_rank;
     match s.mode {
-        OnPeerLoss::None => decision(Action::Done, None, "on-peer-loss is none"),
-        OnPeerLoss::RestartWorkers if !s.workers_stopped && !s.agent_killed => {
+        PeerLossAction::None => decision(Action::Done, None, "on-peer-loss is none"),
+        PeerLossAction::RestartWorkers if s.stopped == Stopped::None => {
             decision(Action::StopWorkers, None, "on-peer-loss is restart-workers")
         }
-        OnPeerLoss::RestartAgent if !s.agent_killed => {
+        PeerLossAction::RestartAgent if s.stopped < Stopped::Trainer => {
             decision(Action::KillAgent, None, "on-peer-loss is restart-agent")
         }
-        OnPeerLoss::RestartWorkers | OnPeerLoss::RestartAgent => {
+        PeerLossAction::RestartWorkers | PeerLossAction::RestartAgent => {
             decision(Action::Done, None, "already acted on this loss")
         }
-        OnPeerLoss::Auto if is_host => {
-            if s.agent_killed {
+        PeerLossAction::Auto if is_host => {
+            if s.stopped == Stopped::Trainer {
                 return decision(
                     Action::Done,
                     None,
@@ -208,7 +207,7 @@ pub fn decide(s: &Situation) -> Decision {
                     ),
                 },
             });
-            if !s.workers_stopped {
+            if s.stopped == Stopped::None {
                 return decision(
                     Action::StopWorkers,
                     waiting,
@@ -241,7 +240,7 @@ pub fn decide(s: &Situation) -> Decision {
         // see a waiting node and restart their workers, and the next round
         // forms with it. Nothing to do here (restarting the workers early
         // would only spend a max_restarts attempt).
-        OnPeerLoss::Auto if s.spares > 0 => decision(
+        PeerLossAction::Auto if s.spares > 0 => decision(
             Action::Done,
             None,
             format!(
@@ -249,9 +248,9 @@ pub fn decide(s: &Situation) -> Decision {
                 s.spares
             ),
         ),
-        OnPeerLoss::Auto => match s.nnodes {
+        PeerLossAction::Auto => match s.nnodes {
             NodeCount::Elastic { min, .. } if s.survivors >= min => {
-                if s.workers_stopped || s.agent_killed {
+                if s.stopped > Stopped::None {
                     decision(
                         Action::Done,
                         None,
@@ -296,11 +295,11 @@ pub fn decide(s: &Situation) -> Decision {
 mod tests {
     use super::*;
 
-    const MODES: [OnPeerLoss; 4] = [
-        OnPeerLoss::Auto,
-        OnPeerLoss::RestartWorkers,
-        OnPeerLoss::RestartAgent,
-        OnPeerLoss::None,
+    const MODES: [PeerLossAction; 4] = [
+        PeerLossAction::Auto,
+        PeerLossAction::RestartWorkers,
+        PeerLossAction::RestartAgent,
+        PeerLossAction::None,
     ];
     const TOPOLOGIES: [NodeCount; 3] = [
         NodeCount::Fixed(2),
@@ -315,7 +314,7 @@ mod tests {
         Some(Confirmation::Kubernetes(LossReason::NodeUnreachable)),
     ];
 
-    fn base(mode: OnPeerLoss, nnodes: NodeCount, lost_rank: u32) -> Situation {
+    fn base(mode: PeerLossAction, nnodes: NodeCount, lost_rank: u32) -> Situation {
         Situation {
             mode,
             lost_rank,
@@ -325,8 +324,7 @@ mod tests {
             survivors: nnodes.max() - 1,
             confirmation: None,
             replacement_ready: false,
-            workers_stopped: false,
-            agent_killed: false,
+            stopped: Stopped::None,
             since_confirmed: Duration::ZERO,
             replacement_wait: Duration::from_secs(600),
             no_replacement_reported: false,
@@ -354,17 +352,20 @@ mod tests {
             s.replacement_ready = true;
             decide(&s).action.plan()
         };
-        assert_eq!(plan(OnPeerLoss::Auto, 0, Some(0)), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::Auto, 1, Some(0)), Plan::ReportOnly);
+        assert_eq!(plan(PeerLossAction::Auto, 0, Some(0)), Plan::KillAgent);
+        assert_eq!(plan(PeerLossAction::Auto, 1, Some(0)), Plan::ReportOnly);
         // An external store (etcd-v2): no peer's loss strands the agent.
-        assert_eq!(plan(OnPeerLoss::Auto, 0, None), Plan::ReportOnly);
+        assert_eq!(plan(PeerLossAction::Auto, 0, None), Plan::ReportOnly);
         assert_eq!(
-            plan(OnPeerLoss::RestartWorkers, 0, Some(0)),
+            plan(PeerLossAction::RestartWorkers, 0, Some(0)),
             Plan::TermWorkers
         );
-        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, Some(0)), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::RestartAgent, 2, None), Plan::KillAgent);
-        assert_eq!(plan(OnPeerLoss::None, 0, Some(0)), Plan::ReportOnly);
+        assert_eq!(
+            plan(PeerLossAction::RestartAgent, 2, Some(0)),
+            Plan::KillAgent
+        );
+        assert_eq!(plan(PeerLossAction::RestartAgent, 2, None), Plan::KillAgent);
+        assert_eq!(plan(PeerLossAction::None, 0, Some(0)), Plan::ReportOnly);
     }
 
     /// Every (mode, topology, lost rank, host placement, survivors,
@@ -378,8 +379,8 @@ mod tests {
                         for survivors in [1, 2] {
                             for confirmation in CONFIRMATIONS {
                                 for replacement_ready in [false, true] {
-                                    for (workers_stopped, agent_killed) in
-                                        [(false, false), (true, false), (true, true)]
+                                    for stopped in
+                                        [Stopped::None, Stopped::Workers, Stopped::Trainer]
                                     {
                                         for since in [0, 601] {
                                             let mut s = base(mode, nnodes, lost_rank);
@@ -387,8 +388,7 @@ mod tests {
                                             s.survivors = survivors;
                                             s.confirmation = confirmation;
                                             s.replacement_ready = replacement_ready;
-                                            s.workers_stopped = workers_stopped;
-                                            s.agent_killed = agent_killed;
+                                            s.stopped = stopped;
                                             s.since_confirmed = Duration::from_secs(since);
                                             if !replacement_ready {
                                                 // Up, but DNS still has the old pod.
@@ -429,7 +429,7 @@ mod tests {
     #[test]
     fn a_spare_takes_the_place_of_any_lost_node() {
         for lost_rank in 0..3 {
-            let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(3), lost_rank);
+            let mut s = base(PeerLossAction::Auto, NodeCount::Fixed(3), lost_rank);
             s.spares = 1;
             s.rdzv_host_rank = None;
             s.confirmation = Some(Confirmation::Kubernetes(LossReason::Deleted));
@@ -437,7 +437,7 @@ mod tests {
             assert_eq!(d.action, Action::Done, "{d:?}");
             assert!(d.why.contains("a spare"), "{d:?}");
         }
-        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(3), 0);
+        let mut s = base(PeerLossAction::Auto, NodeCount::Fixed(3), 0);
         s.spares = 1;
         s.confirmation = Some(Confirmation::Kubernetes(LossReason::Deleted));
         assert_eq!(decide(&s).action, Action::StopWorkers);
@@ -459,13 +459,13 @@ mod tests {
     fn none_never_acts_and_nothing_is_done_twice() {
         for s in all() {
             let d = decide(&s);
-            if s.mode == OnPeerLoss::None {
+            if s.mode == PeerLossAction::None {
                 assert_eq!(d.action, Action::Done, "{s:?}");
             }
-            if s.agent_killed {
+            if s.stopped == Stopped::Trainer {
                 assert!(!kills(d.action), "acted after the agent was killed: {s:?}");
             }
-            if s.workers_stopped {
+            if s.stopped >= Stopped::Workers {
                 assert_ne!(d.action, Action::StopWorkers, "{s:?}");
             }
         }
@@ -473,7 +473,7 @@ mod tests {
 
     #[test]
     fn the_agent_is_killed_in_auto_only_when_the_host_replacement_is_there() {
-        for s in all().into_iter().filter(|s| s.mode == OnPeerLoss::Auto) {
+        for s in all().into_iter().filter(|s| s.mode == PeerLossAction::Auto) {
             let d = decide(&s);
             if d.action == Action::KillAgent {
                 assert_eq!(Some(s.lost_rank), s.rdzv_host_rank, "{s:?}");
@@ -485,7 +485,7 @@ mod tests {
     #[test]
     fn a_lost_non_host_in_a_fixed_world_is_hands_off() {
         for s in all().into_iter().filter(|s| {
-            s.mode == OnPeerLoss::Auto
+            s.mode == PeerLossAction::Auto
                 && matches!(s.nnodes, NodeCount::Fixed(_))
                 && Some(s.lost_rank) != s.rdzv_host_rank
         }) {
@@ -501,13 +501,13 @@ mod tests {
             s
         };
         // Rendezvous host lost, confirmed, no replacement yet: free the GPUs.
-        let s = confirmed(base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0));
+        let s = confirmed(base(PeerLossAction::Auto, NodeCount::Fixed(2), 0));
         let d = decide(&s);
         assert_eq!(d.action, Action::StopWorkers);
         assert!(d.waiting_for.is_some_and(|w| w.contains("replacement")));
         // ... then wait for the replacement ...
         let s = Situation {
-            workers_stopped: true,
+            stopped: Stopped::Workers,
             since_confirmed: Duration::from_secs(5),
             ..s
         };
@@ -532,7 +532,7 @@ mod tests {
         // The replacement answers, but the name still also leads to the lost
         // pod: free the GPUs and wait, saying for what; never restart the
         // agent into the dead address.
-        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        let mut s = base(PeerLossAction::Auto, NodeCount::Fixed(2), 0);
         s.confirmation = Some(Confirmation::ReplacementAnswered);
         s.name_leads_to_lost = Some([10, 0, 0, 9].into());
         let d = decide(&s);
@@ -543,7 +543,7 @@ mod tests {
                 .is_some_and(|w| w.contains("to stop leading to the lost pod's address 10.0.0.9")),
             "{d:?}"
         );
-        s.workers_stopped = true;
+        s.stopped = Stopped::Workers;
         assert_eq!(decide(&s).action, Action::Wait);
         s.since_confirmed = Duration::from_secs(600);
         let d = decide(&s);
@@ -554,9 +554,9 @@ mod tests {
             "{d:?}"
         );
         // Up and named, its store not listening yet: wait, saying for what.
-        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        let mut s = base(PeerLossAction::Auto, NodeCount::Fixed(2), 0);
         s.confirmation = Some(Confirmation::ReplacementAnswered);
-        s.workers_stopped = true;
+        s.stopped = Stopped::Workers;
         s.store_closed = Some(([10, 0, 0, 5], 29500).into());
         let d = decide(&s);
         assert_eq!(d.action, Action::Wait);
@@ -567,13 +567,13 @@ mod tests {
             "{d:?}"
         );
         // A replacement that answers confirms and is there at once: one step.
-        let mut s = base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0);
+        let mut s = base(PeerLossAction::Auto, NodeCount::Fixed(2), 0);
         s.confirmation = Some(Confirmation::ReplacementAnswered);
         s.replacement_ready = true;
         assert_eq!(decide(&s).action, Action::KillAgent);
         // Elastic 2:3 loses rank 2, two survivors: shrink.
         let s = confirmed(base(
-            OnPeerLoss::Auto,
+            PeerLossAction::Auto,
             NodeCount::Elastic { min: 2, max: 3 },
             2,
         ));
@@ -583,14 +583,14 @@ mod tests {
         let below = Situation { survivors: 1, ..s };
         assert_eq!(decide(&below).action, Action::Done);
         // An external store (etcd-v2): losing rank 0 is like any other rank.
-        let mut s = confirmed(base(OnPeerLoss::Auto, NodeCount::Fixed(2), 0));
+        let mut s = confirmed(base(PeerLossAction::Auto, NodeCount::Fixed(2), 0));
         s.rdzv_host_rank = None;
         assert_eq!(decide(&s).action, Action::Done);
         // Forced modes act on confirmation only.
-        let s = base(OnPeerLoss::RestartAgent, NodeCount::Fixed(2), 1);
+        let s = base(PeerLossAction::RestartAgent, NodeCount::Fixed(2), 1);
         assert_eq!(decide(&s).action, Action::Wait);
         assert_eq!(decide(&confirmed(s)).action, Action::KillAgent);
-        let s = confirmed(base(OnPeerLoss::RestartWorkers, NodeCount::Fixed(2), 1));
+        let s = confirmed(base(PeerLossAction::RestartWorkers, NodeCount::Fixed(2), 1));
         assert_eq!(decide(&s).action, Action::StopWorkers);
     }
 

@@ -629,7 +629,7 @@ pub fn kill_leftovers(
             };
             signal::Sent {
                 pid: w.pid,
-                role: "worker",
+                role: signal::Role::Worker,
                 signal: "SIGKILL",
                 error,
             }

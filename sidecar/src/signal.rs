@@ -222,6 +222,53 @@ pub fn find_trainers(procs: &[Process], matcher: &AgentMatcher, self_pid: i32) -
         .collect()
 }
 
+/// What of the trainer from before a loss has been stopped in an episode,
+/// in order: stopping the whole trainer (its agent killed, and everything
+/// under it) stops its workers too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stopped {
+    /// Nothing yet.
+    #[default]
+    None,
+    /// The workers: signalled (every signal arrived) or no longer running;
+    /// the agent restarts them.
+    Workers,
+    /// The agent and its workers: killed (the signal arrived) or no longer
+    /// running; the kubelet restarts the container.
+    Trainer,
+}
+
+/// Which process of a trainer a signal is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// The torchrun agent.
+    Agent,
+    /// One of the agent's workers.
+    Worker,
+    /// A process under a worker.
+    WorkerChild,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Agent, Role::Worker, Role::WorkerChild];
+
+    /// The name in logs, `/status` and the `role` label of metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Worker => "worker",
+            Role::WorkerChild => "worker-child",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What to do about one loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -238,25 +285,24 @@ pub enum Plan {
 impl Plan {
     pub const ALL: [Plan; 3] = [Plan::ReportOnly, Plan::TermWorkers, Plan::KillAgent];
 
-    /// Whether a signal to a process of `role` (as [`execute`] names it) is
-    /// one this plan needs to arrive to reach its goal: the workers' for
-    /// `restart-workers`, the agent's for `restart-agent`, none for
-    /// `report-only`.
-    pub fn needs(self, role: &str) -> bool {
+    /// Whether a signal to a process of `role` is one this plan needs to
+    /// arrive to reach its goal: the workers' for `restart-workers`, the
+    /// agent's for `restart-agent`, none for `report-only`.
+    pub fn needs(self, role: Role) -> bool {
         match self {
             Plan::ReportOnly => false,
-            Plan::TermWorkers => role != "agent",
-            Plan::KillAgent => role == "agent",
+            Plan::TermWorkers => role != Role::Agent,
+            Plan::KillAgent => role == Role::Agent,
         }
     }
 
-    /// The processes from before the loss that are gone once the plan
-    /// reached its goal: (workers stopped, agent killed).
-    pub fn stops(self) -> (bool, bool) {
+    /// What of the trainer from before the loss is gone once the plan
+    /// reached its goal.
+    pub fn stops(self) -> Stopped {
         match self {
-            Plan::ReportOnly => (false, false),
-            Plan::TermWorkers => (true, false),
-            Plan::KillAgent => (true, true),
+            Plan::ReportOnly => Stopped::None,
+            Plan::TermWorkers => Stopped::Workers,
+            Plan::KillAgent => Stopped::Trainer,
         }
     }
 
@@ -378,7 +424,7 @@ impl Limiter {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Sent {
     pub pid: i32,
-    pub role: &'static str,
+    pub role: Role,
     pub signal: &'static str,
     /// `None` on success, else the error.
     pub error: Option<String>,
@@ -389,7 +435,7 @@ pub struct Sent {
 pub fn execute(plan: Plan, trainers: &[Trainer], loss_ticks: u64) -> Vec<Sent> {
     let mut sent = Vec::new();
     let old = |p: &Process| p.start_ticks <= loss_ticks;
-    let mut send = |p: &Process, role: &'static str, sig: Signal| {
+    let mut send = |p: &Process, role: Role, sig: Signal| {
         let error = match kill(Pid::from_raw(p.pid), sig) {
             Ok(()) => None,
             // Already gone: nothing left to stop.
@@ -408,17 +454,17 @@ pub fn execute(plan: Plan, trainers: &[Trainer], loss_ticks: u64) -> Vec<Sent> {
             Plan::ReportOnly => {}
             Plan::TermWorkers => {
                 for w in t.workers.iter().filter(|w| old(w)) {
-                    send(w, "worker", Signal::SIGTERM);
+                    send(w, Role::Worker, Signal::SIGTERM);
                 }
             }
             Plan::KillAgent => {
                 // The agent first, so it cannot restart workers in between.
-                send(&t.agent, "agent", Signal::SIGKILL);
+                send(&t.agent, Role::Agent, Signal::SIGKILL);
                 for w in t.workers.iter().filter(|w| old(w)) {
-                    send(w, "worker", Signal::SIGKILL);
+                    send(w, Role::Worker, Signal::SIGKILL);
                 }
                 for w in t.below_workers.iter().filter(|w| old(w)) {
-                    send(w, "worker-child", Signal::SIGKILL);
+                    send(w, Role::WorkerChild, Signal::SIGKILL);
                 }
             }
         }
@@ -434,11 +480,7 @@ pub enum Permission {
     /// Every agent and worker may be signalled.
     Permitted { processes: usize },
     /// A signal to this process would fail.
-    Denied {
-        pid: i32,
-        role: &'static str,
-        error: String,
-    },
+    Denied { pid: i32, role: Role, error: String },
 }
 
 /// What the signal-permission check found: one state each.
@@ -476,8 +518,8 @@ impl PermissionState {
 pub fn check_permission(trainers: &[Trainer]) -> Permission {
     let mut processes = 0;
     for t in trainers {
-        let roles =
-            std::iter::once((&t.agent, "agent")).chain(t.workers.iter().map(|w| (w, "worker")));
+        let roles = std::iter::once((&t.agent, Role::Agent))
+            .chain(t.workers.iter().map(|w| (w, Role::Worker)));
         for (p, role) in roles {
             match kill(Pid::from_raw(p.pid), None) {
                 Ok(()) | Err(nix::errno::Errno::ESRCH) => processes += 1,

@@ -277,9 +277,9 @@ impl Metrics {
                 });
             }
         }
-        for role in ["agent", "worker", "worker-child"] {
+        for role in crate::signal::Role::ALL {
             let _ = self.signal_failures.get_or_create(&SignalFailureLabels {
-                role: role.into(),
+                role: role.as_str().into(),
                 error: "EPERM".into(),
             });
         }

@@ -217,12 +217,12 @@ pub fn inject(
         vars.push(plain(env::CHECKPOINT_DIR, cp.path.clone()));
         vars.push(plain(env::CHECKPOINT_MAX_AGE, cp.max_age.to_string()));
     }
-    let action_name = if tensorflow {
+    let sidecar_action = if tensorflow {
         super::tensorflow::sidecar_action(action.value)
     } else {
-        action.value.as_str()
+        action.value
     };
-    vars.push(plain(env::ON_PEER_LOSS, action_name));
+    vars.push(plain(env::ON_PEER_LOSS, sidecar_action.as_str()));
     // A hung world: set only when it differs from the sidecar's own
     // default (the contract's), so workloads that leave it are unchanged.
     let stall_source = format!("annotation {}", annotations::STALL_TIMEOUT);

@@ -173,11 +173,10 @@ pub fn desired(
 /// still runs from before the loss, so its container exits and the world
 /// restarts from the checkpoint with the replacement (TensorFlow has no
 /// agent that could re-form the world in place).
-pub fn sidecar_action(action: PeerLossAction) -> &'static str {
+pub fn sidecar_action(action: PeerLossAction) -> PeerLossAction {
     match action {
-        PeerLossAction::Auto | PeerLossAction::RestartAgent => "restart-agent",
-        PeerLossAction::RestartWorkers => "restart-workers",
-        PeerLossAction::None => "none",
+        PeerLossAction::Auto => PeerLossAction::RestartAgent,
+        other => other,
     }
 }
 

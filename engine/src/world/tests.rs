@@ -1,6 +1,9 @@
 use super::*;
+use k8s_openapi::api::core::v1::Pod;
 use rstest::rstest;
 use serde_json::json;
+use trainwire_contract::peer_loss::PeerLossRecord;
+use trainwire_contract::world::{self, Stopped};
 
 fn at(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap_or(Timestamp::UNIX_EPOCH)

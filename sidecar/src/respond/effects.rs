@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use crate::events::EventSink;
-use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, Sent};
+use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, Role, Sent};
 use crate::status::{ActionLabels, ActionStatus, Shared, SignalFailureLabels, rfc3339};
 
 use super::episode::Episode;
@@ -138,9 +138,7 @@ impl Effects {
         );
         if reached {
             e.retry_at = None;
-            let (workers, agent) = plan.stops();
-            e.workers_stopped |= workers;
-            e.agent_killed |= agent;
+            e.stopped = e.stopped.max(plan.stops());
         } else {
             e.failed_attempts += 1;
             e.last_failure = Some(executed.detail.clone());
@@ -181,7 +179,7 @@ impl Effects {
             metrics
                 .signal_failures
                 .get_or_create(&SignalFailureLabels {
-                    role: f.role.into(),
+                    role: f.role.as_str().into(),
                     error: signal::errno_label(f.error.as_deref().unwrap_or_default()).into(),
                 })
                 .inc();
@@ -191,11 +189,12 @@ impl Effects {
             metrics
                 .signal_failures
                 .get_or_create(&SignalFailureLabels {
-                    role: if plan.needs("agent") {
-                        "agent"
+                    role: if plan.needs(Role::Agent) {
+                        Role::Agent
                     } else {
-                        "worker"
+                        Role::Worker
                     }
+                    .as_str()
                     .into(),
                     error: why.into(),
                 })

@@ -6,7 +6,7 @@ use std::time::{Instant, SystemTime};
 
 use crate::decide::Confirmation;
 use crate::peers::{Identity, LossReason, Source};
-use crate::signal::Sent;
+use crate::signal::{Role, Sent, Stopped};
 use crate::status::{EpisodeStatus, rfc3339};
 
 /// Whether the new pod for a lost rank is there for a restarted torchrun:
@@ -95,12 +95,8 @@ pub struct Episode {
     pub store_closed: Option<std::net::SocketAddr>,
     /// The rank's name, while it does not resolve (and why).
     pub name_error: Option<String>,
-    /// The workers from before the loss are stopped: signalled (every
-    /// signal arrived) or no longer running.
-    pub workers_stopped: bool,
-    /// The agent from before the loss is gone: killed (the signal arrived)
-    /// or no longer running.
-    pub agent_killed: bool,
+    /// What of the trainer from before the loss is stopped.
+    pub stopped: Stopped,
     /// Signals of this episode that arrived (what `/status` reports as
     /// done).
     pub delivered: Vec<Sent>,
@@ -151,8 +147,8 @@ impl Episode {
             confirmed_at: self.confirmed_wall.map(rfc3339),
             replacement_ready: self.replacement_ready,
             // What arrived, not what was planned.
-            workers_stopped: self.delivered.iter().any(|s| s.role != "agent"),
-            agent_killed: self.delivered.iter().any(|s| s.role == "agent"),
+            workers_stopped: self.delivered.iter().any(|s| s.role != Role::Agent),
+            agent_killed: self.delivered.iter().any(|s| s.role == Role::Agent),
             failed_attempts: self.failed_attempts,
             last_failure: self.last_failure.clone(),
             waiting_for: if self.closed.is_some() {

@@ -31,7 +31,7 @@ use crate::dns::Resolver;
 use crate::events::EventSink;
 use crate::peers::{Evidence, Identity, Loss, LossReason, Observation, Peers, Source};
 use crate::rendezvous;
-use crate::signal::{self, Outcome};
+use crate::signal::{self, Outcome, Stopped};
 use crate::status::{ConfirmLabels, LossLabels, Shared, SourceLabels};
 
 pub use effects::EXECUTE_TIMEOUT;
@@ -191,8 +191,7 @@ impl Responder {
             stale_name_reported: false,
             store_closed: None,
             name_error: None,
-            workers_stopped: false,
-            agent_killed: false,
+            stopped: Stopped::None,
             delivered: Vec::new(),
             failed_attempts: 0,
             retry_at: None,
@@ -270,7 +269,7 @@ impl Responder {
                         );
                     } else if obs.source == Source::Heartbeat
                         && ep.confirmation == Some(Confirmation::Outage)
-                        && !ep.agent_killed
+                        && ep.stopped < Stopped::Trainer
                     {
                         // Back after a long outage: its store and agent are
                         // the same; torchrun re-rendezvous with it.
@@ -519,7 +518,7 @@ impl Responder {
                 Action::Done => {
                     if let Some(ep) = self.episodes.get_mut(&rank) {
                         ep.closed = Some(d.why.clone());
-                        if !ep.workers_stopped && !ep.agent_killed {
+                        if ep.stopped == Stopped::None {
                             self.effects.record(
                                 ep,
                                 d.action.plan(),
@@ -581,7 +580,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::peers::State;
-    use crate::signal::Sent;
+    use crate::signal::{Role, Sent};
     use effects::Executor;
     use std::net::IpAddr;
 
@@ -623,17 +622,11 @@ mod tests {
         }
     }
 
-    /// Rank 0's episode: (confirmed, replacement ready, workers stopped,
-    /// agent killed).
-    fn host_episode(r: &Responder) -> Option<(bool, bool, bool, bool)> {
-        r.episodes().find(|e| e.rank == 0).map(|e| {
-            (
-                e.confirmation.is_some(),
-                e.replacement_ready,
-                e.workers_stopped,
-                e.agent_killed,
-            )
-        })
+    /// Rank 0's episode: (confirmed, replacement ready, what is stopped).
+    fn host_episode(r: &Responder) -> Option<(bool, bool, Stopped)> {
+        r.episodes()
+            .find(|e| e.rank == 0)
+            .map(|e| (e.confirmation.is_some(), e.replacement_ready, e.stopped))
     }
 
     /// A heartbeat answer of pod `uid` from `from`.
@@ -951,16 +944,16 @@ mod tests {
             Evidence::Lost(LossReason::Deleted, "pod train-0 was deleted".into()),
         )
         .await;
-        // (confirmed, replacement ready, workers stopped, agent killed)
+        // (confirmed, replacement ready, what is stopped)
         let state = host_episode;
         // Confirmed by Kubernetes: the workers are stopped, the agent waits.
-        assert_eq!(state(&responder), Some((true, false, true, false)));
+        assert_eq!(state(&responder), Some((true, false, Stopped::Workers)));
 
         // The new pod appears, not Ready yet; then Ready while the name
         // still leads elsewhere (DNS behind); neither restarts the agent.
         for step in [pod(false, Some("127.0.0.10")), pod(true, Some("10.1.2.3"))] {
             feed(&mut peers, &mut responder, Evidence::Alive(step)).await;
-            assert_eq!(state(&responder), Some((true, false, true, false)));
+            assert_eq!(state(&responder), Some((true, false, Stopped::Workers)));
         }
         // Ready at the address the name now gives.
         feed(
@@ -969,7 +962,7 @@ mod tests {
             Evidence::Alive(pod(true, Some("127.0.0.10"))),
         )
         .await;
-        assert_eq!(state(&responder), Some((true, true, true, true)));
+        assert_eq!(state(&responder), Some((true, true, Stopped::Trainer)));
     }
 
     /// Heartbeats, rendezvous host lost, and a replacement that answers at
@@ -989,9 +982,9 @@ mod tests {
         let feed = async |peers: &mut Peers, responder: &mut Responder, evidence: Evidence| {
             feed(peers, responder, Source::Heartbeat, evidence).await
         };
-        // (confirmed, replacement ready, workers stopped, agent killed)
+        // (confirmed, replacement ready, what is stopped)
         let state = host_episode;
-        assert_eq!(state(&responder), Some((false, false, false, false)));
+        assert_eq!(state(&responder), Some((false, false, Stopped::None)));
 
         // The replacement answers; the name leads to it and to the dead pod.
         publish(vec![dead, new]);
@@ -1001,7 +994,7 @@ mod tests {
             Evidence::Alive(beat("new", new)),
         )
         .await;
-        assert_eq!(state(&responder), Some((true, false, true, false)));
+        assert_eq!(state(&responder), Some((true, false, Stopped::Workers)));
         let waiting = responder
             .episodes()
             .find(|e| e.rank == 0)
@@ -1018,17 +1011,17 @@ mod tests {
         );
         // Time passes, the old pod is still published: still waiting.
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(state(&responder), Some((true, false, true, false)));
+        assert_eq!(state(&responder), Some((true, false, Stopped::Workers)));
 
         // The old pod leaves DNS: the agent is restarted at the next look.
         publish(vec![new]);
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(state(&responder), Some((true, true, true, true)));
+        assert_eq!(state(&responder), Some((true, true, Stopped::Trainer)));
         assert!(episode(&responder).is_some_and(|e| e.name_leads_to_lost.is_none()));
     }
 
     /// A signal to `role` that arrived (`None`) or failed.
-    fn sent(role: &'static str, signal: &'static str, error: Option<&str>) -> Sent {
+    fn sent(role: Role, signal: &'static str, error: Option<&str>) -> Sent {
         Sent {
             pid: 4242,
             role,
@@ -1067,8 +1060,12 @@ mod tests {
                 Executed {
                     outcome: Outcome::Partial,
                     signals: vec![
-                        sent("worker", "SIGTERM", None),
-                        sent("worker", "SIGTERM", Some("EPERM: Operation not permitted")),
+                        sent(Role::Worker, "SIGTERM", None),
+                        sent(
+                            Role::Worker,
+                            "SIGTERM",
+                            Some("EPERM: Operation not permitted"),
+                        ),
                     ],
                     detail: "1 of 2 signals delivered".into(),
                     unsent: None,
@@ -1076,7 +1073,7 @@ mod tests {
                 // Then both arrive.
                 Executed {
                     outcome: Outcome::Signalled,
-                    signals: vec![sent("worker", "SIGTERM", None)],
+                    signals: vec![sent(Role::Worker, "SIGTERM", None)],
                     detail: "1 of 1 signals delivered".into(),
                     unsent: None,
                 },
@@ -1100,7 +1097,10 @@ mod tests {
         .await;
         let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
         let ep = episode(&responder).expect("an episode");
-        assert!(!ep.workers_stopped && ep.failed_attempts == 1, "{ep:?}");
+        assert!(
+            ep.stopped == Stopped::None && ep.failed_attempts == 1,
+            "{ep:?}"
+        );
         let retry = ep.retry_at.expect("a retry is planned");
         {
             let status = shared.status();
@@ -1137,7 +1137,10 @@ mod tests {
             .and_modify(|e| e.retry_at = Some(retry - Duration::from_secs(60)));
         responder.tick(Instant::now(), &peers).await;
         let ep = episode(&responder).expect("an episode");
-        assert!(!ep.workers_stopped && ep.failed_attempts == 2, "{ep:?}");
+        assert!(
+            ep.stopped == Stopped::None && ep.failed_attempts == 2,
+            "{ep:?}"
+        );
         assert_eq!(
             shared.status().last_action.as_ref().map(|a| a.result),
             Some("partial")
@@ -1149,7 +1152,10 @@ mod tests {
             .and_modify(|e| e.retry_at = Some(Instant::now()));
         responder.tick(Instant::now(), &peers).await;
         let ep = episode(&responder).expect("an episode");
-        assert!(ep.workers_stopped && ep.retry_at.is_none(), "{ep:?}");
+        assert!(
+            ep.stopped == Stopped::Workers && ep.retry_at.is_none(),
+            "{ep:?}"
+        );
         let status = shared.status();
         let last = status.last_loss.as_ref().expect("last loss");
         assert!(last.workers_stopped && !last.agent_killed);
@@ -1212,8 +1218,11 @@ mod tests {
         )
         .await;
         assert_eq!(peers.get(0).map(|p| p.state), Some(State::Healthy));
-        // (confirmed, replacement ready, workers stopped, agent killed)
-        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        // (confirmed, replacement ready, what is stopped)
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, false, Stopped::Workers))
+        );
         let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
         let waiting = episode(&responder)
             .and_then(|e| e.waiting_for)
@@ -1225,13 +1234,19 @@ mod tests {
         // The name resolves; the new torchrun's store does not listen yet.
         names.set("train-0.train", vec![host]);
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, false, Stopped::Workers))
+        );
         assert!(episode(&responder).is_some_and(|e| e.store_closed.is_some()));
         // It listens: now the agent is restarted.
         let _store = std::net::TcpListener::bind(("127.0.0.1", port.parse::<u16>().expect("port")))
             .expect("bind the store's port");
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(host_episode(&responder), Some((true, true, true, true)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, true, Stopped::Trainer))
+        );
         assert_eq!(peers.generation(), 1);
         // Lost again later (deleted): a new generation, acted on again.
         feed(
@@ -1243,7 +1258,10 @@ mod tests {
         .await;
         assert_eq!(peers.generation(), 2);
         assert!(episode(&responder).is_some_and(|e| e.generation == 2));
-        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, false, Stopped::Workers))
+        );
     }
     /// Heartbeats, rendezvous host lost, its replacement answers at pod 0's
     /// name while its trainer (torchrun, which runs the store) is not up
@@ -1275,7 +1293,10 @@ mod tests {
             Evidence::Alive(beat("new", new)),
         )
         .await;
-        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, false, Stopped::Workers))
+        );
         let episode = |r: &Responder| r.episodes().find(|e| e.rank == 0).cloned();
         let store: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         assert!(episode(&responder).is_some_and(|e| {
@@ -1285,12 +1306,18 @@ mod tests {
                     .is_some_and(|w| w.contains("to accept connections"))
         }));
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(host_episode(&responder), Some((true, false, true, false)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, false, Stopped::Workers))
+        );
 
         // torchrun is up in the replacement: its store listens.
         let _store = std::net::TcpListener::bind(store).expect("bind the store's port");
         responder.tick(Instant::now(), &peers).await;
-        assert_eq!(host_episode(&responder), Some((true, true, true, true)));
+        assert_eq!(
+            host_episode(&responder),
+            Some((true, true, Stopped::Trainer))
+        );
         assert!(episode(&responder).is_some_and(|e| e.store_closed.is_none()));
     }
 }

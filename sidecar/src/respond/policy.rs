@@ -59,8 +59,7 @@ pub(super) fn situation(
         survivors,
         confirmation: ep.confirmation,
         replacement_ready: ep.replacement_ready,
-        workers_stopped: ep.workers_stopped,
-        agent_killed: ep.agent_killed,
+        stopped: ep.stopped,
         since_confirmed: ep
             .confirmed_at
             .map(|c| now.saturating_duration_since(c))
