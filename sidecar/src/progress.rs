@@ -662,7 +662,7 @@ pub fn ask_for_stacks(workers: &[signal::Process]) -> Vec<signal::Sent> {
             let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
             signal::Sent {
                 pid: w.pid,
-                role: "worker",
+                role: signal::Role::Worker,
                 signal: stacks.as_str(),
                 error,
             }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use trainwire_contract::stall::{STACKS_SIGNAL, STACKS_SIGNAL_ENV};
 use trainwire_sidecar::progress::ask_for_stacks;
@@ -86,7 +86,10 @@ fn a_stopped_worker_writes_its_python_stack_and_runs_on() {
         || std::fs::read_to_string(&err).is_ok_and(|t| t.contains("in stuck_in_collective")),
     );
     let text = std::fs::read_to_string(&err).unwrap_or_default();
-    assert!(text.contains("Thread 0x") || text.contains("Current thread"), "{text}");
+    assert!(
+        text.contains("Thread 0x") || text.contains("Current thread"),
+        "{text}"
+    );
     // The handler returns: the worker was resumed and runs on until the
     // SIGTERM that follows in a restart.
     assert!(
@@ -108,15 +111,12 @@ fn a_worker_without_the_registration_ends_without_a_core() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let err = dir.path().join("stderr");
-    let child = worker(false, &err);
-    let pid = Pid::from_raw(child.id() as i32);
+    let mut child = worker(false, &err);
     let sent = ask_for_stacks(&[process(&child)]);
     assert_eq!(sent[0].error, None);
-    match waitpid(pid, None) {
-        Ok(WaitStatus::Signaled(_, sig, core)) => {
-            assert_eq!(sig.as_str(), STACKS_SIGNAL);
-            assert!(!core, "a core dump");
-        }
-        other => panic!("the worker did not end by the signal: {other:?}"),
-    }
+    let status = child.wait().expect("wait");
+    use std::os::unix::process::ExitStatusExt;
+    let stacks: Signal = STACKS_SIGNAL.parse().expect("a signal name");
+    assert_eq!(status.signal(), Some(stacks as i32), "{status:?}");
+    assert!(!status.core_dumped(), "a core dump");
 }

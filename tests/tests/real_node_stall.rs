@@ -49,8 +49,8 @@ fn real_node_stall() {
             format!("{}s", STALL_TIMEOUT.as_secs()),
         )],
     };
-    let world = World::create(&node, &install, "rn-stall", shape)
-        .unwrap_or_else(|e| panic!("world: {e}"));
+    let world =
+        World::create(&node, &install, "rn-stall", shape).unwrap_or_else(|e| panic!("world: {e}"));
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     let result = (|| -> Result<(), String> {
@@ -60,8 +60,7 @@ fn real_node_stall() {
         let rank0 = world.rank0_pod()?;
         let other = world
             .agents()
-            .into_iter()
-            .map(|(pod, _)| pod)
+            .into_keys()
             .find(|p| *p != rank0)
             .ok_or("no second training pod")?;
         stop_a_worker(&world, &other, "the other pod", &mut lines, &mut failures)
@@ -124,10 +123,7 @@ fn stop_a_worker(
     // After a checkpoint, so that the newest one is known.
     let events_before = stall_events(world);
     let pods = world.pods();
-    let metric_before: f64 = pods
-        .values()
-        .filter_map(|p| stalls_total(world, p))
-        .sum();
+    let metric_before: f64 = pods.values().filter_map(|p| stalls_total(world, p)).sum();
     let checkpoint = world.latest_checkpoint().ok_or("no checkpoint yet")?;
     let at = SystemTime::now();
     nix::sys::signal::kill(
@@ -223,8 +219,8 @@ fn stop_a_worker(
         )),
     }
     match &first {
-        Some((t, _))
-            if secs(*t, at) <= (STALL_TIMEOUT + Duration::from_secs(15)).as_secs_f64() => {}
+        Some((t, _)) if secs(*t, at) <= (STALL_TIMEOUT + Duration::from_secs(15)).as_secs_f64() => {
+        }
         other => fail(format!(
             "training stepped again {} after the stop, not within the timeout + 15 s",
             fmt_rel(other.as_ref().map(|f| f.0), at)

@@ -256,7 +256,7 @@ impl World {
             .filter_map(torch::TrainEvent::parse)
             .filter(|e| e.event == "start")
             .filter_map(|e| e.num("rank"))
-            .last()
+            .next_back()
     }
 
     /// How many processes a forkserver that pod `rank`'s agent started

@@ -26,8 +26,8 @@ use super::injection::{Ctx, Refusal};
 use super::rendezvous::World;
 use super::trainer::{self, Conflict, Desired};
 use crate::policy::{self, Framework, RdzvBackend, RdzvHandler, RdzvStore};
-use trainwire_contract::{env, stall};
 use trainwire_contract::rendezvous::{CHANNEL_DIR, HANDLER_BACKEND, HANDLER_DIR, SHARED_DIR};
+use trainwire_contract::{env, stall};
 
 /// The init container that installs the handler.
 pub const INIT_NAME: &str = "trainwire-rendezvous-handler";

@@ -30,8 +30,11 @@ pub fn prepare_trainer(node: &RealNode) -> Result<(), String> {
     let archive = super::images::trainer_image(&node.dir().join("images"), &prefix)
         .map_err(|e| format!("trainer image: {e}"))?;
     node.import_image(&archive, TRAINER_IMAGE)?;
-    node.apply(&super::images::host_python_policy(&prefix, HOST_PYTHON_LABEL))
-        .map_err(|e| format!("host Python policy: {e}"))
+    node.apply(&super::images::host_python_policy(
+        &prefix,
+        HOST_PYTHON_LABEL,
+    ))
+    .map_err(|e| format!("host Python policy: {e}"))
 }
 
 /// What kind of world: who the trainer runs as, how many hot spares, and
@@ -130,10 +133,7 @@ impl<'a> World<'a> {
         });
         let mut annotations = String::new();
         if shape.spares > 0 {
-            annotations.push_str(&format!(
-                "\n    trainwire.dev/spares: \"{}\"",
-                shape.spares
-            ));
+            annotations.push_str(&format!("\n    trainwire.dev/spares: \"{}\"", shape.spares));
         }
         for (k, v) in &shape.annotations {
             annotations.push_str(&format!("\n    {k}: \"{v}\""));
@@ -302,7 +302,10 @@ spec:
     pub fn wait_steady(&self, limit: Duration) -> Result<(), String> {
         let replicas = 2 + self.shape.spares as usize;
         poll(
-            &format!("{}: world of 2 + {} spare training", self.ns, self.shape.spares),
+            &format!(
+                "{}: world of 2 + {} spare training",
+                self.ns, self.shape.spares
+            ),
             limit,
             || {
                 let pods = self.pods();
