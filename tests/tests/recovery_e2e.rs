@@ -109,6 +109,11 @@ struct Cluster {
     sidecar_env: Vec<(String, String)>,
     /// More env for every trainer.
     trainer_env: Vec<(String, String)>,
+    /// Warm workers: trainwire's rendezvous handler installed here (as the
+    /// init container does), each node with a channel directory of its
+    /// own, the trainer with `--start-method forkserver --run-path` as the
+    /// webhook injects them for a plain `torchrun script.py`.
+    warm: Option<TempDir>,
     /// With the real sidecar: the apiserver holding the pods and the
     /// sidecars' records, the injected StatefulSet (its template's
     /// annotations go on every pod), and the kubeconfig.
@@ -177,8 +182,43 @@ impl Cluster {
             ckpt_dir: None,
             sidecar_env: Vec::new(),
             trainer_env: Vec::new(),
+            warm: None,
             api,
         })
+    }
+
+    /// Warm workers from here on (see [`Cluster::warm`]).
+    fn warm_workers(&mut self) -> Result<(), String> {
+        let bin = self
+            .sidecar_bin
+            .clone()
+            .ok_or("warm workers need the sidecar binary")?;
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+        let installed = std::process::Command::new(bin)
+            .arg("install-rendezvous-handler")
+            .arg(dir.path().join("python"))
+            .arg("--channel")
+            .arg(dir.path().join("channel"))
+            .status()
+            .map_err(|e| format!("install-rendezvous-handler: {e}"))?;
+        if !installed.success() {
+            return Err(format!("install-rendezvous-handler: {installed}"));
+        }
+        self.warm = Some(dir);
+        Ok(())
+    }
+
+    /// Node `label`'s channel directory, with warm workers.
+    fn channel(&self, label: &str) -> Result<Option<PathBuf>, String> {
+        use std::os::unix::fs::PermissionsExt;
+        let Some(dir) = &self.warm else {
+            return Ok(None);
+        };
+        let channel = dir.path().join(format!("channel-{label}"));
+        std::fs::create_dir_all(&channel).map_err(|e| format!("mkdir: {e}"))?;
+        std::fs::set_permissions(&channel, std::fs::Permissions::from_mode(0o1777))
+            .map_err(|e| format!("chmod: {e}"))?;
+        Ok(Some(channel))
     }
 
     fn checkpoint_dir(&self) -> PathBuf {
@@ -214,6 +254,7 @@ impl Cluster {
             .add_node_named(label, &hostname, addr, point_name)?;
         let agent_token = format!("trainwire_agent={label}.{}", self.run);
         let uid = format!("{label}-{}", self.run);
+        let channel = self.channel(label)?;
         if let Some(api) = &self.api {
             // The pod object, Ready, replacing the one of its name.
             let mut pod = apiserver::pod(&hostname, rank, &uid, &addr.to_string(), true, 0);
@@ -254,6 +295,9 @@ impl Cluster {
                     cmd.env(tw::CONFIRM_AFTER, v);
                 }
                 cmd.envs(self.sidecar_env.iter().map(|(k, v)| (k, v)));
+                if let Some(channel) = &channel {
+                    cmd.env(tw::RENDEZVOUS_DIR, channel);
+                }
                 let proc = Proc::spawn_as(
                     &mut cmd,
                     self.tag.value(),
@@ -291,6 +335,25 @@ impl Cluster {
         ));
         env.push(("GLOO_SOCKET_IFNAME".into(), "eth0".into()));
         env.extend(self.trainer_env.iter().cloned());
+        if let (Some(channel), Some(warm)) = (&channel, &self.warm) {
+            env.retain(|(k, _)| k != "PET_RDZV_BACKEND");
+            env.extend([
+                (
+                    "PET_RDZV_BACKEND".to_string(),
+                    trainwire_sidecar::rendezvous::HANDLER_BACKEND.to_string(),
+                ),
+                (
+                    "PYTHONPATH".to_string(),
+                    warm.path().join("python").to_string_lossy().into_owned(),
+                ),
+                (
+                    tw::RENDEZVOUS_DIR.to_string(),
+                    channel.to_string_lossy().into_owned(),
+                ),
+                ("PET_START_METHOD".to_string(), "forkserver".to_string()),
+                ("PET_RUN_PATH".to_string(), "1".to_string()),
+            ]);
+        }
         let make = move || torch::agent_command(&program, &agent_token, CHECKPOINT_INTERVAL, &env);
         // A kubelet's restart policy: 1 s, then CrashLoopBackOff 10 s, 20 s, ...
         let kubelet = Kubelet::run_backoff(
@@ -1246,8 +1309,11 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 /// the stall timeout) within the timeout plus 5 s, restart the workers,
 /// and training must step again from the newest checkpoint within the
 /// timeout plus 15 s, with the stall shown in `/status`.
-fn stalled(label: &str) -> Result<String, String> {
+fn stalled(label: &str, warm: bool) -> Result<String, String> {
     let mut c = Cluster::new(Responder::Sidecar)?;
+    if warm {
+        c.warm_workers()?;
+    }
     c.sidecar_env = vec![
         (
             tw::STALL_TIMEOUT.to_string(),
@@ -1264,9 +1330,21 @@ fn stalled(label: &str) -> Result<String, String> {
         .trainer(label)
         .and_then(|t| t.kubelet.pid())
         .ok_or_else(|| format!("no agent on {label}"))?;
+    let parent = |p: i32| trainwire_tests::process::stat(p).map(|(_, ppid)| ppid);
+    let forkserver = |p: i32| {
+        parent(p) == Some(agent)
+            && std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("multiprocessing.forkserver"))
+    };
+    // A worker: the agent's child, or with warm workers the child of the
+    // agent's forkserver (their parent is not the agent).
     let worker = descendants(agent)
         .into_iter()
-        .find(|p| trainwire_tests::process::stat(*p).is_some_and(|(_, ppid)| ppid == agent))
+        .find(|&p| match parent(p) {
+            Some(pp) if warm => pp != agent && forkserver(pp),
+            Some(pp) => pp == agent,
+            None => false,
+        })
         .ok_or_else(|| format!("no worker under the agent {agent} on {label}"))?;
     let mark = c.log.mark();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker), Signal::SIGSTOP)
@@ -1335,7 +1413,7 @@ fn stalled(label: &str) -> Result<String, String> {
         ));
     }
     let line = format!(
-        "STALL stopped={label} stall_timeout_s={} found_s={} by={by} resumed_s={} resumed_from={from} checkpoint_at_stop={at_stop}",
+        "STALL stopped={label} warm={warm} stall_timeout_s={} found_s={} by={by} resumed_s={} resumed_from={from} checkpoint_at_stop={at_stop}",
         STALL_TIMEOUT.as_secs(),
         secs(found_after),
         secs(resumed_after)
@@ -1386,11 +1464,11 @@ fn stalled(label: &str) -> Result<String, String> {
     Ok(line)
 }
 
-fn run_stalled(test: &str, label: &str) {
+fn run_stalled(test: &str, label: &str, warm: bool) {
     if !torch::require_torch(test) || !netns::require_netns(test) {
         return;
     }
-    match stalled(label) {
+    match stalled(label, warm) {
         Ok(line) => println!("{line}"),
         Err(e) => panic!("{test}: {e}"),
     }
@@ -1401,6 +1479,7 @@ fn a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes() {
     run_stalled(
         "a_stopped_worker_on_the_rendezvous_host_is_found_and_the_world_resumes",
         "n0",
+        false,
     );
 }
 
@@ -1409,6 +1488,18 @@ fn a_stopped_worker_on_another_node_is_found_and_the_world_resumes() {
     run_stalled(
         "a_stopped_worker_on_another_node_is_found_and_the_world_resumes",
         "n1",
+        false,
+    );
+}
+
+/// The same with warm workers: the stopped worker is a child of the
+/// agent's forkserver, which the sidecars' progress scan follows.
+#[test]
+fn a_stopped_forkserver_worker_is_found_and_the_world_resumes() {
+    run_stalled(
+        "a_stopped_forkserver_worker_is_found_and_the_world_resumes",
+        "n1",
+        true,
     );
 }
 

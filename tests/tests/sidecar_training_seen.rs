@@ -253,10 +253,11 @@ impl World {
         let text =
             std::fs::read_to_string(self.dir.path().join(format!("trainer-{rank}.log"))).ok()?;
         text.lines()
+            .rev()
             .filter_map(torch::TrainEvent::parse)
             .filter(|e| e.event == "start")
             .filter_map(|e| e.num("rank"))
-            .next_back()
+            .next()
     }
 
     /// How many processes a forkserver that pod `rank`'s agent started

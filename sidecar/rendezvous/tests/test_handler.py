@@ -121,6 +121,11 @@ def now():
     return datetime.now(timezone.utc)
 
 
+def read_node(directory):
+    with open(os.path.join(directory, tw.NODE_FILE)) as f:
+        return json.load(f)
+
+
 def finish(results, threads, timeout=60):
     for t in threads:
         t.join(timeout)
@@ -167,6 +172,29 @@ class Eviction(unittest.TestCase):
         # The same loss file seen again: nothing more.
         w.tell(0, [("1-1", 1, now())])
         self.assertEqual(a.num_nodes_waiting(), 0)
+
+    def test_each_agent_writes_what_its_rendezvous_gave_it_to_node_json(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        before = read_node(w.dirs[0])
+        self.assertIsNone(before["group_rank"], "no round completed yet")
+        self.assertTrue(before["fast"])
+        results = finish(*w.join(a, b))
+        state = w.state()
+        ranks = set()
+        for pod, h in ((0, a), (1, b)):
+            doc = read_node(w.dirs[pod])
+            self.assertEqual(doc["group_rank"], results[h].rank)
+            self.assertEqual(doc["world_size"], 2)
+            self.assertEqual(doc["round"], state.round)
+            # The fence a reader checks: this agent's pid and start time.
+            self.assertEqual(doc["pid"], os.getpid())
+            self.assertEqual(doc["pid_start_ticks"], tw.start_ticks(os.getpid()))
+            self.assertIsInstance(doc["pid_start_ticks"], int)
+            self.assertEqual(os.stat(os.path.join(w.dirs[pod], tw.NODE_FILE)).st_mode & 0o777, 0o644)
+            ranks.add(doc["group_rank"])
+        self.assertEqual(ranks, {0, 1})
+        self.assertEqual([f for f in os.listdir(w.dirs[0]) if f.endswith(".tmp")], [])
 
     def test_a_node_that_beat_after_the_confirmation_is_not_evicted(self):
         w = World(self, 2, 2)
@@ -338,6 +366,11 @@ class Torchrun(unittest.TestCase):
             self.assertIn("plain c10d rendezvous", out.stderr)
             self.assertIn("_remove_participant_epilogue", out.stderr)
             self.assertEqual(out.stdout.count("worker"), 2, out.stdout)
+            # The fallback writes its round too (torch's rank of the workers).
+            doc = read_node(d)
+            self.assertFalse(doc["fast"])
+            self.assertIn("_remove_participant_epilogue", doc["why_not"])
+            self.assertEqual((doc["group_rank"], doc["world_size"]), (0, 1))
 
     def test_forkserver_workers_are_children_of_a_forkserver_with_torch_loaded(self):
         with tempfile.TemporaryDirectory() as d:
@@ -346,6 +379,9 @@ class Torchrun(unittest.TestCase):
             self.assertIn("workers start warm", out.stderr)
             ppids = {line.split()[-1] for line in out.stdout.splitlines() if line.startswith("worker")}
             self.assertEqual(len(ppids), 1, out.stdout)
+            doc = read_node(d)
+            self.assertEqual((doc["group_rank"], doc["world_size"]), (0, 1))
+            self.assertIn("torch._dynamo", tw.FORKSERVER_PRELOAD)
 
 
 if __name__ == "__main__":
