@@ -419,10 +419,14 @@ fn max_inflight(interval: Duration, timeout: Duration) -> usize {
         .clamp(2, 16)
 }
 
-/// While a peer is lost (missed `misses` beats in a row), it is also
-/// searched for, so that a replacement answering at its name is seen soon
-/// after the name leads to it (the rendezvous host's replacement is what the
-/// survivors' restart waits for). Misses are still counted once per interval.
+/// While a peer misses beats (half of `misses` in a row, [`searched_from`]),
+/// and once it is lost, it is also searched for: probes on new connections,
+/// so that a peer back from a blip answers within a search period (not
+/// after TCP's retransmission of a probe lost in the blip: a blip shorter
+/// than the loss window costs nothing), and a replacement answering at its
+/// name is seen soon after the name leads to it (the rendezvous host's
+/// replacement is what the survivors' restart waits for). Misses are still
+/// counted once per interval.
 ///
 /// How often: every [`SEARCH_EVERY_PER_NODE`] × the world's size, within
 /// [`MIN_SEARCH_EVERY`] and a quarter interval. A small world searches every
@@ -434,6 +438,12 @@ fn search_every(interval: Duration, nodes: u32) -> Duration {
     SEARCH_EVERY_PER_NODE
         .saturating_mul(nodes)
         .clamp(MIN_SEARCH_EVERY, quarter)
+}
+
+/// The misses in a row from which a silent peer is searched for: half of
+/// those that lose it (2 of 4 at the defaults), at least one.
+fn searched_from(misses: u32) -> u32 {
+    (misses / 2).max(1)
 }
 
 /// The shortest time between two searches of a lost peer.
@@ -540,7 +550,8 @@ fn judged(
 /// reported. So a dead peer is reported after about interval × misses, while
 /// an answer that takes longer than the interval (latency) is not a loss.
 ///
-/// Once the peer is lost, it is also searched for: a probe every
+/// Once the peer has missed half the beats that lose it, and while it is
+/// lost, it is also searched for: a probe every
 /// [`search_every`] (50 ms in a small world, at most a quarter interval),
 /// each given one interval, in a set of its own. A probe stuck on the dead
 /// address ends within the interval, so these never pile up to a limit, and
@@ -581,6 +592,7 @@ pub async fn run_counted(
         let interval = config.heartbeat.interval;
         let max_inflight = max_inflight(interval, timeout);
         let lost_after = config.heartbeat.misses.max(1);
+        let search_from = searched_from(lost_after);
         let search_every = search_every(interval, config.pods());
         let search_timeout = interval.min(timeout);
         // One search probe may take `search_timeout`: enough room for one
@@ -682,7 +694,7 @@ pub async fn run_counted(
                             }
                         }
                     }
-                    _ = search_ticker.tick(), if tally.missed_in_a_row >= lost_after => {
+                    _ = search_ticker.tick(), if tally.missed_in_a_row >= search_from => {
                         if searching.len() < max_searching {
                             searching.push(start(search_timeout));
                         }
@@ -861,6 +873,13 @@ mod tests {
     /// a large one (the survivors together resolve the name about 500 times
     /// a second at most), never longer than a quarter interval, never
     /// shorter than 50 ms, whatever the interval.
+    #[test]
+    fn a_silent_peer_is_searched_for_from_half_its_misses() {
+        assert_eq!(searched_from(4), 2);
+        assert_eq!(searched_from(3), 1);
+        assert_eq!(searched_from(1), 1);
+    }
+
     #[test]
     fn a_lost_peer_is_searched_for_often_in_a_small_world_and_less_in_a_large_one() {
         let s = Duration::from_secs(1);
