@@ -1,8 +1,8 @@
 //! The sidecar's whole configuration contract: the `TRAINWIRE_*` environment
 //! variables that the webhook sets on the sidecar container.
 //!
-//! The names are defined once, here; the webhook imports them so the two
-//! programs cannot drift apart.
+//! The names are defined once, here; the engine (which the webhook runs)
+//! and the sidecar import them, so the two programs cannot drift apart.
 
 /// The pod's own name (downward API `metadata.name`).
 pub const POD_NAME: &str = "TRAINWIRE_POD_NAME";

@@ -1,5 +1,5 @@
-//! The state of a training world as the webhook's controller keeps it on the
-//! workload, and the checkpoint record a sidecar keeps on its pod.
+//! The state of a training world as the controllers' world controller keeps
+//! it on the workload, and the checkpoint record a sidecar keeps on its pod.
 //!
 //! [`ANNOTATION`] (`trainwire.dev/world`) on a StatefulSet or Job holds a JSON
 //! [`WorldStatus`]: its nodes, how many losses it had, the last one and how

@@ -44,7 +44,7 @@ impl EventSink {
 
     /// Records what this sidecar did about a lost peer on its own pod
     /// ([`trainwire_contract::peer_loss`]), in the background, for the
-    /// webhook's failure controller: a trainer exit this action caused is
+    /// controllers' failure controller: a trainer exit this action caused is
     /// then never counted as a script failure. Best effort, like Events.
     pub fn record_peer_loss(&self, record: &trainwire_contract::peer_loss::PeerLossRecord) {
         let Some(value) = record.to_annotation() else {
@@ -58,7 +58,7 @@ impl EventSink {
     }
 
     /// Records the newest complete checkpoint on this pod's annotation
-    /// `trainwire.dev/checkpoint`, which the webhook's world controller
+    /// `trainwire.dev/checkpoint`, which the controllers' world controller
     /// reads (the age of a world's checkpoint in its `trainwire.dev/world`).
     pub fn record_checkpoint(&self, record: &trainwire_contract::world::CheckpointRecord) {
         self.annotate(

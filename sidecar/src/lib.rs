@@ -1,24 +1,27 @@
 //! trainwire-sidecar watches peer health and checkpoint freshness in a
 //! torchrun pod and restarts the local trainer when a peer is lost; the
 //! binary is a thin `main.rs` over [`run`]. It may use `trainwire-contract`
-//! (the `TRAINWIRE_*` names and value grammars it shares with the webhook),
-//! `trainwire-runtime` (logging, shutdown, metrics exposition), the kube
-//! client, tokio, axum/hyper for its own small HTTP server, and nix and
-//! `/proc` for signals; it must not use the webhook crate (its mutation
-//! engine, policy, admission server or controllers), which runs elsewhere
-//! under another identity. Its modules, named after what they do:
+//! (the `TRAINWIRE_*` names and value grammars it shares with the other
+//! programs), `trainwire-runtime` (logging, shutdown, metrics exposition),
+//! the kube client, tokio, axum/hyper for its own small HTTP server, and nix
+//! and `/proc` for signals; it must not use the engine, the admission server
+//! (`trainwire-webhook`) or the controllers (`trainwire-controllers`), which
+//! run elsewhere under other identities: it speaks to them through the
+//! contract only, and `tests/tests/layering.rs` holds it to that. Its modules, named after what they do:
 //! - [`env`] / [`config`]: the `TRAINWIRE_*` contract and its parsing;
 //! - [`peers`]: the pure peer-health state machine and loss generations;
 //! - [`ring`]: which peers a sidecar watches (a bounded set);
 //! - [`heartbeat`]: sidecar-to-sidecar heartbeats;
 //! - [`dns`]: the peers' names against this pod's DNS configuration;
-//! - [`kubewatch`]: the Kubernetes watch of the watched peers' pods and its
-//!   pure decision logic;
+//! - [`kubewatch`]: the Kubernetes watch of the watched peers' pods
+//!   (`kubewatch::tracker`: its pure decision logic over pod snapshots);
 //! - [`world`]: the controllers' view of the whole world (every pod's
 //!   role), read on demand from the workload's `trainwire.dev/world`;
 //! - [`decide`]: the pure decision of one loss episode's next step;
 //! - [`signal`]: finding torchrun in `/proc`, signal plans and the storm
-//!   guard, the signal permission;
+//!   guard, the signal permission; which process a signal is for
+//!   ([`signal::Role`]) and what of the trainer a loss has stopped
+//!   ([`signal::Stopped`]);
 //! - [`respond`]: acting on a loss (`episode`: an episode's state;
 //!   `policy`: what is decided and when a step is done; `effects`: carrying
 //!   a step out and recording it);

@@ -25,7 +25,7 @@ pub use crate::stall::{ProgressStatus, RankProgress, StallRecord, StuckWorker};
 
 use crate::collective::Collective;
 use crate::events::EventSink;
-use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan};
+use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, parse_state};
 use crate::status::{Shared, rfc3339};
 use trainwire_contract::StallAction;
 
@@ -50,16 +50,6 @@ const SCAN_TIMEOUT: Duration = Duration::from_secs(5);
 /// the peers' answers).
 pub fn scan_every(timeout: Duration) -> Duration {
     (timeout / 10).clamp(MIN_SCAN_EVERY, MAX_SCAN_EVERY)
-}
-
-/// The state letter of a `/proc/<pid>/stat` text (field 3, after the last
-/// `)`: the command name may hold both).
-pub fn parse_state(stat: &str) -> Option<char> {
-    stat.get(stat.rfind(')')? + 1..)?
-        .split_whitespace()
-        .next()?
-        .chars()
-        .next()
 }
 
 /// The state letters of `pids` (absent when gone).

@@ -208,7 +208,7 @@ pub fn agent_node(dir: &Path, proc_root: &Path) -> Result<AgentNode, NodeError> 
     if start != node.pid_start_ticks {
         return Err(stale("is another process now (another start time)"));
     }
-    if crate::progress::parse_state(&stat).is_some_and(|s| s == 'Z' || s == 'X') {
+    if crate::signal::parse_state(&stat).is_some_and(|s| s == 'Z' || s == 'X') {
         return Err(stale("has exited"));
     }
     Ok(node)

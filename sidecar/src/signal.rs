@@ -44,6 +44,16 @@ pub fn parse_stat(stat: &str) -> Option<(i32, u64)> {
     Some((ppid, start))
 }
 
+/// The state letter of a `/proc/<pid>/stat` text (field 3, after the last
+/// `)`: the command name may hold both).
+pub fn parse_state(stat: &str) -> Option<char> {
+    stat.get(stat.rfind(')')? + 1..)?
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
 /// Reads every process under `proc_root` (normally `/proc`). Processes that
 /// vanish while being read are skipped; kernel threads (empty cmdline) too.
 pub fn scan(proc_root: &Path) -> Vec<Process> {

@@ -296,7 +296,8 @@ pub struct Profile {
     /// `node.kubernetes.io/not-ready` NoExecute taints.
     #[serde(default)]
     pub node_failure_toleration_seconds: Option<Setting<i64>>,
-    /// Dead-node reclaim by the webhook's controller (off when absent).
+    /// Dead-node reclaim by the controllers' failure controller (off when
+    /// absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_failure: Option<NodeFailurePolicy>,
     /// Crash-loop stop defaults. Not read by the injection: left out of
