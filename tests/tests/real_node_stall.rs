@@ -124,7 +124,12 @@ fn stop_a_worker(
     let events_before = stall_events(world);
     let pods = world.pods();
     let metric_before: f64 = pods.values().filter_map(|p| stalls_total(world, p)).sum();
-    let checkpoint = world.latest_checkpoint().ok_or("no checkpoint yet")?;
+    // The newest checkpoint at the stop: wait for one (every 25 steps).
+    let checkpoint = real_node::poll(
+        "a checkpoint before the stop",
+        Duration::from_secs(60),
+        || world.latest_checkpoint(),
+    )?;
     let at = SystemTime::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(worker),
