@@ -34,20 +34,16 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
+use trainwire_tests::real_node::RealNode;
 use trainwire_tests::real_node::world::{
-    Shape, World, descendants, fmt_rel, prepare_trainer, run, secs, time_of,
+    Shape, World, descendants, fmt_rel, prepare_trainer, require_node_and_torch, run, secs, time_of,
 };
-use trainwire_tests::real_node::{self, RealNode};
 
 const TEST: &str = "real_node_recovery";
 
 #[test]
 fn real_node_recovery() {
-    let torch = trainwire_tests::Prerequisite::from_result(
-        trainwire_tests::torch::torch_version()
-            .map_err(|why| format!("PyTorch is not importable ({why}); pip install torch")),
-    );
-    if !trainwire_tests::require::require_all(TEST, [real_node::prerequisites(), torch]) {
+    if !require_node_and_torch(TEST) {
         return;
     }
     let started = Instant::now();
@@ -78,7 +74,7 @@ fn real_node_recovery() {
                 continue;
             }
         };
-        world.run_scenarios(&mut lines, &mut failures);
+        Scenarios(&world).run_scenarios(&mut lines, &mut failures);
         world.remove();
     }
     eprintln!(
@@ -112,29 +108,16 @@ struct Measured {
 }
 
 /// The loss scenarios and their figures, on a [`World`].
-trait Scenarios {
-    fn measure(&self, at: SystemTime, lost: &str, generation_before: u64) -> Measured;
-    fn run_scenarios(&self, lines: &mut Vec<String>, failures: &mut Vec<String>);
-    fn watch_quiet(
-        &self,
-        at: SystemTime,
-        deleted: &str,
-        before: &Value,
-    ) -> Result<(Option<Value>, Vec<String>, f64), String>;
-    #[allow(clippy::too_many_arguments)]
-    fn report(
-        &self,
-        kind: &str,
-        pod: &str,
-        at: SystemTime,
-        m: &Measured,
-        lines: &mut Vec<String>,
-        failures: &mut Vec<String>,
-        silent: bool,
-    );
+struct Scenarios<'w, 'n>(&'w World<'n>);
+
+impl<'n> std::ops::Deref for Scenarios<'_, 'n> {
+    type Target = World<'n>;
+    fn deref(&self) -> &World<'n> {
+        self.0
+    }
 }
 
-impl Scenarios for World<'_> {
+impl Scenarios<'_, '_> {
     /// Polls the world and the sidecars after a loss at `at`, until every
     /// figure is in or `first step + 20 s` (at most `at + 90 s`).
     fn measure(&self, at: SystemTime, lost: &str, generation_before: u64) -> Measured {

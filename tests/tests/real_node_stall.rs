@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 use trainwire_tests::real_node::world::{
-    Shape, World, fmt_rel, prepare_trainer, secs, time_of, workers,
+    Shape, World, fmt_rel, prepare_trainer, require_node_and_torch, secs, time_of, workers,
 };
 use trainwire_tests::real_node::{self, RealNode};
 
@@ -28,11 +28,7 @@ const STALL_TIMEOUT: Duration = Duration::from_secs(20);
 
 #[test]
 fn real_node_stall() {
-    let torch = trainwire_tests::Prerequisite::from_result(
-        trainwire_tests::torch::torch_version()
-            .map_err(|why| format!("PyTorch is not importable ({why}); pip install torch")),
-    );
-    if !trainwire_tests::require::require_all(TEST, [real_node::prerequisites(), torch]) {
+    if !require_node_and_torch(TEST) {
         return;
     }
     let started = Instant::now();

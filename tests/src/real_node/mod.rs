@@ -292,6 +292,23 @@ impl RealNode {
         serde_json::from_str(&text).map_err(|e| format!("kubectl get {}: {e}", args.join(" ")))
     }
 
+    /// The object `yaml` as the apiserver would create it (a server-side
+    /// dry run, admission included), as JSON text.
+    pub fn dry_run_create(&self, yaml: &str) -> Result<String, String> {
+        self.kubectl_stdin(
+            &[
+                "create",
+                "--dry-run=server",
+                "--validate=false",
+                "-o",
+                "json",
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        )
+    }
+
     /// `kubectl apply --validate=false -f -` of `yaml`.
     pub fn apply(&self, yaml: &str) -> Result<(), String> {
         self.kubectl_stdin(&["apply", "--validate=false", "-f", "-"], Some(yaml))

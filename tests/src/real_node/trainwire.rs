@@ -122,20 +122,7 @@ spec:
             "the webhook answering admission",
             Duration::from_secs(60),
             || {
-                let out = self
-                    .kubectl_stdin(
-                        &[
-                            "create",
-                            "--dry-run=server",
-                            "--validate=false",
-                            "-o",
-                            "json",
-                            "-f",
-                            "-",
-                        ],
-                        Some(probe),
-                    )
-                    .ok()?;
+                let out = self.dry_run_create(probe).ok()?;
                 out.contains("PET_NNODES").then_some(())
             },
         )?;

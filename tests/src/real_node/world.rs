@@ -23,6 +23,16 @@ pub const STS: &str = "train";
 /// The label of the namespaces the host-Python policy applies to.
 pub const HOST_PYTHON_LABEL: &str = "trainwire.test/host-python";
 
+/// Whether `test` can run: a real node and PyTorch (a failure under
+/// `CI=true`, skipped otherwise).
+pub fn require_node_and_torch(test: &str) -> bool {
+    let torch = crate::Prerequisite::from_result(
+        crate::torch::torch_version()
+            .map_err(|why| format!("PyTorch is not importable ({why}); pip install torch")),
+    );
+    crate::require::require_all(test, [super::prerequisites(), torch])
+}
+
 /// Imports the trainer image and applies the host-Python policy: once per
 /// node, before [`World::create`].
 pub fn prepare_trainer(node: &RealNode) -> Result<(), String> {
@@ -95,21 +105,10 @@ impl<'a> World<'a> {
             &format!("{ns}: the host-Python policy applying"),
             Duration::from_secs(30),
             || {
-                node.kubectl_stdin(
-                    &[
-                        "create",
-                        "--dry-run=server",
-                        "--validate=false",
-                        "-o",
-                        "json",
-                        "-f",
-                        "-",
-                    ],
-                    Some(&probe),
-                )
-                .ok()?
-                .contains("host-python")
-                .then_some(())
+                node.dry_run_create(&probe)
+                    .ok()?
+                    .contains("host-python")
+                    .then_some(())
             },
         )?;
         let script = crate::torch::train_script();
