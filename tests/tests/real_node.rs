@@ -61,7 +61,13 @@ fn real_node_recovery() {
 
     let mut lines = Vec::new();
     let mut failures = Vec::new();
+    // `TRAINWIRE_REAL_NODE_USERS=uid1000` (or `root`) runs one world only,
+    // for a quicker look at one row; unset, both run.
+    let only = std::env::var("TRAINWIRE_REAL_NODE_USERS").ok();
     for (ns, user) in [("rn-root", None), ("rn-uid1000", Some(1000))] {
+        if only.as_deref().is_some_and(|o| !ns.ends_with(o)) {
+            continue;
+        }
         let shape = Shape {
             user,
             spares: 1,
@@ -105,6 +111,11 @@ struct Measured {
     world: Value,
     /// pod -> its `/status` (the last read).
     sidecars: BTreeMap<String, Value>,
+    /// The pods whose agents ran workers at the last poll after the first
+    /// step.
+    trainers: Vec<String>,
+    /// When the world's `training` roles were first those pods.
+    roles_right: Option<SystemTime>,
 }
 
 /// The loss scenarios and their figures, on a [`World`].
@@ -134,33 +145,60 @@ impl Scenarios<'_, '_> {
                 m.world_saw.get_or_insert(now);
                 m.last_loss = world["lastLoss"].clone();
             }
-            if let Some(first) = m.first_step
+            let after_first = m.first_step.is_some_and(|f| now >= f);
+            if after_first
                 && m.running_seen.is_none()
                 && generation > generation_before
                 && world["phase"] == "Running"
-                && now >= first
             {
                 m.running_seen = Some(now);
             }
+            // The pods whose agents run workers now (but the lost one): who
+            // trains, by the processes (the sidecars and the world are
+            // judged by it).
+            if after_first {
+                m.trainers = self
+                    .agents()
+                    .into_iter()
+                    // A cut pod's old workers run on, out of the world.
+                    .filter(|(pod, (_, w))| !w.is_empty() && pod != lost)
+                    .map(|(pod, _)| pod)
+                    .collect();
+                if m.roles_right.is_none()
+                    && generation > generation_before
+                    && training_pods(&world) == m.trainers
+                {
+                    m.roles_right = Some(now);
+                }
+            }
             m.world = world;
-            let mut sidecars_done = m.first_step.is_some();
-            if m.first_step.is_some() {
+            let mut sidecars_done = after_first && !m.trainers.is_empty();
+            if after_first {
                 for (name, pod) in self.pods() {
-                    if name == lost || !pod["metadata"]["deletionTimestamp"].is_null() {
+                    if !pod["metadata"]["deletionTimestamp"].is_null()
+                        || (name == lost && !m.trainers.contains(&name))
+                    {
                         continue;
                     }
                     let Some(status) = self.sidecar_status(&pod) else {
+                        if m.trainers.contains(&name) {
+                            sidecars_done = false;
+                        }
                         continue;
                     };
                     let trains_since = time_of(&status["training"]["since"]);
-                    if status["training"].is_object() && trains_since.is_none_or(|s| s < at) {
+                    if (m.trainers.contains(&name) || status["training"].is_object())
+                        && trains_since.is_none_or(|s| s < at)
+                    {
                         sidecars_done = false;
                     }
                     m.sidecars.insert(name, status);
                 }
             }
-            let complete =
-                sidecars_done && m.running_seen.is_some() && !m.last_loss["resumedAt"].is_null();
+            let complete = sidecars_done
+                && m.running_seen.is_some()
+                && m.roles_right.is_some()
+                && !m.last_loss["resumedAt"].is_null();
             let deadline = m
                 .first_step
                 .map_or(hard, |f| f + Duration::from_secs(20))
@@ -342,7 +380,7 @@ impl Scenarios<'_, '_> {
             .collect();
         let first = m.first_step;
         lines.push(format!(
-            "{label}: first step {}; sidecars saw [{}]; world: loss {} at {} (shown {}), detectedBy {}, resumedAt {} vs first step (resumedBy {}), Running {} vs first step, phase now {}, roles [{}]; training.seen_by [{}]; detection.active [{}]",
+            "{label}: first step {}; sidecars saw [{}]; world: loss {} at {} (shown {}), detectedBy {}, resumedAt {} vs first step (resumedBy {}), Running {} vs first step, phase now {}, roles [{}] (right {} vs first step); training.seen_by [{}]; detection.active [{}]",
             fmt_rel(first, at),
             saw.join(", "),
             if loss.is_null() { "none".to_string() } else { format!("rank {}", loss["rank"]) },
@@ -354,15 +392,36 @@ impl Scenarios<'_, '_> {
             first.map_or("-".to_string(), |f| fmt_rel(m.running_seen, f)),
             m.world["phase"].as_str().unwrap_or("-"),
             roles.join(" "),
+            first.map_or("-".to_string(), |f| fmt_rel(m.roles_right, f)),
             seen_by.join(" "),
             active.join(" "),
         ));
-        let mut fail = |what: String| failures.push(format!("{label}: {what}"));
-        let Some(first) = first else {
-            fail(format!(
-                "no training step after the loss within 90 s; what the pods said since:\n{}",
+        let failed_before = failures.len();
+        self.judge(&label, at, m, silent, failures);
+        if failures.len() > failed_before {
+            let inside: String = self.pods().keys().map(|p| self.inside(p)).collect();
+            failures.push(format!(
+                "{label}: what the pods said since the loss:\n{}\nwhat their sidecars had to go by:\n{inside}",
                 self.since(at)
             ));
+        }
+    }
+
+    /// Issue 39's goals for one loss.
+    fn judge(
+        &self,
+        label: &str,
+        at: SystemTime,
+        m: &Measured,
+        silent: bool,
+        failures: &mut Vec<String>,
+    ) {
+        let loss = &m.last_loss;
+        let loss_at = time_of(&loss["at"]);
+        let resumed = time_of(&loss["resumedAt"]);
+        let mut fail = |what: String| failures.push(format!("{label}: {what}"));
+        let Some(first) = m.first_step else {
+            fail("no training step after the loss within 90 s".to_string());
             return;
         };
         if silent {
@@ -376,16 +435,36 @@ impl Scenarios<'_, '_> {
                 )),
             }
         }
-        let trainers: Vec<&str> = m
-            .sidecars
-            .values()
-            .filter(|s| time_of(&s["training"]["since"]).is_some_and(|t| t >= at))
-            .map(|s| s["training"]["seen_by"].as_str().unwrap_or("-"))
-            .collect();
-        if trainers.is_empty() || trainers.iter().any(|s| *s != "collective-traffic") {
+        // Every pod that trains saw its new workers train by their
+        // collective's traffic.
+        let trainers: Vec<(String, String)> =
+            m.trainers
+                .iter()
+                .map(|pod| {
+                    let seen = m.sidecars.get(pod).map_or("no /status".to_string(), |s| {
+                        match time_of(&s["training"]["since"]) {
+                            Some(t) if t >= at => {
+                                s["training"]["seen_by"].as_str().unwrap_or("-").to_string()
+                            }
+                            Some(_) => "not since the loss".to_string(),
+                            None => "-".to_string(),
+                        }
+                    });
+                    (pod.clone(), seen)
+                })
+                .collect();
+        if trainers.is_empty() || trainers.iter().any(|(_, s)| s != "collective-traffic") {
             fail(format!(
                 "the resumption is not seen by collective-traffic on every training pod (seen_by {trainers:?})"
             ));
+        }
+        match m.roles_right {
+            Some(r) if secs(r, first) <= 5.0 => {}
+            _ => fail(format!(
+                "the world's training roles are not the pods that train ({:?}) within 5 s of the first step (roles {:?})",
+                m.trainers,
+                training_pods(&m.world)
+            )),
         }
         match resumed {
             Some(r) if (-0.1..=2.0).contains(&secs(r, first)) => {}
@@ -402,4 +481,16 @@ impl Scenarios<'_, '_> {
             )),
         }
     }
+}
+
+/// The pods the world annotation shows in the `training` role.
+fn training_pods(world: &Value) -> Vec<String> {
+    world["ranks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["role"] == "training")
+        .filter_map(|r| r["index"].as_u64())
+        .map(|i| format!("{}-{i}", trainwire_tests::real_node::world::STS))
+        .collect()
 }

@@ -384,5 +384,128 @@ class Torchrun(unittest.TestCase):
             self.assertIn("torch._dynamo", tw.FORKSERVER_PRELOAD)
 
 
+class Stacks(unittest.TestCase):
+    """The agent's stop asks a stopped worker for its Python stack."""
+
+    def _child(self):
+        env = dict(os.environ, PYTHONPATH=PACKAGE_DIR, TRAINWIRE_STACKS_SIGNAL="SIGPWR")
+        code = (
+            "import sys, time\n"
+            "def waiting_in_a_data_loader():\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n"
+            "waiting_in_a_data_loader()\n"
+        )
+        child = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.assertEqual(child.stdout.readline().strip(), "ready")
+        return child
+
+    def _stop(self, child):
+        import signal
+
+        os.kill(child.pid, signal.SIGSTOP)
+        for _ in range(200):
+            if tw.process_state(child.pid) in ("T", "t"):
+                return
+            time.sleep(0.01)
+        self.fail("the child did not stop")
+
+    def test_a_stopped_worker_writes_its_stack_and_a_running_one_is_left_alone(self):
+        os.environ["TRAINWIRE_STACKS_SIGNAL"] = "SIGPWR"
+        stopped, running = self._child(), self._child()
+        try:
+            self._stop(stopped)
+            asked = tw.ask_stopped_for_stacks([stopped.pid, running.pid, 2**22 + 7])
+            self.assertEqual(asked, [stopped.pid])
+            # Resumed: it runs (or sleeps) again.
+            self.assertIn(tw.process_state(stopped.pid), ("R", "S"))
+        finally:
+            for c in (stopped, running):
+                c.kill()
+        _, err = stopped.communicate(timeout=10)
+        self.assertIn("waiting_in_a_data_loader", err)
+        _, err = running.communicate(timeout=10)
+        self.assertNotIn("waiting_in_a_data_loader", err)
+
+    def test_without_the_signal_named_nothing_is_sent(self):
+        os.environ["TRAINWIRE_STACKS_SIGNAL"] = ""
+        child = self._child()
+        try:
+            self._stop(child)
+            self.assertEqual(tw.ask_stopped_for_stacks([child.pid]), [])
+            self.assertIn(tw.process_state(child.pid), ("T", "t"))
+        finally:
+            child.kill()
+            child.communicate(timeout=10)
+
+
+class AgentHooks(unittest.TestCase):
+    """What the handler changes in torchrun's agent."""
+
+    def test_a_failed_agent_leaves_the_rendezvous_open_a_finished_one_closes_it(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        tw._agent_outcome["failed"] = True
+        try:
+            self.assertTrue(a.shutdown())
+            self.assertFalse(w.state().closed)
+            # The other agent goes on: it is not told the world is closed.
+            self.assertFalse(b.is_closed())
+        finally:
+            tw._agent_outcome["failed"] = False
+        self.assertTrue(b.shutdown())
+        self.assertTrue(w.state().closed)
+
+    def test_a_restart_after_a_node_left_is_given_back_any_other_is_counted(self):
+        from types import SimpleNamespace
+
+        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        saved = {k: LocalElasticAgent.__dict__.get(k) for k in ("_restart_workers", "_stop_workers", "run", "_tw_hooked")}
+        try:
+            LocalElasticAgent._restart_workers = lambda self, wg: None
+            LocalElasticAgent._tw_hooked = False
+            self.assertIsNone(tw._install_agent_hooks(warm=False))
+
+            def restart(state, left):
+                agent = SimpleNamespace(_remaining_restarts=1)
+                handler = SimpleNamespace(_tw_left=left)
+                wg = SimpleNamespace(state=state, spec=SimpleNamespace(max_restarts=3, rdzv_handler=handler))
+                LocalElasticAgent._restart_workers(agent, wg)
+                return agent._remaining_restarts
+
+            self.assertEqual(restart(WorkerState.FAILED, {"node-of-the-lost-pod"}), 2)
+            self.assertEqual(restart(WorkerState.FAILED, set()), 1)
+            self.assertEqual(restart(WorkerState.HEALTHY, {"node-of-the-lost-pod"}), 1)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    if k in LocalElasticAgent.__dict__:
+                        delattr(LocalElasticAgent, k)
+                else:
+                    setattr(LocalElasticAgent, k, v)
+
+    def test_the_round_after_a_loss_names_the_node_that_left(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        self.assertEqual(a._tw_left, set())
+        lost = b._this_node
+        b._stop_heartbeats()
+        c = w.handler(1)
+        w.tell(0, [("1-1", 1, now())])
+        wait_for("the agent to hear the loss", lambda: a.num_nodes_waiting() > 0)
+        finish(*w.join(a, c))
+        self.assertEqual(a._tw_left, {lost})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -40,6 +40,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 
 BACKEND = "trainwire-c10d"
@@ -73,6 +74,11 @@ MAX_NODES_PER_POD = 64
 
 #: Old workers still alive this long into a stop are killed.
 STOP_GRACE_SECONDS = 0.5
+
+#: How long the agent waits after asking a stopped worker for its Python
+#: stack, before it stops the round's workers (``STACKS_WAIT`` of the
+#: sidecar's stall action: the dump takes milliseconds once the worker runs).
+STACKS_WAIT_SECONDS = 0.5
 
 #: What the forkserver imports before it forks workers: what a worker
 #: imports before its first step (``torch._dynamo`` is loaded by the first
@@ -371,6 +377,7 @@ if DynamicRendezvousHandler is not None:
             self._tw_fast = False
             self._tw_pending = False
             self._tw_round_nodes: set = set()
+            self._tw_left: set = set()
             self._tw_round = -1
             self._tw_lock = threading.Lock()
             self._tw_dir = rendezvous_dir()
@@ -418,17 +425,28 @@ if DynamicRendezvousHandler is not None:
             self._tw_pending = False
             info = super().next_rendezvous()
             round_ = None
+            previous = self._tw_round_nodes
             try:
                 state = self._state_holder.state
                 round_ = state.round
                 if self._tw_fast:
                     self._tw_round_nodes = set(state.participants)
                     self._tw_round = state.round
+                    # Nodes of the round before that are not in this one:
+                    # the world lost them (a restarted trainer is a new
+                    # node: another agent pid).
+                    self._tw_left = previous - self._tw_round_nodes
             except Exception:  # noqa: BLE001
                 self._tw_round_nodes = set()
                 self._tw_round = -1
+                self._tw_left = set()
             self._tw_node.round_done(info, round_)
             return info
+
+        def shutdown(self) -> bool:
+            if _agent_outcome["failed"]:
+                return _leave_open(self)
+            return super().shutdown()
 
         def num_nodes_waiting(self) -> int:
             n = super().num_nodes_waiting()
@@ -511,9 +529,158 @@ else:
     TrainwireRendezvousHandler = None  # type: ignore[assignment,misc]
 
 
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (``R``, ``S``, ``D``, ``T``...)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read(4096)
+    except OSError:
+        return None
+    _, _, after = stat.rpartition(b") ")
+    return after[:1].decode("ascii", "replace") or None
+
+
+def ask_stopped_for_stacks(pids) -> list[int]:
+    """Of ``pids``, each worker that is stopped (state ``T`` or ``t``: a
+    debugger, a SIGSTOP, a job-control stop) is sent the stacks signal that
+    trainwire's ``sitecustomize`` registered (``TRAINWIRE_STACKS_SIGNAL``),
+    then SIGCONT, so that it writes its Python stacks to the trainer's log
+    now, before its round's stop kills it; then the agent waits
+    ``STACKS_WAIT_SECONDS``. A stopped worker is the one a hung world waits
+    for, and whichever pod's sidecar restarted first, this agent's stop is
+    the last moment its stack can be had. Returns the pids asked."""
+    name = os.environ.get("TRAINWIRE_STACKS_SIGNAL", "")
+    if not name:
+        return []
+    import signal
+
+    signum = getattr(signal, name, None)
+    if not isinstance(signum, int):
+        return []
+    asked = []
+    for pid in pids:
+        if process_state(pid) not in ("T", "t"):
+            continue
+        try:
+            os.kill(pid, signum)
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            continue
+        asked.append(pid)
+    if asked:
+        logger.warning(
+            "worker(s) %s were stopped when their round ended: asked for their Python stacks (%s) before stopping them",
+            asked,
+            name,
+        )
+        time.sleep(STACKS_WAIT_SECONDS)
+    return asked
+
+
+def _worker_pids(agent) -> list[int]:
+    """The pids of the agent's current workers (none when it cannot tell)."""
+    try:
+        pcontext = getattr(agent, "_pcontext", None)
+        return [int(p) for p in pcontext.pids().values()] if pcontext is not None else []
+    except Exception:  # noqa: BLE001 - a changed private field: no stacks
+        return []
+
+
+#: How the agent's run ended, for the handler's ``shutdown``: torchrun
+#: calls it after the run, and torch's handler then closes the rendezvous
+#: for every node, for good.
+_agent_outcome = {"failed": False}
+
+
+def _leave_open(handler) -> bool:
+    """The shutdown of an agent whose run failed: its keep-alive stops, the
+    rendezvous stays open. torch would close it, and every other agent of
+    the world would end with ``RendezvousClosedError``; with a dedicated
+    store, every restarted trainer would too, for as long as the store
+    lives. In a StatefulSet or an indexed Job this pod's trainer is started
+    again and joins (its peers restart their workers meanwhile, as for any
+    lost node); trainwire's failure policy (``crash-loop``) bounds a trainer
+    that fails again and again, not one agent's ``--max-restarts``."""
+    try:
+        handler._stop_heartbeats()
+    except Exception:  # noqa: BLE001
+        pass
+    logger.warning(
+        "this agent's run failed: the rendezvous stays open for the world (its trainer is restarted by Kubernetes and joins again; torch would close it for every node)"
+    )
+    return True
+
+
+def _install_agent_hooks(warm: bool) -> str | None:
+    """Wraps torchrun's agent, once:
+
+    - its stop of its workers: first the stacks of stopped workers
+      (``ask_stopped_for_stacks``), then torch's own stop; with warm
+      workers, old workers still alive ``STOP_GRACE_SECONDS`` into it are
+      killed (torch would wait 30 s);
+    - its restart after a failure: workers that failed because a node left
+      the world (the next round lacks a node of the last one) are a
+      membership change, which torch does not count when it hears of it
+      first ("membership changes do not count as retries"); the restart is
+      given back, so that a survivor of ``--max-restarts`` losses does not
+      give up;
+    - its run: how it ended, for ``shutdown`` (``_leave_open``).
+
+    Returns why not, if not."""
+    try:
+        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    if warm and not hasattr(LocalElasticAgent, "_shutdown"):
+        return "LocalElasticAgent has no _shutdown"
+    if getattr(LocalElasticAgent, "_tw_hooked", False):
+        return None
+    stop = LocalElasticAgent._stop_workers
+    restart = LocalElasticAgent._restart_workers
+    run = LocalElasticAgent.run
+
+    def _stop_workers(self, worker_group, *args, **kwargs):
+        ask_stopped_for_stacks(_worker_pids(self))
+        if warm:
+            return self._shutdown(timeout=STOP_GRACE_SECONDS)
+        return stop(self, worker_group, *args, **kwargs)
+
+    def _restart_workers(self, worker_group, *args, **kwargs):
+        failed = worker_group.state in (WorkerState.FAILED, WorkerState.UNHEALTHY)
+        result = restart(self, worker_group, *args, **kwargs)
+        left = getattr(worker_group.spec.rdzv_handler, "_tw_left", None)
+        most = worker_group.spec.max_restarts
+        if failed and left and self._remaining_restarts < most:
+            self._remaining_restarts += 1
+            logger.info(
+                "the workers failed as %d node(s) left the world: not counted against --max-restarts (%d/%d left)",
+                len(left),
+                self._remaining_restarts,
+                most,
+            )
+        return result
+
+    def _run(self, *args, **kwargs):
+        failed = True
+        try:
+            result = run(self, *args, **kwargs)
+            failed = bool(result.is_failed())
+            return result
+        finally:
+            _agent_outcome["failed"] = failed
+
+    LocalElasticAgent._stop_workers = _stop_workers  # type: ignore[method-assign]
+    LocalElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
+    LocalElasticAgent.run = _run  # type: ignore[method-assign]
+    LocalElasticAgent._tw_hooked = True  # type: ignore[attr-defined]
+    return None
+
+
 def _warm_workers() -> str | None:
-    """With forkserver workers, start the forkserver now with torch loaded,
-    and kill old workers 0.5 s into a stop. Returns why not, if not."""
+    """With forkserver workers, start the forkserver now with torch loaded
+    (``_install_agent_hooks`` then kills old workers 0.5 s into a stop). Returns why
+    not, if not."""
     method = os.environ.get("PET_START_METHOD", "spawn")
     run_path = os.environ.get("PET_RUN_PATH", "") in ("1", "true", "True")
     for i, arg in enumerate(sys.argv):
@@ -535,11 +702,6 @@ def _warm_workers() -> str | None:
             return "LocalElasticAgent has no _shutdown"
         multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
         forkserver.ensure_running()
-
-        def _stop_workers(self, worker_group, *args, **kwargs):
-            self._shutdown(timeout=STOP_GRACE_SECONDS)
-
-        LocalElasticAgent._stop_workers = _stop_workers  # type: ignore[method-assign]
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     return None
@@ -570,6 +732,9 @@ def create_handler(params):
             logger.info("workers start cold: %s", not_warm)
         else:
             logger.info("workers start warm: forkserver with torch preloaded")
+        no_hooks = _install_agent_hooks(warm=not_warm is None)
+        if no_hooks is not None:
+            logger.info("torch's agent is not wrapped: %s", no_hooks)
     return handler
 
 
@@ -620,6 +785,8 @@ def _plain_wrap(inner, why_not: str):
             return self._inner.get_run_id()
 
         def shutdown(self) -> bool:
+            if _agent_outcome["failed"]:
+                return _leave_open(self._inner)
             return self._inner.shutdown()
 
         def __getattr__(self, name):

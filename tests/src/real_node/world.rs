@@ -352,13 +352,79 @@ spec:
                 .node
                 .log_lines(&self.ns, STS, container)
                 .into_iter()
-                .filter(|(t, _, _)| *t >= at)
+                .filter(|(t, _, l)| *t >= at && !l.starts_with("[trainwire-train] step="))
                 .collect();
-            for (t, pod, line) in lines.iter().skip(lines.len().saturating_sub(40)) {
+            for (t, pod, line) in lines.iter().skip(lines.len().saturating_sub(60)) {
                 out.push_str(&format!(
                     "{} {pod}/{container}: {line}\n",
                     fmt_rel(Some(*t), at)
                 ));
+            }
+        }
+        out
+    }
+
+    /// What a sidecar of `pod` has to go by, seen from the host (for a
+    /// failure's message): its `/status` `trainer`, `training` and
+    /// `progress`; the trainer's processes (pid, parent, UID, state,
+    /// command); the handler's `node.json`; the pod's TCP sockets.
+    pub fn inside(&self, name: &str) -> String {
+        let mut out = format!("--- {name}\n");
+        let pods = self.pods();
+        if let Some(status) = pods.get(name).and_then(|p| self.sidecar_status(p)) {
+            out.push_str(&format!(
+                "sidecar: trainer {} training {} progress {}\n",
+                status["trainer"], status["training"], status["progress"]
+            ));
+        }
+        let Ok(agent) = self.node.container_pid(&self.ns, name, "trainer") else {
+            out.push_str("no trainer process\n");
+            return out;
+        };
+        let mut tree = vec![agent];
+        tree.extend(descendants(agent));
+        for pid in tree {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let after = stat.rsplit_once(") ").map_or("", |(_, a)| a);
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Uid:")
+                        .map(|u| u.split_whitespace().next().unwrap_or("?").to_string())
+                })
+                .unwrap_or_default();
+            let mut cmd = cmdline(pid);
+            cmd.truncate(100);
+            out.push_str(&format!(
+                "pid {pid} ppid {} uid {uid} state {} start {} {cmd}\n",
+                fields.get(1).unwrap_or(&"?"),
+                fields.first().unwrap_or(&"?"),
+                fields.get(19).unwrap_or(&"?"),
+            ));
+        }
+        let env = std::fs::read(format!("/proc/{agent}/environ")).unwrap_or_default();
+        let dir = env
+            .split(|b| *b == 0)
+            .find_map(|kv| kv.strip_prefix(b"TRAINWIRE_RENDEZVOUS_DIR="))
+            .map(|d| String::from_utf8_lossy(d).to_string());
+        if let Some(dir) = dir {
+            let node = std::fs::read_to_string(format!("/proc/{agent}/root{dir}/node.json"));
+            out.push_str(&format!(
+                "node.json: {}\n",
+                node.unwrap_or_else(|e| e.to_string())
+            ));
+        }
+        if let Ok(netns) = self.node.pod_netns(&self.ns, name) {
+            let ss = std::process::Command::new("nsenter")
+                .args([&format!("--net={netns}"), "ss", "-tanie"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default();
+            for line in ss.lines().take(40) {
+                out.push_str(line);
+                out.push('\n');
             }
         }
         out
