@@ -507,5 +507,41 @@ class AgentHooks(unittest.TestCase):
         self.assertEqual(a._tw_left, {lost})
 
 
+class FullRound(unittest.TestCase):
+    """A node left in the wait list of a full round waits as a spare."""
+
+    def _wait_list(self, w, node):
+        raw = w.store.get(f"torch.rendezvous.{RUN_ID}")
+        state = pickle.loads(b64decode(raw))
+        state.wait_list.add(node)
+        state.last_heartbeats[node] = now()
+        from base64 import b64encode
+
+        w.store.set(f"torch.rendezvous.{RUN_ID}", b64encode(pickle.dumps(state)))
+
+    def test_a_node_waiting_for_a_full_round_is_parked_and_nobody_restarts(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        late = dr._NodeDesc("pod-2-restarted", 4242, 0)
+        self._wait_list(w, late)
+        a._state_holder._last_sync_time = -1
+        self.assertEqual(a.num_nodes_waiting(), 0)
+        state = w.state()
+        self.assertNotIn(late, state.wait_list)
+        self.assertIn(late, state.redundancy_list)
+        self.assertEqual(len(state.participants), 2)
+
+    def test_a_node_waiting_for_a_round_with_a_free_place_still_restarts_the_workers(self):
+        w = World(self, 1, 2)
+        a = w.handler(0)
+        finish(*w.join(a))
+        late = dr._NodeDesc("pod-1", 4243, 0)
+        self._wait_list(w, late)
+        a._state_holder._last_sync_time = -1
+        self.assertEqual(a.num_nodes_waiting(), 1)
+        self.assertIn(late, w.state().wait_list)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -4,7 +4,7 @@ Registered for torchrun through the ``torchrun.handlers`` entry point as
 ``trainwire-c10d`` (selected with ``PET_RDZV_BACKEND=trainwire-c10d``); the
 trainwire sidecar installs this directory and the injection puts it on the
 trainer's ``PYTHONPATH``. It is torch's own ``DynamicRendezvousHandler`` over
-the c10d backend, configured exactly as ``c10d`` is, plus three things:
+the c10d backend, configured exactly as ``c10d`` is, plus four things:
 
 * Each agent appends its node descriptor (``addr``, ``pid``, ``local_id``) to
   the store key ``trainwire.nodes.<run_id>.<pod index>``, so a peer can name
@@ -26,6 +26,11 @@ the c10d backend, configured exactly as ``c10d`` is, plus three things:
   (``PET_START_METHOD``, ``PET_RUN_PATH``), the forkserver is started at
   once with torch preloaded, and old workers still alive 0.5 s into a stop
   are killed (torch waits 30 s).
+* torchrun's agent, wrapped (``_install_agent_hooks``): a restart after
+  workers failed because a node left the world is not counted against
+  ``--max-restarts``; an agent whose run failed leaves the rendezvous open
+  (torch would close it for every node, for good); at the stop of a round,
+  a stopped worker is asked for its Python stacks first.
 
 Whatever goes wrong here (a torch without a private field this relies on, a
 store without ``append``), the handler is plain c10d with a warning that
@@ -361,6 +366,30 @@ def evict(state, nodes, confirmed: datetime, settings) -> list:
     return dropped
 
 
+def park_waiting(state, settings) -> list:
+    """Move the wait list of a complete round that is full (``max_nodes``
+    participants) to the redundancy list, where torch puts a node that
+    arrives at a full round. Returns the nodes moved.
+
+    torch leaves a node in the wait list when the round it waited for
+    completed full without it, and every participant's agent then sees a
+    waiting node and restarts its workers, for nothing: the new round has
+    no place for it either. When the participants restart one by one, the
+    first to leave the round joins the wait list of the next, and one
+    waiting node is left over again: on the real node, a world of 2 + 1
+    spare whose lost trainer came back within a second restarted its
+    workers every 1.2 s for good. A node in the redundancy list keeps
+    alive without a join deadline and leaves it on its own (with a fresh
+    deadline) when a participant is gone."""
+    if not state.complete or len(state.participants) < settings.max_nodes or not state.wait_list:
+        return []
+    moved = list(state.wait_list)
+    for node in moved:
+        state.wait_list.discard(node)
+        state.redundancy_list.add(node)
+    return moved
+
+
 if DynamicRendezvousHandler is not None:
 
     class TrainwireRendezvousHandler(DynamicRendezvousHandler):
@@ -456,6 +485,11 @@ if DynamicRendezvousHandler is not None:
                 self._tw_hear()
             except Exception as e:  # noqa: BLE001 - torch's keep-alive still works
                 logger.warning("acting on the sidecar's loss failed: %s: %s", type(e).__name__, e)
+            if n > 0 and not self._tw_pending:
+                try:
+                    n = self._tw_park(n)
+                except Exception as e:  # noqa: BLE001 - torch's answer stands
+                    logger.warning("parking the waiting nodes of a full round failed: %s: %s", type(e).__name__, e)
             return max(n, 1) if self._tw_pending else n
 
         # -- the loss -------------------------------------------------------
@@ -501,9 +535,29 @@ if DynamicRendezvousHandler is not None:
                 "yes" if gone else "no (not in this round)",
             )
 
-        def _tw_evict(self, nodes, confirmed):
-            """Evict by compare-and-set, retried when another agent wrote
-            first. Returns (dropped, state as written or read)."""
+        def _tw_park(self, n: int) -> int:
+            """torch's count of waiting nodes, unless the round is complete
+            and full: then they are parked (``park_waiting``) and none waits."""
+            cached = self._state_holder.state
+            if not cached.complete or len(cached.participants) < self._settings.max_nodes:
+                return n
+            with self._heartbeat_lock:
+                moved, state = self._tw_cas(lambda st: park_waiting(st, self._settings))
+            if state is not None and state.complete and len(state.participants) >= self._settings.max_nodes:
+                if moved:
+                    logger.info(
+                        "round %d is complete and full: %s waits as a spare (torch would restart every participant's workers for it)",
+                        state.round,
+                        ", ".join(map(repr, moved)),
+                    )
+                return len(state.wait_list)
+            return n
+
+        def _tw_cas(self, change):
+            """Apply ``change`` (state -> what it changed, falsy for nothing)
+            to the rendezvous state by compare-and-set, retried when another
+            agent wrote first. Returns (what changed, state as written or
+            read)."""
             holder = self._state_holder
             backend = holder._backend
             state = None
@@ -513,17 +567,22 @@ if DynamicRendezvousHandler is not None:
                     return [], None
                 bits, token = got
                 state = pickle.loads(bits)
-                dropped = evict(state, nodes, confirmed, self._settings)
-                if not dropped:
-                    return [], state
+                changed = change(state)
+                if not changed:
+                    return changed, state
                 answer = backend.set_state(pickle.dumps(state), token)
                 if answer is not None and answer[2]:
                     # The holder's cached copy is stale: read at next sync.
                     if hasattr(holder, "_last_sync_time"):
                         holder._last_sync_time = -1
-                    return dropped, state
-            logger.warning("evicting %s: the state kept changing under %d attempts", nodes, MAX_CAS_ATTEMPTS)
+                    return changed, state
+            logger.warning("changing the rendezvous state: it kept changing under %d attempts", MAX_CAS_ATTEMPTS)
             return [], state
+
+        def _tw_evict(self, nodes, confirmed):
+            """Evict by compare-and-set. Returns (dropped, state as written
+            or read)."""
+            return self._tw_cas(lambda st: evict(st, nodes, confirmed, self._settings))
 
 else:
     TrainwireRendezvousHandler = None  # type: ignore[assignment,misc]
