@@ -463,6 +463,17 @@ class AgentHooks(unittest.TestCase):
         self.assertTrue(b.shutdown())
         self.assertTrue(w.state().closed)
 
+    def test_an_agent_stopped_by_a_signal_leaves_its_round_and_the_rendezvous_stays_open(self):
+        w = World(self, 2, 2)
+        a, b = w.handler(0), w.handler(1)
+        finish(*w.join(a, b))
+        self.assertTrue(tw.leave_round(b))
+        state = w.state()
+        self.assertNotIn(b._this_node, state.participants)
+        self.assertIn(a._this_node, state.participants)
+        self.assertFalse(state.closed)
+        self.assertFalse(tw.leave_round(object()))
+
     def test_a_restart_after_a_node_left_is_given_back_any_other_is_counted(self):
         from types import SimpleNamespace
 

@@ -4,7 +4,7 @@ Registered for torchrun through the ``torchrun.handlers`` entry point as
 ``trainwire-c10d`` (selected with ``PET_RDZV_BACKEND=trainwire-c10d``); the
 trainwire sidecar installs this directory and the injection puts it on the
 trainer's ``PYTHONPATH``. It is torch's own ``DynamicRendezvousHandler`` over
-the c10d backend, configured exactly as ``c10d`` is, plus four things:
+the c10d backend, configured exactly as ``c10d`` is, plus five things:
 
 * Each agent appends its node descriptor (``addr``, ``pid``, ``local_id``) to
   the store key ``trainwire.nodes.<run_id>.<pod index>``, so a peer can name
@@ -26,6 +26,9 @@ the c10d backend, configured exactly as ``c10d`` is, plus four things:
   (``PET_START_METHOD``, ``PET_RUN_PATH``), the forkserver is started at
   once with torch preloaded, and old workers still alive 0.5 s into a stop
   are killed (torch waits 30 s).
+* A node left in the wait list of a complete, full round is moved to the
+  redundancy list (``park_waiting``): torch would restart every
+  participant's workers for it, again and again.
 * torchrun's agent, wrapped (``_install_agent_hooks``): a restart after
   workers failed because a node left the world is not counted against
   ``--max-restarts``; an agent whose run failed leaves the rendezvous open
@@ -291,6 +294,7 @@ try:
     )
 except Exception as e:  # noqa: BLE001 - any failure means plain c10d
     _why_not = f"torch's dynamic rendezvous could not be imported ({type(e).__name__}: {e})"
+    _dr = None  # type: ignore[assignment]
     DynamicRendezvousHandler = None  # type: ignore[assignment,misc]
 
 #: What a state must have for the eviction (torch's _RendezvousState fields).
@@ -670,6 +674,29 @@ def _leave_open(handler) -> bool:
     return True
 
 
+#: How long an agent stopped by a signal tries to leave its round.
+LEAVE_SECONDS = 2.0
+
+
+def leave_round(handler) -> bool:
+    """Removes this agent's node from the participants of its round (torch's
+    own exit operation, the one ``next_rendezvous`` starts with), so that
+    its peers re-form without it at once instead of when its keep-alive
+    expires (3 s) or a sidecar confirms the loss. For an agent stopped by a
+    signal (SIGTERM: the pod is deleted, evicted or preempted): torch then
+    neither closes the rendezvous nor leaves it. Returns whether it left."""
+    executor = getattr(handler, "_op_executor", None)
+    if executor is None or _dr is None:
+        return False
+    try:
+        executor.run(_dr._RendezvousExitOp(), time.monotonic() + LEAVE_SECONDS)
+    except Exception as e:  # noqa: BLE001 - its keep-alive expires anyway
+        logger.warning("leaving the round failed: %s: %s", type(e).__name__, e)
+        return False
+    logger.info("stopped by a signal: this node left its round, its peers re-form without it now")
+    return True
+
+
 def _install_agent_hooks(warm: bool) -> str | None:
     """Wraps torchrun's agent, once:
 
@@ -683,12 +710,14 @@ def _install_agent_hooks(warm: bool) -> str | None:
       first ("membership changes do not count as retries"); the restart is
       given back, so that a survivor of ``--max-restarts`` losses does not
       give up;
-    - its run: how it ended, for ``shutdown`` (``_leave_open``).
+    - its run: how it ended, for ``shutdown`` (``_leave_open``); stopped
+      by a signal, it leaves its round (``leave_round``).
 
     Returns why not, if not."""
     try:
         from torch.distributed.elastic.agent.server.api import WorkerState
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.elastic.multiprocessing.api import SignalException
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     if warm and not hasattr(LocalElasticAgent, "_shutdown"):
@@ -726,6 +755,10 @@ def _install_agent_hooks(warm: bool) -> str | None:
             result = run(self, *args, **kwargs)
             failed = bool(result.is_failed())
             return result
+        except SignalException:
+            group = getattr(self, "_worker_group", None)
+            leave_round(getattr(getattr(group, "spec", None), "rdzv_handler", None))
+            raise
         finally:
             _agent_outcome["failed"] = failed
 
