@@ -135,18 +135,28 @@ fn stop_a_worker(
 
     // Found: a sidecar's /status shows a stall after the stop.
     let mut found: Option<(SystemTime, String, Value)> = None;
+    // The sidecar that acted: one in its cooldown (it acted on the last
+    // stall) finds it too and leaves the restart to the others.
+    let mut acted: Option<(SystemTime, String)> = None;
     let mut first: Option<(SystemTime, String)> = None;
     let mut world_stall = Value::Null;
     let hard = at + STALL_TIMEOUT + Duration::from_secs(60);
     loop {
         let now = SystemTime::now();
-        if found.is_none() {
+        if found.is_none() || acted.is_none() {
             for (name, p) in world.pods() {
                 if let Some(status) = world.sidecar_status(&p) {
                     let stall = &status["progress"]["last_stall"];
                     if time_of(&stall["at"]).is_some_and(|t| t >= at) {
-                        found = Some((now, name, stall.clone()));
-                        break;
+                        if found.is_none() {
+                            found = Some((now, name.clone(), stall.clone()));
+                        }
+                        if acted.is_none()
+                            && stall["action"] == "restart-workers"
+                            && stall["result"] == "signalled"
+                        {
+                            acted = Some((now, name));
+                        }
                     }
                 }
             }
@@ -158,7 +168,9 @@ fn stop_a_worker(
         if time_of(&w["lastStall"]["at"]).is_some_and(|t| t >= at) {
             world_stall = w["lastStall"].clone();
         }
-        if (found.is_some() && first.is_some() && !world_stall.is_null()) || now > hard {
+        if (found.is_some() && acted.is_some() && first.is_some() && !world_stall.is_null())
+            || now > hard
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -186,12 +198,15 @@ fn stop_a_worker(
     });
     let label = format!("root SIGSTOP a worker of {which} ({pod}, pid {worker})");
     lines.push(format!(
-        "{label}: found {} by {} ({}); first step {} resumed_from {} (newest checkpoint at the stop {checkpoint}); world lastStall {}; WorldStalled Events +{}; stalls_total {} -> {}; Python stack lines in the log {} (in {pod}: {stack_in_pod})",
+        "{label}: found {} by {} ({}), workers restarted by {}; first step {} resumed_from {} (newest checkpoint at the stop {checkpoint}); world lastStall {}; WorldStalled Events +{}; stalls_total {} -> {}; Python stack lines in the log {} (in {pod}: {stack_in_pod})",
         fmt_rel(found.as_ref().map(|f| f.0), at),
         found.as_ref().map_or("-", |f| f.1.as_str()),
         found
             .as_ref()
             .map_or(String::new(), |f| format!("{} {}", f.2["action"], f.2["result"])),
+        acted
+            .as_ref()
+            .map_or("nobody".to_string(), |(t, p)| format!("{p} (seen {})", fmt_rel(Some(*t), at))),
         fmt_rel(first.as_ref().map(|f| f.0), at),
         resumed_from.map_or("-".to_string(), |r| r.to_string()),
         world_stall,
@@ -209,8 +224,10 @@ fn stop_a_worker(
                     fmt_rel(Some(*t), at)
                 ));
             }
-            if stall["action"] != "restart-workers" || stall["result"] != "signalled" {
-                fail(format!("not acted on: {stall}"));
+            if acted.is_none() {
+                fail(format!(
+                    "no sidecar restarted the workers (the first to find it: {stall})"
+                ));
             }
         }
         None => fail(format!(
