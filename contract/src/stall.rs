@@ -130,6 +130,10 @@ pub struct StallRecord {
     pub stuck: u32,
 }
 
+/// A [`StallRecord::result`] of a sidecar that acted: it signalled its
+/// workers (the sidecar's outcome of that name).
+pub const SIGNALLED: &str = "signalled";
+
 /// Records of one stall: the sidecars of a stalled world each record it
 /// within this of each other.
 pub const SAME_STALL: std::time::Duration = std::time::Duration::from_secs(60);

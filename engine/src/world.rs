@@ -482,12 +482,20 @@ fn newest_stall(pods: &[PodView]) -> Option<trainwire_contract::stall::StallReco
         .checked_sub(trainwire_contract::stall::SAME_STALL)
         .unwrap_or(newest);
     // Every sidecar of a stalled world records it within seconds of the
-    // others; the one that saw the most stuck workers (a sidecar that asked
-    // after a peer's workers were restarted saw none there) tells it best.
+    // others; one that acted says what was done (another, in its cooldown
+    // from the last stall, may have recorded it first), and of those the
+    // one that saw the most stuck workers (a sidecar that asked after a
+    // peer's workers were restarted saw none there) tells it best.
     records
         .into_iter()
         .filter(|(t, _)| *t >= since)
-        .max_by_key(|(t, s)| (s.stuck, *t))
+        .max_by_key(|(t, s)| {
+            (
+                s.result == trainwire_contract::stall::SIGNALLED,
+                s.stuck,
+                *t,
+            )
+        })
         .map(|(_, s)| s.clone())
 }
 

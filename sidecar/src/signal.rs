@@ -359,7 +359,7 @@ impl Outcome {
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Signalled => "signalled",
+            Outcome::Signalled => trainwire_contract::stall::SIGNALLED,
             Outcome::Reported => "reported",
             Outcome::NoTrainer => "no-trainer",
             Outcome::Cooldown => "cooldown",

@@ -1507,21 +1507,40 @@ fn a_stopped_forkserver_worker_is_found_and_the_world_resumes() {
 /// stall timeout (the scans see a phase up to one scan interval longer).
 const QUIET_FOR: Duration = Duration::from_secs(15);
 
+/// The quiet phases and the stall timeout of the no-false-stall test:
+/// 15 s and 20 s; with `TRAINWIRE_LONG_QUIET_SECONDS=90`, phases of 90 s
+/// and a timeout 30 s longer (issue 40's long-save run: 90 s of quiet,
+/// 120 s of timeout; about 4 minutes, not in `.ci/run`).
+fn quiet_and_timeout() -> (Duration, Duration) {
+    match std::env::var("TRAINWIRE_LONG_QUIET_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| (1..=600).contains(s))
+    {
+        Some(quiet) => (
+            Duration::from_secs(quiet),
+            Duration::from_secs(quiet + 30),
+        ),
+        None => (QUIET_FOR, STALL_TIMEOUT),
+    }
+}
+
 /// No false stall: rank 0 spends most of the stall timeout without any
 /// collective (an evaluation on one rank, a long save) every 40 steps while
 /// the other rank waits in its all-reduce; over two such phases no sidecar
 /// declares a stall, and training goes on.
 fn quiet_phases() -> Result<String, String> {
+    let (quiet_for, stall_timeout) = quiet_and_timeout();
     let mut c = Cluster::new(Responder::Sidecar)?;
     c.sidecar_env = vec![(
         tw::STALL_TIMEOUT.to_string(),
-        format!("{}s", STALL_TIMEOUT.as_secs()),
+        format!("{}s", stall_timeout.as_secs()),
     )];
     c.trainer_env = vec![
         ("TRAIN_QUIET_EVERY".to_string(), "40".to_string()),
         (
             "TRAIN_QUIET_FOR".to_string(),
-            QUIET_FOR.as_secs().to_string(),
+            quiet_for.as_secs().to_string(),
         ),
     ];
     c.start_node("n0", 0, Network::addr(10), true)?;
@@ -1554,8 +1573,9 @@ fn quiet_phases() -> Result<String, String> {
         return Err(format!("a trainer exited\n{}", c.log.tail(200)));
     }
     Ok(format!(
-        "NO-FALSE-STALL stall_timeout_s={} quiet_phases={phases} longest_gap_s={} stalls=0",
-        STALL_TIMEOUT.as_secs(),
+        "NO-FALSE-STALL stall_timeout_s={} quiet_for_s={} quiet_phases={phases} longest_gap_s={} stalls=0",
+        stall_timeout.as_secs(),
+        quiet_for.as_secs(),
         secs(longest)
     ))
 }

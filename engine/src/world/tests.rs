@@ -1951,6 +1951,24 @@ fn the_newest_stall_of_the_pods_is_the_worlds() {
         newest_stall(&[a.clone(), c.clone()]),
         Some(record(100, "rank 1 worker 7 stopped"))
     );
+    // Of one stall's records, the one of the sidecar that acted, although
+    // another in its cooldown recorded it first and saw the stuck worker.
+    let mut d = pod(3, "d", Some(0));
+    d.stall = Some(StallRecord {
+        result: "cooldown".into(),
+        ..record(110, "rank 1 worker 7 stopped")
+    });
+    let mut e = pod(1, "e", Some(0));
+    e.stall = Some(record(112, "rank 1 worker 7 stopped"));
+    assert_eq!(
+        newest_stall(&[d.clone(), e.clone()]),
+        Some(record(112, "rank 1 worker 7 stopped"))
+    );
+    e.stall = Some(record(108, "rank 1 worker 7 stopped"));
+    assert_eq!(
+        newest_stall(&[d, e]),
+        Some(record(108, "rank 1 worker 7 stopped"))
+    );
     // A later stall is another one: the newest.
     c.stall = Some(record(400, "2 ranks idle 20s or more"));
     assert_eq!(

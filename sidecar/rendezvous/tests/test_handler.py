@@ -554,5 +554,45 @@ class FullRound(unittest.TestCase):
         self.assertIn(late, w.state().wait_list)
 
 
+class Poll(unittest.TestCase):
+    """A join reads the state every poll_seconds, not every second."""
+
+    def test_the_poll_grows_with_the_world_up_to_torchs_second(self):
+        self.assertEqual(tw.poll_seconds(2), 0.1)
+        self.assertEqual(tw.poll_seconds(16), 0.1)
+        self.assertAlmostEqual(tw.poll_seconds(80), 0.5)
+        self.assertEqual(tw.poll_seconds(160), 1.0)
+        self.assertEqual(tw.poll_seconds(1024), 1.0)
+        self.assertEqual(tw.poll_seconds(0), 0.1)
+
+    def test_a_fast_handler_polls_its_join_at_its_worlds_pace(self):
+        w = World(self, 2, 2)
+        a = w.handler(0)
+        self.assertEqual(a._state_holder._cache_duration, 0.1)
+        start = time.monotonic()
+        dr._delay(seconds=1)
+        self.assertLess(time.monotonic() - start, 0.5)
+        # A backoff (a range) is torch's own.
+        start = time.monotonic()
+        dr._delay(seconds=(0, 0.01))
+        self.assertLess(time.monotonic() - start, 0.5)
+
+    def test_a_spare_takes_a_free_place_within_a_fraction_of_a_second(self):
+        w = World(self, 2, 2)
+        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+        finish(*w.join(a, b))
+        results, threads = w.join(spare)
+        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        b._stop_heartbeats()
+        w.tell(0, [("1-1", 1, now())])
+        wait_for("the agent to hear the loss", lambda: a.num_nodes_waiting() > 0)
+        start = time.monotonic()
+        res_a, th_a = w.join(a)
+        finish(res_a, th_a)
+        finish(results, threads)
+        self.assertLess(time.monotonic() - start, 1.0)
+        self.assertEqual(set(w.state().participants), {a._this_node, spare._this_node})
+
+
 if __name__ == "__main__":
     unittest.main()
