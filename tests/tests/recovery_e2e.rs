@@ -1517,10 +1517,7 @@ fn quiet_and_timeout() -> (Duration, Duration) {
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|s| (1..=600).contains(s))
     {
-        Some(quiet) => (
-            Duration::from_secs(quiet),
-            Duration::from_secs(quiet + 30),
-        ),
+        Some(quiet) => (Duration::from_secs(quiet), Duration::from_secs(quiet + 30)),
         None => (QUIET_FOR, STALL_TIMEOUT),
     }
 }
