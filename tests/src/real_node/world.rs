@@ -297,7 +297,10 @@ spec:
             .ok_or_else(|| format!("{}: no pod runs torch's rank 0", self.ns))
     }
 
-    /// Every pod Ready, two of them training (workers), a step in the last 2 s.
+    /// Every pod Ready with its trainer's agent up for [`AGENT_SETTLED`]
+    /// (a spare whose agent has just started still loads torch into its
+    /// forkserver: a loss then costs that start-up, not the recovery's),
+    /// two of them training (workers), a step in the last 2 s.
     pub fn wait_steady(&self, limit: Duration) -> Result<(), String> {
         let replicas = 2 + self.shape.spares as usize;
         poll(
@@ -321,11 +324,15 @@ spec:
                 if ready < replicas {
                     return None;
                 }
-                let training = self
-                    .agents()
-                    .values()
-                    .filter(|(_, w)| !w.is_empty())
-                    .count();
+                let agents = self.agents();
+                if agents.len() < replicas
+                    || agents
+                        .values()
+                        .any(|(a, _)| process_age(*a).is_none_or(|age| age < AGENT_SETTLED))
+                {
+                    return None;
+                }
+                let training = agents.values().filter(|(_, w)| !w.is_empty()).count();
                 let last = self.steps().last().map(|(t, _)| *t)?;
                 (training == 2 && secs(SystemTime::now(), last) < 2.0).then_some(())
             },
@@ -506,6 +513,31 @@ spec:
             .and_then(|l| l["items"].as_array().cloned())
             .unwrap_or_default()
     }
+}
+
+/// How long a world's trainer agents must have run before a loss: torch
+/// imported and the forkserver's preload done, on this kind of machine.
+pub const AGENT_SETTLED: Duration = Duration::from_secs(8);
+
+/// How long ago `pid` started (`/proc/<pid>/stat` field 22 against
+/// `/proc/uptime`).
+pub fn process_age(pid: i32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(") ")?.1;
+    let start_ticks: f64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    Some(Duration::from_secs_f64(
+        (uptime - start_ticks / ticks).max(0.0),
+    ))
 }
 
 /// The direct children of `pid` (every thread's).
