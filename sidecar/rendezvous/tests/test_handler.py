@@ -577,6 +577,29 @@ class Poll(unittest.TestCase):
         dr._delay(seconds=(0, 0.01))
         self.assertLess(time.monotonic() - start, 0.5)
 
+    def test_an_agent_in_its_join_evicts_the_node_the_sidecar_lost(self):
+        # The survivor's workers failed before the sidecar's word: its agent
+        # is in its join, where torch never asks num_nodes_waiting().
+        w = World(self, 2, 2)
+        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+        finish(*w.join(a, b))
+        results, threads = w.join(spare)
+        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        b._stop_heartbeats()
+        res_a, th_a = w.join(a)
+        wait_for("the survivor in its join", lambda: a._this_node in w.state().wait_list)
+        lost = b._this_node
+        w.tell(0, [("1-1", 1, now())])
+        start = time.monotonic()
+        finish(res_a, th_a)
+        finish(results, threads)
+        self.assertLess(time.monotonic() - start, 2.0)
+        state = w.state()
+        self.assertNotIn(lost, state.participants)
+        self.assertEqual(set(state.participants), {a._this_node, spare._this_node})
+        # No waiting node reported for the loss it acted on in its join.
+        self.assertEqual(a.num_nodes_waiting(), 0)
+
     def test_a_spare_takes_a_free_place_within_a_fraction_of_a_second(self):
         w = World(self, 2, 2)
         a, b, spare = w.handler(0), w.handler(1), w.handler(2)

@@ -29,7 +29,9 @@ the c10d backend, configured exactly as ``c10d`` is, plus six things:
 * A join polls the state every ``poll_seconds`` (0.1 s up to 16 nodes, torch's
   1 s from 160 on) instead of every second from a 1 s cache: a spare sees a
   free place, and a participant its round complete, within a tenth of a
-  second in a small world.
+  second in a small world. At each poll the handler hears the sidecar's
+  losses too: an agent whose workers failed before the sidecar's word
+  evicts the dead node from inside its join.
 * A node left in the wait list of a complete, full round is moved to the
   redundancy list (``park_waiting``): torch would restart every
   participant's workers for it, again and again.
@@ -53,6 +55,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from datetime import datetime, timezone
 
 BACKEND = "trainwire-c10d"
@@ -398,8 +401,13 @@ def poll_seconds(max_nodes: int) -> float:
 
 
 #: The poll the join's one-second sleep is replaced by (``poll_seconds``),
-#: once a handler of this process is set up.
-_poll = {"seconds": None}
+#: once a handler of this process is set up, and that handler: at each poll
+#: of a join it hears the sidecar's losses, so that an agent whose workers
+#: failed before the sidecar's word (a peer's trainer killed) evicts the
+#: dead node from inside its join instead of waiting for its keep-alive to
+#: expire (torch's agent asks ``num_nodes_waiting()`` only while its
+#: workers run).
+_poll = {"seconds": None, "handlers": weakref.WeakSet()}
 
 
 def _install_poll(handler) -> None:
@@ -407,6 +415,7 @@ def _install_poll(handler) -> None:
     ``poll_seconds`` for this world, and the agent's state cache likewise."""
     seconds = poll_seconds(getattr(handler._settings, "max_nodes", 0))
     _poll["seconds"] = seconds
+    _poll["handlers"].add(handler)
     holder = getattr(handler, "_state_holder", None)
     if holder is not None and hasattr(holder, "_cache_duration"):
         holder._cache_duration = seconds
@@ -418,6 +427,15 @@ def _install_poll(handler) -> None:
         # Only the join's poll sleeps exactly 1 s; backoffs are ranges.
         if seconds == 1 and _poll["seconds"] is not None:
             seconds = _poll["seconds"]
+            # One handler per agent process (tests hold several): the one
+            # in its join.
+            for joining in list(_poll["handlers"]):
+                if not (getattr(joining, "_tw_fast", False) and getattr(joining, "_tw_joining", False)):
+                    continue
+                try:
+                    joining._tw_hear(joining=True)
+                except Exception as e:  # noqa: BLE001 - the keep-alive still works
+                    logger.warning("acting on the sidecar's loss in a join failed: %s: %s", type(e).__name__, e)
         return original(seconds)
 
     _delay._tw_poll = True  # type: ignore[attr-defined]
@@ -511,7 +529,11 @@ if DynamicRendezvousHandler is not None:
         def next_rendezvous(self):
             # The loss that made the agent restart is consumed here.
             self._tw_pending = False
-            info = super().next_rendezvous()
+            self._tw_joining = True
+            try:
+                info = super().next_rendezvous()
+            finally:
+                self._tw_joining = False
             round_ = None
             previous = self._tw_round_nodes
             try:
@@ -553,9 +575,9 @@ if DynamicRendezvousHandler is not None:
 
         # -- the loss -------------------------------------------------------
 
-        def _tw_hear(self) -> None:
+        def _tw_hear(self, joining: bool = False) -> None:
             for loss in self._tw_losses.new_losses():
-                self._tw_act(loss)
+                self._tw_act(loss, joining)
 
         def _tw_published(self, rank: int) -> list:
             key = nodes_key(self._settings.run_id, rank)
@@ -572,7 +594,7 @@ if DynamicRendezvousHandler is not None:
                     nodes.append(desc)
             return nodes
 
-        def _tw_act(self, loss: Loss) -> None:
+        def _tw_act(self, loss: Loss, joining: bool = False) -> None:
             nodes = self._tw_published(loss.rank)
             with self._heartbeat_lock:
                 dropped, state = self._tw_evict(nodes, loss.confirmed)
@@ -585,13 +607,15 @@ if DynamicRendezvousHandler is not None:
                 if n in self._tw_round_nodes
                 and (state is None or n not in state.participants or state.round != self._tw_round)
             ]
-            if gone:
+            # An agent in its join re-forms already: evicting is all it needs
+            # (a waiting node reported now would restart the new round).
+            if gone and not joining:
                 self._tw_pending = True
             logger.info(
                 "%s: evicted %s; workers restart now: %s",
                 loss,
                 ", ".join(map(repr, dropped)) or "nothing",
-                "yes" if gone else "no (not in this round)",
+                "no (re-forming already)" if joining else "yes" if gone else "no (not in this round)",
             )
 
         def _tw_park(self, n: int) -> int:
