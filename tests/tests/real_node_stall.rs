@@ -4,7 +4,8 @@
 //! root, `trainwire.dev/stall-timeout: 20s` and otherwise the defaults
 //! (`on-stall: restart-workers`). One worker of the pod of torch's rank 0 is
 //! stopped (SIGSTOP), then one of the other pod: every process stays alive,
-//! every pod Ready, every heartbeat answers.
+//! every pod Ready, every heartbeat answers. Then a world of 2 with a hot
+//! spare beside it: one worker of rank 0's pod stopped.
 //!
 //! For each it prints one line (when a sidecar's `/status` showed the
 //! stall, by whom, the first training step after it and the checkpoint it
@@ -64,6 +65,35 @@ fn real_node_stall() {
     if let Err(e) = result {
         failures.push(format!("the scenarios stopped: {e}"));
     }
+    world.remove();
+    // The same with a hot spare waiting beside the world: its agent runs no
+    // workers, and the restart leaves it waiting.
+    let shape = Shape {
+        user: None,
+        spares: 1,
+        annotations: vec![(
+            "trainwire.dev/stall-timeout",
+            format!("{}s", STALL_TIMEOUT.as_secs()),
+        )],
+    };
+    match World::create(&node, &install, "rn-stall-spare", shape) {
+        Ok(spared) => {
+            let result = spared.rank0_pod().and_then(|rank0| {
+                stop_a_worker(
+                    &spared,
+                    &rank0,
+                    "rank 0's pod, beside a spare",
+                    &mut lines,
+                    &mut failures,
+                )
+            });
+            if let Err(e) = result {
+                failures.push(format!("the world with a spare: {e}"));
+            }
+            spared.remove();
+        }
+        Err(e) => failures.push(format!("the world with a spare: {e}")),
+    }
     eprintln!(
         "\nreal node stall figures (whole test {:.0} s):",
         started.elapsed().as_secs_f64()
@@ -71,7 +101,6 @@ fn real_node_stall() {
     for line in &lines {
         eprintln!("{line}");
     }
-    world.remove();
     drop(node);
     assert!(
         failures.is_empty(),
@@ -82,13 +111,18 @@ fn real_node_stall() {
 }
 
 /// The `WorldStalled` Events of the world's namespace, each counted as
-/// often as it was reported (an Event repeated is one object whose count
-/// grows).
+/// often as it was reported: an Event repeated by the same sidecar is one
+/// object whose `series.count` grows (events.k8s.io/v1; `count` is the
+/// core/v1 view's, which a series does not move).
 fn stall_events(world: &World<'_>) -> u64 {
     world
         .events("WorldStalled")
         .iter()
-        .map(|e| e["count"].as_u64().unwrap_or(1).max(1))
+        .map(|e| {
+            let count = e["count"].as_u64().unwrap_or(1);
+            let series = e["series"]["count"].as_u64().unwrap_or(0);
+            count.max(series).max(1)
+        })
         .sum()
 }
 
