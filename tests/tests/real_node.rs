@@ -396,6 +396,13 @@ impl Scenarios<'_, '_> {
             seen_by.join(" "),
             active.join(" "),
         ));
+        // `TRAINWIRE_REAL_NODE_TIMELINE=1`: every row's timeline (the
+        // trainers' and the sidecars' lines since the loss, steps aside),
+        // to see where the seconds of a slow row went.
+        if std::env::var_os("TRAINWIRE_REAL_NODE_TIMELINE").is_some() {
+            let until = m.first_step.unwrap_or(at) + Duration::from_secs(2);
+            lines.push(format!("{label} timeline:\n{}", self.timeline(at, until)));
+        }
         let failed_before = failures.len();
         self.judge(&label, at, m, silent, failures);
         if failures.len() > failed_before {

@@ -347,6 +347,50 @@ def torchrun(env_extra, script_dir, prelude=""):
     return out
 
 
+def log_an_exception(install: bool) -> subprocess.CompletedProcess:
+    """A fresh interpreter with torchrun's logging, that logs an exception
+    on the agent's logger as torch does when a worker failed (with or
+    without ``ExceptionText``); it prints whether ``torch._dynamo`` got
+    loaded."""
+    code = (
+        "import sys, logging\n"
+        "import torch.distributed.run\n"
+        f"sys.path.insert(0, {PACKAGE_DIR!r})\n"
+        "import trainwire_rendezvous as tw\n"
+        f"print('filters', tw._install_exception_text() if {install!r} else 0)\n"
+        "log = logging.getLogger('torch.distributed.elastic.multiprocessing.api')\n"
+        "try:\n"
+        "    raise RuntimeError('the worker failed: boom')\n"
+        "except RuntimeError:\n"
+        "    log.exception('failed (exitcode: %s)', 1)\n"
+        "print('dynamo', 'torch._dynamo' in sys.modules)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+class ExceptionLogs(unittest.TestCase):
+    def test_an_agents_exception_log_keeps_its_traceback_without_loading_torch_dynamo(self):
+        out = log_an_exception(install=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("dynamo False", out.stdout)
+        self.assertNotIn("filters 0", out.stdout)
+        # The same lines as torch's formatter writes: its prefix, the
+        # message, the traceback.
+        self.assertIn("failed (exitcode: 1)", out.stderr)
+        self.assertIn("Traceback (most recent call last):", out.stderr)
+        self.assertIn("RuntimeError: the worker failed: boom", out.stderr)
+        lines = [l for l in out.stderr.splitlines() if "boom" in l]
+        self.assertTrue(lines and all(l.startswith("E") for l in lines), lines)
+
+    def test_without_it_torchs_formatter_loads_torch_dynamo(self):
+        # What ExceptionText is for: torch's formatter imports torch._dynamo
+        # at the first record with an exception.
+        out = log_an_exception(install=False)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("dynamo True", out.stdout)
+        self.assertIn("RuntimeError: the worker failed: boom", out.stderr)
+
+
 class Torchrun(unittest.TestCase):
     def test_torchrun_selects_the_handler_by_name(self):
         with tempfile.TemporaryDirectory() as d:

@@ -39,7 +39,10 @@ the c10d backend, configured exactly as ``c10d`` is, plus six things:
   workers failed because a node left the world is not counted against
   ``--max-restarts``; an agent whose run failed leaves the rendezvous open
   (torch would close it for every node, for good); at the stop of a round,
-  a stopped worker is asked for its Python stacks first.
+  a stopped worker is asked for its Python stacks first; an exception it
+  logs is formatted as text before torch's formatter sees it
+  (``ExceptionText``), which would import ``torch._dynamo`` (1.4 to 2.3 s)
+  between a worker's failure and the restart.
 
 Whatever goes wrong here (a torch without a private field this relies on, a
 store without ``append``), the handler is plain c10d with a warning that
@@ -848,6 +851,50 @@ def _install_agent_hooks(warm: bool) -> str | None:
     return None
 
 
+class ExceptionText(logging.Filter):
+    """Formats a record's exception where it is logged, with logging's own
+    formatter, and hands it on as text (``exc_text``, ``exc_info`` cleared):
+    the same lines out, but torch's log formatter then does not import
+    ``torch._dynamo`` (``from torch._dynamo import config`` in
+    ``TorchLogsFormatter.format``, for every record with ``exc_info``).
+
+    That import is the first exception log's cost in an agent, which never
+    loads ``torch._dynamo`` otherwise: 1.4 to 2.3 s on this kind of machine,
+    between a worker's failure (its peer gone: a deleted pod, a killed
+    trainer) and the agent's restart of its workers, the longest step of
+    that recovery."""
+
+    _format = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            if not record.exc_text:
+                try:
+                    record.exc_text = self._format.formatException(record.exc_info)
+                except Exception:  # noqa: BLE001 - torch's formatter does it then
+                    return True
+            record.exc_info = None
+        return True
+
+
+def _install_exception_text() -> int:
+    """An ``ExceptionText`` on every handler of torch's loggers (torch gives
+    ``torch`` and ``torch.distributed`` each a stderr handler), once.
+    Returns how many handlers got one."""
+    loggers = [logging.getLogger("torch")] + [
+        logger
+        for name, logger in list(logging.root.manager.loggerDict.items())
+        if name.startswith("torch.") and isinstance(logger, logging.Logger)
+    ]
+    added = 0
+    for logger in loggers:
+        for h in logger.handlers:
+            if not any(isinstance(f, ExceptionText) for f in h.filters):
+                h.addFilter(ExceptionText())
+                added += 1
+    return added
+
+
 def _warm_workers() -> str | None:
     """With forkserver workers, start the forkserver now with torch loaded
     (``_install_agent_hooks`` then kills old workers 0.5 s into a stop). Returns why
@@ -903,6 +950,7 @@ def create_handler(params):
             logger.info("workers start cold: %s", not_warm)
         else:
             logger.info("workers start warm: forkserver with torch preloaded")
+        _install_exception_text()
         no_hooks = _install_agent_hooks(warm=not_warm is None)
         if no_hooks is not None:
             logger.info("torch's agent is not wrapped: %s", no_hooks)

@@ -371,6 +371,28 @@ spec:
         out
     }
 
+    /// Every line of the trainers and the sidecars from `at` to `until`,
+    /// steps aside, in time order: where the seconds after a loss went.
+    pub fn timeline(&self, at: SystemTime, until: SystemTime) -> String {
+        let mut lines: Vec<_> = ["trainer", "trainwire-sidecar"]
+            .into_iter()
+            .flat_map(|container| {
+                self.node
+                    .log_lines(&self.ns, STS, container)
+                    .into_iter()
+                    .filter(|(t, _, l)| {
+                        *t >= at && *t <= until && !l.starts_with("[trainwire-train] step=")
+                    })
+                    .map(move |(t, pod, line)| (t, format!("{pod}/{container}: {line}")))
+            })
+            .collect();
+        lines.sort_by_key(|(t, _)| *t);
+        lines
+            .iter()
+            .map(|(t, line)| format!("{} {line}\n", fmt_rel(Some(*t), at)))
+            .collect()
+    }
+
     /// What a sidecar of `pod` has to go by, seen from the host (for a
     /// failure's message): its `/status` `trainer`, `training` and
     /// `progress`; the trainer's processes (pid, parent, UID, state,
