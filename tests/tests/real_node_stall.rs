@@ -38,16 +38,8 @@ fn real_node_stall() {
         .install_trainwire()
         .unwrap_or_else(|e| panic!("install: {e}\n{}", node.component_log("kubelet", 20)));
     prepare_trainer(&node).unwrap_or_else(|e| panic!("{e}"));
-    let shape = Shape {
-        user: None,
-        spares: 0,
-        annotations: vec![(
-            "trainwire.dev/stall-timeout",
-            format!("{}s", STALL_TIMEOUT.as_secs()),
-        )],
-    };
-    let world =
-        World::create(&node, &install, "rn-stall", shape).unwrap_or_else(|e| panic!("world: {e}"));
+    let world = World::create(&node, &install, "rn-stall", stalling(0))
+        .unwrap_or_else(|e| panic!("world: {e}"));
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     let result = (|| -> Result<(), String> {
@@ -68,15 +60,7 @@ fn real_node_stall() {
     world.remove();
     // The same with a hot spare waiting beside the world: its agent runs no
     // workers, and the restart leaves it waiting.
-    let shape = Shape {
-        user: None,
-        spares: 1,
-        annotations: vec![(
-            "trainwire.dev/stall-timeout",
-            format!("{}s", STALL_TIMEOUT.as_secs()),
-        )],
-    };
-    match World::create(&node, &install, "rn-stall-spare", shape) {
+    match World::create(&node, &install, "rn-stall-spare", stalling(1)) {
         Ok(spared) => {
             let result = spared.rank0_pod().and_then(|rank0| {
                 stop_a_worker(
@@ -108,6 +92,20 @@ fn real_node_stall() {
         failures.len(),
         failures.join("\n  ")
     );
+}
+
+/// A world of 2 with `spares` hot spares, a root trainer and
+/// `trainwire.dev/stall-timeout` at [`STALL_TIMEOUT`], the defaults
+/// otherwise.
+fn stalling(spares: u32) -> Shape {
+    Shape {
+        user: None,
+        spares,
+        annotations: vec![(
+            "trainwire.dev/stall-timeout",
+            format!("{}s", STALL_TIMEOUT.as_secs()),
+        )],
+    }
 }
 
 /// The `WorldStalled` Events of the world's namespace, each counted as

@@ -18,14 +18,11 @@ tw = th.tw
 
 def rejoin(case: unittest.TestCase, mode: str, i: int) -> float:
     w = th.World(case, 2, 2)
-    a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+    a, b, spare, results, threads = w.formed_with_a_spare()
     if mode == "torch":
         tw._poll["seconds"] = None
         for h in (a, b, spare):
             h._state_holder._cache_duration = 1
-    th.finish(*w.join(a, b))
-    results, threads = w.join(spare)
-    th.wait_for("the spare waiting", lambda: spare._this_node in w.state().redundancy_list)
     b._stop_heartbeats()
     w.tell(0, [(f"1-{i}", 1, th.now())])
     th.wait_for("the survivor to hear the loss", lambda: a.num_nodes_waiting() > 0)

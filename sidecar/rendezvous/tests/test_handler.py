@@ -103,6 +103,16 @@ class World:
             t.start()
         return results, threads
 
+    def formed_with_a_spare(self):
+        """Pods 0 and 1 form a round of 2; pod 2 then waits as its spare
+        (the redundancy list), its join still running. Returns the three
+        handlers and the spare's join (results, threads)."""
+        a, b, spare = self.handler(0), self.handler(1), self.handler(2)
+        finish(*self.join(a, b))
+        results, threads = self.join(spare)
+        wait_for("the spare in the redundancy list", lambda: spare._this_node in self.state().redundancy_list)
+        return a, b, spare, results, threads
+
     def state(self):
         raw = self.store.get(f"torch.rendezvous.{RUN_ID}")
         return pickle.loads(b64decode(raw))
@@ -140,11 +150,8 @@ def finish(results, threads, timeout=60):
 class Eviction(unittest.TestCase):
     def test_a_lost_participant_is_evicted_the_agent_restarts_once_and_the_spare_joins_on_its_own(self):
         w = World(self, 2, 2)
-        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
+        a, b, spare, spare_results, spare_threads = w.formed_with_a_spare()
         self.assertTrue(a._tw_fast and b._tw_fast and spare._tw_fast)
-        finish(*w.join(a, b))
-        spare_results, spare_threads = w.join(spare)
-        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
         self.assertEqual(a.num_nodes_waiting(), 0)
 
         # Pod 1 is cut: its agent beats no more; its loss is confirmed after.
@@ -255,10 +262,7 @@ class Eviction(unittest.TestCase):
 
     def test_a_loss_of_a_node_not_in_this_round_evicts_without_a_restart(self):
         w = World(self, 2, 2)
-        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
-        finish(*w.join(a, b))
-        w.join(spare)
-        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        a, _, spare, _, _ = w.formed_with_a_spare()
         spare._stop_heartbeats()
         # the spare's thread keeps polling in its join; silence its beats by
         # naming a confirmation after its last beat
@@ -317,11 +321,12 @@ print("worker", os.environ["LOCAL_RANK"], "ppid", os.getppid(), flush=True)
 """
 
 
-def torchrun(env_extra, script_dir, prelude=""):
-    """A real torchrun (one node, its own store) with this package on PYTHONPATH."""
+def torchrun(env_extra, script_dir, prelude="", train=TRAIN):
+    """A real torchrun (one node, its own store) with this package on
+    PYTHONPATH, running ``train`` (a script's text)."""
     script = os.path.join(script_dir, "train.py")
     with open(script, "w") as f:
-        f.write(TRAIN)
+        f.write(train)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
     env = dict(os.environ)
     env.update(
@@ -625,10 +630,7 @@ class Poll(unittest.TestCase):
         # The survivor's workers failed before the sidecar's word: its agent
         # is in its join, where torch never asks num_nodes_waiting().
         w = World(self, 2, 2)
-        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
-        finish(*w.join(a, b))
-        results, threads = w.join(spare)
-        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        a, b, spare, results, threads = w.formed_with_a_spare()
         b._stop_heartbeats()
         res_a, th_a = w.join(a)
         wait_for("the survivor in its join", lambda: a._this_node in w.state().wait_list)
@@ -646,10 +648,7 @@ class Poll(unittest.TestCase):
 
     def test_a_spare_takes_a_free_place_within_a_fraction_of_a_second(self):
         w = World(self, 2, 2)
-        a, b, spare = w.handler(0), w.handler(1), w.handler(2)
-        finish(*w.join(a, b))
-        results, threads = w.join(spare)
-        wait_for("the spare in the redundancy list", lambda: spare._this_node in w.state().redundancy_list)
+        a, b, spare, results, threads = w.formed_with_a_spare()
         b._stop_heartbeats()
         w.tell(0, [("1-1", 1, now())])
         wait_for("the agent to hear the loss", lambda: a.num_nodes_waiting() > 0)

@@ -41,8 +41,8 @@ the c10d backend, configured exactly as ``c10d`` is, plus six things:
   (torch would close it for every node, for good); at the stop of a round,
   a stopped worker is asked for its Python stacks first; an exception it
   logs is formatted as text before torch's formatter sees it
-  (``ExceptionText``), which would import ``torch._dynamo`` (1.4 to 2.3 s)
-  between a worker's failure and the restart.
+  (``ExceptionText``), which would import ``torch._dynamo`` (seconds,
+  docs/benchmarks.md) between a worker's failure and the restart.
 
 Whatever goes wrong here (a torch without a private field this relies on, a
 store without ``append``), the handler is plain c10d with a warning that
@@ -859,7 +859,7 @@ class ExceptionText(logging.Filter):
     ``TorchLogsFormatter.format``, for every record with ``exc_info``).
 
     That import is the first exception log's cost in an agent, which never
-    loads ``torch._dynamo`` otherwise: 1.4 to 2.3 s on this kind of machine,
+    loads ``torch._dynamo`` otherwise: 1.4 to 2.7 s on this kind of machine,
     between a worker's failure (its peer gone: a deleted pod, a killed
     trainer) and the agent's restart of its workers, the longest step of
     that recovery."""
