@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime};
 pub use crate::stall::{ProgressStatus, RankProgress, StallRecord, StuckWorker};
 
 use crate::collective::Collective;
+use crate::config::ActionLimits;
 use crate::events::EventSink;
 use crate::signal::{self, AgentMatcher, Limiter, Outcome, Plan, parse_state};
 use crate::status::{Shared, rfc3339};
@@ -264,10 +265,9 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
     let self_pid = std::process::id() as i32;
     let http = client(config.heartbeat.timeout, names);
     let mut local = Local::default();
-    let mut limiter = Limiter::new(config.limits);
+    let mut limiter = Limiter::new(stall_limits(config.limits, timeout));
     let mut stalls: u64 = 0;
-    // The workers' start the last action was about: acted on once.
-    let mut acted_on: Option<u64> = None;
+    let mut acted = Acted::default();
     let mut ras_next: Option<std::time::Instant> = None;
     {
         let mut s = shared.status();
@@ -340,7 +340,7 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
         let Some(idle) = idle.filter(|i| *i >= timeout) else {
             continue;
         };
-        if acted_on.is_some() && acted_on == sample.workers {
+        if acted.settled(sample.workers, std::time::Instant::now()) {
             continue;
         }
         // This pod stood still for the timeout: ask every peer.
@@ -361,7 +361,7 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
         };
         world = "stalled";
         stalls += 1;
-        acted_on = sample.workers;
+        acted.done(sample.workers);
         let shown: Vec<String> = ranks
             .iter()
             .map(|r| match (&r.idle_ms, &r.unknown) {
@@ -381,11 +381,20 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
                 "report only (on-stall: none)".to_string(),
             ),
             StallAction::RestartWorkers => match limiter.check(stalls, std::time::Instant::now()) {
-                Err(skip) => (
-                    "restart-workers",
-                    skip,
-                    format!("not done: {}", skip.as_str()),
-                ),
+                Err(skip) => {
+                    let now = std::time::Instant::now();
+                    if skip == Outcome::Cooldown {
+                        acted.retry(sample.workers, now + limiter.cooldown_left(now));
+                    }
+                    let detail = match skip {
+                        Outcome::Cooldown => format!(
+                            "not done yet: cooldown, asked again in {}s if still stalled",
+                            limiter.cooldown_left(now).as_secs_f64().ceil()
+                        ),
+                        _ => format!("not done: {}", skip.as_str()),
+                    };
+                    ("restart-workers", skip, detail)
+                }
                 Ok(()) => {
                     let (outcome, detail) = restart_workers(&config).await;
                     if matches!(outcome, Outcome::Signalled | Outcome::Partial) {
@@ -437,6 +446,46 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
                 detail,
             });
         }
+    }
+}
+
+/// The storm guard's limits for stalls. A stall of restarted workers is
+/// found no sooner than the stall timeout after they started (their start
+/// counts as progress), so the timeout already spaces two restarts for
+/// stalls; a longer cooldown would only leave a second, separate hang
+/// unanswered (found, then refused) while the cap per window still stops a
+/// world that hangs again and again.
+pub fn stall_limits(limits: ActionLimits, timeout: Duration) -> ActionLimits {
+    ActionLimits {
+        cooldown: limits.cooldown.min(timeout),
+        ..limits
+    }
+}
+
+/// Which set of workers (their start) the last stall verdict was about,
+/// and until when it stands: a stall is acted on once per set of workers,
+/// but one refused for the cooldown is judged again when the cooldown ends.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Acted(Option<(Option<u64>, Option<std::time::Instant>)>);
+
+impl Acted {
+    /// Whether the last verdict about `workers` still stands at `now` (no
+    /// new one is wanted).
+    pub fn settled(&self, workers: Option<u64>, now: std::time::Instant) -> bool {
+        match self.0 {
+            Some((judged, until)) if judged == workers => until.is_none_or(|at| now < at),
+            _ => false,
+        }
+    }
+
+    /// A verdict about `workers` fell, for good.
+    pub fn done(&mut self, workers: Option<u64>) {
+        self.0 = Some((workers, None));
+    }
+
+    /// A verdict about `workers` fell but could not be acted on before `at`.
+    pub fn retry(&mut self, workers: Option<u64>, at: std::time::Instant) {
+        self.0 = Some((workers, Some(at)));
     }
 }
 
@@ -753,6 +802,49 @@ mod tests {
         let s = states(Path::new("/proc"), &[me, i32::MAX]);
         assert_eq!(s.len(), 1);
         assert!(matches!(s[0].1, 'R' | 'S'), "{s:?}");
+    }
+
+    /// A second hang soon after a restart is acted on: the storm guard's
+    /// cooldown for stalls is never longer than the stall timeout, and a
+    /// verdict refused for the cooldown is judged again when it ends.
+    #[test]
+    fn a_stall_refused_for_the_cooldown_is_acted_on_when_it_ends() {
+        let limits = ActionLimits {
+            cooldown: Duration::from_secs(30),
+            max_actions: 3,
+            window: Duration::from_secs(600),
+        };
+        assert_eq!(
+            stall_limits(limits, Duration::from_secs(20)).cooldown,
+            Duration::from_secs(20)
+        );
+        assert_eq!(stall_limits(limits, Duration::from_secs(900)), limits);
+
+        let start = std::time::Instant::now();
+        let mut acted = Acted::default();
+        assert!(!acted.settled(Some(1), start), "nothing judged yet");
+        acted.done(Some(1));
+        assert!(acted.settled(Some(1), start + Duration::from_secs(3600)));
+        assert!(
+            !acted.settled(Some(2), start),
+            "new workers are judged afresh"
+        );
+        acted.retry(Some(2), start + Duration::from_secs(10));
+        assert!(acted.settled(Some(2), start + Duration::from_secs(9)));
+        assert!(!acted.settled(Some(2), start + Duration::from_secs(10)));
+        assert!(!acted.settled(Some(3), start));
+
+        // The limiter with the stall limits: an action, then the next
+        // stall of restarted workers (found a timeout after they started)
+        // passes the guard.
+        let mut limiter = Limiter::new(stall_limits(limits, Duration::from_secs(20)));
+        assert_eq!(limiter.check(1, start), Ok(()));
+        limiter.record(1, start);
+        assert_eq!(
+            limiter.check(2, start + Duration::from_secs(19)),
+            Err(Outcome::Cooldown)
+        );
+        assert_eq!(limiter.check(2, start + Duration::from_secs(21)), Ok(()));
     }
 
     /// A real stopped process is seen stopped at once.

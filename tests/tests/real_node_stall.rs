@@ -124,6 +124,20 @@ fn stall_events(world: &World<'_>) -> u64 {
         .sum()
 }
 
+/// Each sidecar's `/status` view of the progress (its idle time, stuck
+/// workers and last stall with its detail), one line per pod.
+fn progress_views(world: &World<'_>) -> String {
+    world
+        .pods()
+        .iter()
+        .map(|(name, p)| match world.sidecar_status(p) {
+            Some(status) => format!("    {name}: {}", status["progress"]),
+            None => format!("    {name}: no /status answer"),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// `stalls_total` summed over its labels, from a sidecar's `/metrics`.
 fn stalls_total(world: &World<'_>, pod: &Value) -> Option<f64> {
     let text = trainwire_tests::net::http_get(&world.sidecar_addr(pod)?, "/metrics")?;
@@ -167,8 +181,8 @@ fn stop_a_worker(
 
     // Found: a sidecar's /status shows a stall after the stop.
     let mut found: Option<(SystemTime, String, Value)> = None;
-    // The sidecar that acted: one in its cooldown (it acted on the last
-    // stall) finds it too and leaves the restart to the others.
+    // The sidecar that acted: one still in its cooldown finds it too, and
+    // acts when the cooldown ends if no other did.
     let mut acted: Option<(SystemTime, String)> = None;
     let mut first: Option<(SystemTime, String)> = None;
     let mut world_stall = Value::Null;
@@ -258,7 +272,8 @@ fn stop_a_worker(
             }
             if acted.is_none() {
                 fail(format!(
-                    "no sidecar restarted the workers (the first to find it: {stall})"
+                    "no sidecar restarted the workers (the first to find it: {stall}); each sidecar's progress now:\n{}",
+                    progress_views(world)
                 ));
             }
         }
