@@ -383,15 +383,15 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             StallAction::RestartWorkers => match limiter.check(stalls, std::time::Instant::now()) {
                 Err(skip) => {
                     let now = std::time::Instant::now();
-                    if skip == Outcome::Cooldown {
-                        acted.retry(sample.workers, now + limiter.cooldown_left(now));
-                    }
-                    let detail = match skip {
-                        Outcome::Cooldown => format!(
+                    let detail = if skip == Outcome::Cooldown {
+                        let left = limiter.cooldown_left(now);
+                        acted.retry(sample.workers, now + left);
+                        format!(
                             "not done yet: cooldown, asked again in {}s if still stalled",
-                            limiter.cooldown_left(now).as_secs_f64().ceil()
-                        ),
-                        _ => format!("not done: {}", skip.as_str()),
+                            left.as_secs_f64().ceil()
+                        )
+                    } else {
+                        format!("not done: {}", skip.as_str())
                     };
                     ("restart-workers", skip, detail)
                 }
