@@ -13,6 +13,11 @@ world's workers before it restarts them (docs/sidecar.md, "A hung world").
 No ptrace, no change to the training script. Workers forked from a
 forkserver inherit the registration.
 
+In torchrun's agent with forkserver workers (``PET_RDZV_BACKEND=
+trainwire-c10d``, ``--start-method forkserver --run-path``), it also starts
+the forkserver at once (``trainwire_workers.start_early``): torch then loads
+in the forkserver while the agent starts, not after.
+
 This module stands in front of any other ``sitecustomize`` on the path (the
 image's or the distribution's): it runs that one next, as Python would have.
 """
@@ -69,5 +74,20 @@ def _trainwire_next_sitecustomize() -> None:
         return
 
 
+def _trainwire_start_forkserver() -> None:
+    """In torchrun's agent with forkserver workers: the forkserver now, so
+    that it loads torch while the agent starts (``trainwire_workers``)."""
+    if os.environ.get("PET_RDZV_BACKEND") != "trainwire-c10d":
+        return
+    try:
+        import trainwire_workers
+
+        trainwire_workers.start_early()
+    except Exception:  # noqa: BLE001 - the handler starts it later
+        pass
+
+
 _trainwire_register_stacks()
 _trainwire_next_sitecustomize()
+# After the image's own sitecustomize: the forkserver gets the environment it set.
+_trainwire_start_forkserver()

@@ -28,7 +28,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use trainwire_contract::rendezvous::{HANDLER_BACKEND, LOSS_FILE, NODE_FILE};
 
 /// The handler's files, relative to the directory put on `PYTHONPATH`.
-pub const HANDLER_FILES: [(&str, &str); 5] = [
+pub const HANDLER_FILES: [(&str, &str); 6] = [
     (
         "trainwire_rendezvous/__init__.py",
         include_str!("../rendezvous/trainwire_rendezvous/__init__.py"),
@@ -45,7 +45,14 @@ pub const HANDLER_FILES: [(&str, &str); 5] = [
         "trainwire_rendezvous-1.0.dist-info/RECORD",
         include_str!("../rendezvous/trainwire_rendezvous-1.0.dist-info/RECORD"),
     ),
-    // The workers' Python stacks on the sidecar's signal (a stall).
+    // How workers start: the forkserver at the agent's start, the script
+    // as `python -u` runs it.
+    (
+        "trainwire_workers.py",
+        include_str!("../rendezvous/trainwire_workers.py"),
+    ),
+    // The workers' Python stacks on the sidecar's signal (a stall), and the
+    // forkserver started early (trainwire_workers).
     (
         "sitecustomize.py",
         include_str!("../rendezvous/sitecustomize.py"),

@@ -30,6 +30,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: E
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr  # noqa: E402
 
 import trainwire_rendezvous as tw  # noqa: E402
+import trainwire_workers  # noqa: E402
 
 RUN_ID = "job"
 
@@ -321,9 +322,18 @@ print("worker", os.environ["LOCAL_RANK"], "ppid", os.getppid(), flush=True)
 """
 
 
-def torchrun(env_extra, script_dir, prelude="", train=TRAIN):
+BESIDE = r"""
+import sys, torch
+import beside
+print("beside", beside.VALUE, sys.path[0], type(sys.stdout.buffer).__name__, torch.get_num_threads())
+"""
+
+
+def torchrun(env_extra, script_dir, prelude="", train=TRAIN, console=False):
     """A real torchrun (one node, its own store) with this package on
-    PYTHONPATH, running ``train`` (a script's text)."""
+    PYTHONPATH, running ``train`` (a script's text); ``console``: torch's
+    ``torchrun`` script, as a trainer runs it (else ``python -c``, which
+    trainwire's sitecustomize does not take for torchrun's agent)."""
     script = os.path.join(script_dir, "train.py")
     with open(script, "w") as f:
         f.write(train)
@@ -345,9 +355,12 @@ def torchrun(env_extra, script_dir, prelude="", train=TRAIN):
     )
     env.update(env_extra)
     code = prelude + "from torch.distributed.run import main; main()"
-    out = subprocess.run(
-        [sys.executable, "-c", code, script], env=env, capture_output=True, text=True, timeout=120
-    )
+    if console:
+        assert not prelude
+        command = [os.path.join(os.path.dirname(sys.executable), "torchrun"), script]
+    else:
+        command = [sys.executable, "-c", code, script]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     del store
     return out
 
@@ -430,7 +443,73 @@ class Torchrun(unittest.TestCase):
             self.assertEqual(len(ppids), 1, out.stdout)
             doc = read_node(d)
             self.assertEqual((doc["group_rank"], doc["world_size"]), (0, 1))
-            self.assertIn("torch._dynamo", tw.FORKSERVER_PRELOAD)
+            self.assertIn("torch._dynamo", trainwire_workers.FORKSERVER_PRELOAD)
+
+    def _run_beside(self, console):
+        """A warm worker runs its script as ``python -u script.py`` would."""
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "beside.py"), "w") as f:
+                f.write("VALUE = 42\n")
+            out = torchrun(
+                {"PET_START_METHOD": "forkserver", "PET_RUN_PATH": "1"}, d, train=BESIDE, console=console
+            )
+            self.assertEqual(out.returncode, 0, out.stderr)
+            lines = [l.split() for l in out.stdout.splitlines() if l.startswith("beside")]
+            self.assertEqual(len(lines), 2, out.stdout + out.stderr)
+            for line in lines:
+                # beside VALUE sys.path[0] stdout's buffer torch's threads
+                self.assertEqual(line[1:], ["42", os.path.realpath(d), "FileIO", "1"], out.stdout)
+            return out
+
+    def test_a_warm_worker_runs_its_script_as_python_u_would(self):
+        out = self._run_beside(console=False)
+        self.assertIn("forkserver with torch preloaded, started now", out.stderr)
+
+    def test_torchruns_agent_starts_the_forkserver_with_itself(self):
+        # torchrun's own script: sitecustomize starts the forkserver at the
+        # agent's start, with OMP_NUM_THREADS=1 as torchrun sets it for 2
+        # processes a node (the workers' torch threads above).
+        out = self._run_beside(console=True)
+        self.assertIn("forkserver with torch preloaded, started with the agent", out.stderr)
+
+
+class WorkerStart(unittest.TestCase):
+    """trainwire_workers' reading of torchrun's arguments (no torch)."""
+
+    def test_the_start_method_and_run_path_from_flags_or_env(self):
+        w = trainwire_workers
+        env = {"PET_START_METHOD": "forkserver", "PET_RUN_PATH": "1"}
+        self.assertEqual(w.start_method(["x.py"], env), ("forkserver", True))
+        self.assertEqual(w.start_method(["--start-method", "spawn", "x.py"], env), ("spawn", True))
+        self.assertEqual(w.start_method(["--start_method=fork", "--run_path", "x.py"], {}), ("fork", True))
+        self.assertEqual(w.start_method(["x.py"], {}), ("spawn", False))
+        self.assertIsNone(w.warm(["x.py"], env))
+        self.assertIn("no --run-path", w.warm(["x.py"], {"PET_START_METHOD": "forkserver"}))
+
+    def test_omp_threads_as_torchrun_sets_them(self):
+        w = trainwire_workers
+        self.assertEqual(w.omp_threads(["x.py"], {"PET_NPROC_PER_NODE": "2"}), "1")
+        self.assertIsNone(w.omp_threads(["x.py"], {"PET_NPROC_PER_NODE": "1"}))
+        self.assertIsNone(w.omp_threads(["x.py"], {}))
+        self.assertEqual(w.omp_threads(["--nproc-per-node=4", "x.py"], {}), "1")
+        self.assertEqual(w.omp_threads(["--nproc_per_node", "8", "x.py"], {"OMP_NUM_THREADS": "3"}), "3")
+        # Told only once torchrun looked at the machine: not before.
+        self.assertIs(w.omp_threads(["--nproc-per-node", "gpu", "x.py"], {}), False)
+        self.assertIs(w.omp_threads(["x.py"], {"PET_NPROC_PER_NODE": "auto"}), False)
+
+    def test_only_torchruns_agent_starts_a_forkserver_at_its_start(self):
+        # A Python process that is not torchrun's agent (here: this test's
+        # interpreter, argv of unittest) starts nothing.
+        env = {"PET_RDZV_BACKEND": tw.BACKEND, "PET_START_METHOD": "forkserver", "PET_RUN_PATH": "1"}
+        code = (
+            f"import sys; sys.path.insert(0, {PACKAGE_DIR!r}); import trainwire_workers as w\n"
+            "print('started', w.start_early())\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("started False", out.stdout)
 
 
 class Stacks(unittest.TestCase):

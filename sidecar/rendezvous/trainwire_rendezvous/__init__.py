@@ -98,11 +98,6 @@ STOP_GRACE_SECONDS = 0.5
 #: sidecar's stall action: the dump takes milliseconds once the worker runs).
 STACKS_WAIT_SECONDS = 0.5
 
-#: What the forkserver imports before it forks workers: what a worker
-#: imports before its first step (``torch._dynamo`` is loaded by the first
-#: optimizer step), so that a new worker starts with it loaded.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed.run", "torch._dynamo"]
-
 #: Compare-and-set attempts of one eviction.
 MAX_CAS_ATTEMPTS = 8
 
@@ -779,9 +774,25 @@ def leave_round(handler) -> bool:
     return True
 
 
+def _script_entrypoint():
+    """torch's ``--run-path`` entrypoint and trainwire's in its place
+    (``trainwire_workers.run_script``: the script run as ``python -u``
+    runs it), or None."""
+    try:
+        import trainwire_workers
+        from torch.distributed.run import run_script_path
+    except Exception:  # noqa: BLE001
+        return None
+    return run_script_path, trainwire_workers.run_script
+
+
 def _install_agent_hooks(warm: bool) -> str | None:
     """Wraps torchrun's agent, once:
 
+    - its start of workers: with warm workers, torch's ``--run-path``
+      entrypoint is replaced by ``trainwire_workers.run_script`` (the
+      script's directory on ``sys.path``, unbuffered output, as ``python -u
+      script.py``);
     - its stop of its workers: first the stacks of stopped workers
       (``ask_stopped_for_stacks``), then torch's own stop; with warm
       workers, old workers still alive ``STOP_GRACE_SECONDS`` into it are
@@ -809,6 +820,14 @@ def _install_agent_hooks(warm: bool) -> str | None:
     stop = LocalElasticAgent._stop_workers
     restart = LocalElasticAgent._restart_workers
     run = LocalElasticAgent.run
+    start = LocalElasticAgent._start_workers
+    script_entrypoint = _script_entrypoint() if warm else None
+
+    def _start_workers(self, worker_group, *args, **kwargs):
+        spec = worker_group.spec
+        if script_entrypoint is not None and getattr(spec, "entrypoint", None) is script_entrypoint[0]:
+            spec.entrypoint = script_entrypoint[1]
+        return start(self, worker_group, *args, **kwargs)
 
     def _stop_workers(self, worker_group, *args, **kwargs):
         ask_stopped_for_stacks(_worker_pids(self))
@@ -844,6 +863,7 @@ def _install_agent_hooks(warm: bool) -> str | None:
         finally:
             _agent_outcome["failed"] = failed
 
+    LocalElasticAgent._start_workers = _start_workers  # type: ignore[method-assign]
     LocalElasticAgent._stop_workers = _stop_workers  # type: ignore[method-assign]
     LocalElasticAgent._restart_workers = _restart_workers  # type: ignore[method-assign]
     LocalElasticAgent.run = _run  # type: ignore[method-assign]
@@ -895,31 +915,34 @@ def _install_exception_text() -> int:
     return added
 
 
-def _warm_workers() -> str | None:
-    """With forkserver workers, start the forkserver now with torch loaded
-    (``_install_agent_hooks`` then kills old workers 0.5 s into a stop). Returns why
-    not, if not."""
-    method = os.environ.get("PET_START_METHOD", "spawn")
-    run_path = os.environ.get("PET_RUN_PATH", "") in ("1", "true", "True")
-    for i, arg in enumerate(sys.argv):
-        if arg in ("--start-method", "--start_method") and i + 1 < len(sys.argv):
-            method = sys.argv[i + 1]
-        elif arg.startswith(("--start-method=", "--start_method=")):
-            method = arg.split("=", 1)[1]
-        elif arg in ("--run-path", "--run_path"):
-            run_path = True
-    if method != "forkserver" or not run_path:
-        return f"workers start with {method}{'' if run_path else ' as new interpreters (no --run-path)'}"
+def _forkserver_running() -> bool:
     try:
-        import multiprocessing
         from multiprocessing import forkserver
 
+        return forkserver._forkserver._forkserver_pid is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _warm_workers() -> str | None:
+    """With forkserver workers, start the forkserver now with torch loaded,
+    unless ``sitecustomize`` did at the agent's start (``trainwire_workers``;
+    ``_install_agent_hooks`` then kills old workers 0.5 s into a stop and
+    starts workers with ``trainwire_workers.run_script``). Returns why not,
+    if not."""
+    try:
+        import trainwire_workers
+    except Exception as e:  # noqa: BLE001
+        return f"trainwire_workers is missing ({type(e).__name__}: {e})"
+    why_not = trainwire_workers.warm(sys.argv, os.environ)
+    if why_not is not None:
+        return why_not
+    try:
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
         if not hasattr(LocalElasticAgent, "_shutdown"):
             return "LocalElasticAgent has no _shutdown"
-        multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
-        forkserver.ensure_running()
+        trainwire_workers.start_forkserver()
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
     return None
@@ -945,11 +968,15 @@ def create_handler(params):
     handler._tw_setup(None)
     if handler._tw_fast and not _warmed:
         _warmed = True
+        early = _forkserver_running()
         not_warm = _warm_workers()
         if not_warm is not None:
             logger.info("workers start cold: %s", not_warm)
         else:
-            logger.info("workers start warm: forkserver with torch preloaded")
+            logger.info(
+                "workers start warm: forkserver with torch preloaded, started %s",
+                "with the agent" if early else "now",
+            )
         _install_exception_text()
         no_hooks = _install_agent_hooks(warm=not_warm is None)
         if no_hooks is not None:
