@@ -330,9 +330,10 @@ enum Expect {
     "    maxGpusPerNode: 0\n",
     &[Edit::None], Probe::GpuLimit, Expect::Refused(r#"policy profile "team" rule maxGpusPerNode: the trainer asks for 1 GPU per node (annotation trainwire.dev/gpus-per-node or its nvidia.com/gpu resources), but this profile allows no GPUs; remove them, or run in a namespace of a GPU profile"#))]
 // ---- rendezvous backend
+// c10d under trainwire's rendezvous handler (the rdzvHandler default).
 #[case::rdzv_default_kept(
     "    rdzvBackend: {value: c10d}\n",
-    &[Edit::None], Probe::TrainerEnv("PET_RDZV_BACKEND"), Expect::Ok("c10d", &[]))]
+    &[Edit::None], Probe::TrainerEnv("PET_RDZV_BACKEND"), Expect::Ok("trainwire-c10d", &[]))]
 #[case::rdzv_default_overridden(
     "    rdzvBackend: {value: c10d}\n",
     &[Edit::Annotate("rdzv-backend", "static")], Probe::TrainerEnv("PET_RDZV_BACKEND"), Expect::Ok("static", &[]))]

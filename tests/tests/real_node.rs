@@ -34,10 +34,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
-use trainwire_tests::real_node::RealNode;
 use trainwire_tests::real_node::world::{
     Shape, World, descendants, fmt_rel, prepare_trainer, require_node_and_torch, run, secs, time_of,
 };
+use trainwire_tests::real_node::{RealNode, world};
 
 const TEST: &str = "real_node_recovery";
 /// A row whose first training step comes later than this after the loss
@@ -67,13 +67,20 @@ fn real_node_recovery() {
     // `TRAINWIRE_REAL_NODE_USERS=uid1000` (or `root`) runs one world only,
     // for a quicker look at one row; unset, both run.
     let only = std::env::var("TRAINWIRE_REAL_NODE_USERS").ok();
-    for (ns, user) in [("rn-root", None), ("rn-uid1000", Some(1000))] {
+    // Two worlds of 2 + 1 spare on a dedicated store (root, UID 1000), and
+    // the default topology: the store in pod 0, no spare (root).
+    for (ns, user, pod0) in [
+        ("rn-root", None, false),
+        ("rn-uid1000", Some(1000), false),
+        ("rn-pod0-root", None, true),
+    ] {
         if only.as_deref().is_some_and(|o| !ns.ends_with(o)) {
             continue;
         }
         let shape = Shape {
             user,
-            spares: 1,
+            spares: if pod0 { 0 } else { 1 },
+            store_in_pod0: pod0,
             annotations: Vec::new(),
         };
         let world = match World::create(&node, &install, ns, shape) {
@@ -83,7 +90,11 @@ fn real_node_recovery() {
                 continue;
             }
         };
-        Scenarios(&world).run_scenarios(&mut lines, &mut failures);
+        if pod0 {
+            Scenarios(&world).run_pod0_scenarios(&mut lines, &mut failures);
+        } else {
+            Scenarios(&world).run_scenarios(&mut lines, &mut failures);
+        }
         world.remove();
     }
     eprintln!(
@@ -285,6 +296,45 @@ impl Scenarios<'_, '_> {
         })();
         if let Err(e) = result {
             failures.push(format!("{}: the scenarios stopped: {e}", self.user));
+        }
+    }
+
+    /// The default topology (the store in pod 0, no spare): a pod deleted is
+    /// replaced by the StatefulSet under the same name, and trains again.
+    /// Pod 1 first: the survivor's handler evicts it at the sidecar's word
+    /// and waits for the replacement. Then pod 0, and the store with it:
+    /// the survivor's agent is restarted against the replacement's store.
+    fn run_pod0_scenarios(&self, lines: &mut Vec<String>, failures: &mut Vec<String>) {
+        let result = (|| -> Result<(), String> {
+            for (pod, kind) in [
+                (format!("{}-1", world::STS), "pod 1 deleted, store in pod 0"),
+                (
+                    format!("{}-0", world::STS),
+                    "pod 0 deleted, the store with it",
+                ),
+            ] {
+                let before = self.world()["generation"].as_u64().unwrap_or(0);
+                let at = SystemTime::now();
+                self.node
+                    .kubectl(&["delete", "pod", "-n", &self.ns, &pod, "--wait=false"])?;
+                // The replacement has the lost pod's name, and trains.
+                let m = self.measure(at, "", before);
+                let replaced = self
+                    .pods()
+                    .get(&pod)
+                    .and_then(|p| time_of(&p["status"]["startTime"]));
+                lines.push(format!(
+                    "{} {kind}: the replacement started {}",
+                    self.user,
+                    fmt_rel(replaced, at)
+                ));
+                self.report(kind, &pod, at, &m, lines, failures, false);
+                self.wait_steady(Duration::from_secs(120))?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            failures.push(format!("{}: the pod-0 scenarios stopped: {e}", self.user));
         }
     }
 

@@ -101,6 +101,7 @@ fn stalling(spares: u32) -> Shape {
     Shape {
         user: None,
         spares,
+        store_in_pod0: false,
         annotations: vec![(
             "trainwire.dev/stall-timeout",
             format!("{}s", STALL_TIMEOUT.as_secs()),

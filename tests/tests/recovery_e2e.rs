@@ -460,6 +460,9 @@ fn scenario(
     old_published: Option<Duration>,
 ) -> Result<Measured, String> {
     let mut c = Cluster::new(responder)?;
+    if warm_by_env(responder) {
+        c.warm_workers()?;
+    }
     let cold = Instant::now();
     c.start_node("n0", 0, Network::addr(10), true)?;
     c.start_node("n1", 1, Network::addr(11), true)?;
@@ -712,6 +715,14 @@ fn scenario(
     })
 }
 
+/// The losses of [`run`] run as the webhook injects a plain `torchrun
+/// script.py` with the sidecar: trainwire's rendezvous handler and warm
+/// workers (forkserver, `--run-path`). `TRAINWIRE_E2E_WARM=0`, or no
+/// sidecar, runs torch's own c10d handler (the baseline).
+fn warm_by_env(responder: Responder) -> bool {
+    responder == Responder::Sidecar && std::env::var("TRAINWIRE_E2E_WARM").as_deref() != Ok("0")
+}
+
 fn run(test: &str, lose_host: bool, old_published: Option<Duration>) {
     if !torch::require_torch(test) || !netns::require_netns(test) {
         return;
@@ -720,11 +731,16 @@ fn run(test: &str, lose_host: bool, old_published: Option<Duration>) {
     let started = Instant::now();
     match scenario(lose_host, responder, old_published) {
         Ok(m) => println!(
-            "RECOVERY scenario={} responder={responder:?} resumed_from={} resumed_at_minus_first_step_s={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
+            "RECOVERY scenario={} responder={responder:?} handler={} resumed_from={} resumed_at_minus_first_step_s={} cut_to_detect_s={} cut_to_signal_s={} replacement_to_resume_s={} cut_to_resume_s={} survivor_exits={} cold_start_s={} total_s={}",
             match (lose_host, old_published) {
                 (false, _) => "A-lose-other-node".to_string(),
                 (true, None) => "B-lose-rendezvous-host".to_string(),
                 (true, Some(d)) => format!("B-lose-rendezvous-host-old-published-{}s", d.as_secs()),
+            },
+            if warm_by_env(responder) {
+                "trainwire-c10d"
+            } else {
+                "c10d"
             },
             m.resumed_from,
             m.resumed_gap

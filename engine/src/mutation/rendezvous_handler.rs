@@ -3,10 +3,12 @@
 //! survivors restart their workers at once instead of waiting out torch's
 //! keep-alive (docs/recovery.md).
 //!
-//! It applies to a PyTorch world on the c10d backend with a dedicated store
-//! and the sidecar, unless `trainwire.dev/rdzv-handler: torch` (or the
-//! policy's `rdzvHandler`) says otherwise. With the store in pod 0 the
-//! survivors' agents wait on the lost host's store anyway; `static` and
+//! It applies to a PyTorch world on the c10d backend with the sidecar,
+//! unless `trainwire.dev/rdzv-handler: torch` (or the policy's
+//! `rdzvHandler`) says otherwise: with a dedicated store or the store in
+//! pod 0 (there a lost pod 0 takes the store with it: the sidecar restarts
+//! the survivors' agents against the replacement's store, and the handler
+//! gives the restarted agent warm workers and a fast join); `static` and
 //! `etcd-v2` are other handlers; TensorFlow has no torchrun.
 //!
 //! The pod gets an emptyDir at [`SHARED_DIR`] in the trainer, the sidecar
@@ -25,7 +27,7 @@ use super::fingerprint::fingerprint;
 use super::injection::{Ctx, Refusal};
 use super::rendezvous::World;
 use super::trainer::{self, Conflict, Desired};
-use crate::policy::{self, Framework, RdzvBackend, RdzvHandler, RdzvStore};
+use crate::policy::{self, Framework, RdzvBackend, RdzvHandler};
 use trainwire_contract::rendezvous::{CHANNEL_DIR, HANDLER_BACKEND, HANDLER_DIR, SHARED_DIR};
 use trainwire_contract::{env, stall};
 
@@ -72,10 +74,8 @@ pub fn resolve(
     if let Some(w) = resolved.warning {
         ctx.warn(w);
     }
-    let fits = world.framework == Framework::PyTorch
-        && world.backend == RdzvBackend::C10d
-        && world.store == RdzvStore::Dedicated
-        && sidecar;
+    let fits =
+        world.framework == Framework::PyTorch && world.backend == RdzvBackend::C10d && sidecar;
     if resolved.value != RdzvHandler::Trainwire || !fits {
         return Ok(None);
     }

@@ -84,6 +84,23 @@ fn trainer_value(obj: &Value, name: &str) -> Option<String> {
     env_value(obj, "containers", name)
 }
 
+/// The sidecar's init container in a pod spec (after the rendezvous
+/// handler's installer, when there is one).
+fn sidecar_of(spec: &Value) -> &Value {
+    spec["initContainers"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == "trainwire-sidecar"))
+        .unwrap_or(&Value::Null)
+}
+
+/// A container's mount of volume `name`.
+fn mount_of<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
 fn sidecar_value(obj: &Value, name: &str) -> Option<String> {
     env_value(obj, "initContainers", name)
 }
@@ -168,11 +185,8 @@ fn fixtures_inject_and_patch_applies(#[case] name: &str) {
     );
     let spec = &m.object["spec"]["template"]["spec"];
     assert_eq!(spec["shareProcessNamespace"], json!(true));
-    assert_eq!(
-        spec["initContainers"][0]["name"],
-        json!("trainwire-sidecar")
-    );
-    assert_eq!(spec["initContainers"][0]["restartPolicy"], json!("Always"));
+    assert_eq!(sidecar_of(spec)["name"], json!("trainwire-sidecar"));
+    assert_eq!(sidecar_of(spec)["restartPolicy"], json!("Always"));
     assert_eq!(
         sidecar_value(&m.object, "TRAINWIRE_PEER_HOSTS"),
         Some(format!("{name}-{{i}}.{service}.{ns}.svc.cluster.local"))
@@ -229,8 +243,8 @@ fn checkpoint_pvc_annotation_mounts_in_trainer_and_sidecar() {
         json!({"name": "trainwire-checkpoint", "mountPath": "/checkpoints"})
     );
     assert_eq!(
-        spec["initContainers"][0]["volumeMounts"][0],
-        json!({"name": "trainwire-checkpoint", "mountPath": "/checkpoints", "readOnly": true})
+        mount_of(sidecar_of(spec), "trainwire-checkpoint"),
+        &json!({"name": "trainwire-checkpoint", "mountPath": "/checkpoints", "readOnly": true})
     );
     assert_eq!(
         trainer_value(&m.object, "CHECKPOINT_DIR").as_deref(),
@@ -264,11 +278,12 @@ fn reinjection_recomputes_trainwire_entries_after_replicas_change() {
         sidecar_value(&m.object, "TRAINWIRE_NNODES").as_deref(),
         Some("3")
     );
+    // The rendezvous handler's installer and the sidecar.
     assert_eq!(
         m.object["spec"]["template"]["spec"]["initContainers"]
             .as_array()
             .map(Vec::len),
-        Some(1)
+        Some(2)
     );
     assert_eq!(
         trainer_env(&m.object).len(),
@@ -893,10 +908,7 @@ fn policy_overwrites_defaults_and_placement() {
             {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
         ])
     );
-    assert_eq!(
-        spec["initContainers"][0]["image"],
-        "registry.example/sidecar:2"
-    );
+    assert_eq!(sidecar_of(spec)["image"], "registry.example/sidecar:2");
     assert_eq!(
         spec["volumes"][0]["persistentVolumeClaim"]["claimName"],
         "llama-ft-ckpt"
@@ -974,7 +986,7 @@ fn the_sidecar_runs_as_the_trainer_or_as_root_with_kill_only(
     }
     let p = profile(|p| p.sidecar.run_as_user = pinned);
     let m = check_round_trip(&obj, Some(&ns), &p);
-    let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+    let sc = &sidecar_of(&m.object["spec"]["template"]["spec"])["securityContext"];
     assert_eq!(sc, &expected);
     assert_eq!(
         m.warnings
@@ -1011,7 +1023,7 @@ fn a_root_sidecar_beside_a_run_as_non_root_trainer_is_explained(
         obj["spec"]["template"]["spec"]["securityContext"] = pod;
     }
     let m = check_round_trip(&obj, Some(&ns), &Profile::default());
-    let sc = &m.object["spec"]["template"]["spec"]["initContainers"][0]["securityContext"];
+    let sc = &sidecar_of(&m.object["spec"]["template"]["spec"])["securityContext"];
     let warned: Vec<&String> = m
         .warnings
         .iter()
@@ -1213,7 +1225,8 @@ fn quantities_the_apiserver_respells_are_still_recognised() {
     stored["spec"]["replicas"] = json!(3);
     let resized = check_round_trip(&stored, Some(&ns), &Profile::default());
     let vols = resized.object["spec"]["template"]["spec"]["volumes"].clone();
-    assert_eq!(vols.as_array().map(Vec::len), Some(2), "{vols}");
+    // /dev/shm, the checkpoints, the rendezvous handler's directory.
+    assert_eq!(vols.as_array().map(Vec::len), Some(3), "{vols}");
     assert!(resized.warnings.is_empty(), "{:?}", resized.warnings);
 }
 
@@ -1243,8 +1256,11 @@ fn a_per_pod_claim_at_the_checkpoint_path_is_named_in_the_warning() {
     );
     // The sidecar watches that mount.
     assert_eq!(
-        m.object["spec"]["template"]["spec"]["initContainers"][0]["volumeMounts"][0]["name"],
-        "ckpt-local"
+        mount_of(
+            sidecar_of(&m.object["spec"]["template"]["spec"]),
+            "ckpt-local"
+        )["mountPath"],
+        "/checkpoints"
     );
 }
 
@@ -1295,7 +1311,7 @@ fn a_policy_edit_that_does_not_touch_the_workload_changes_nothing() {
         Some("3")
     );
     assert_eq!(
-        changed.object["spec"]["template"]["spec"]["initContainers"][0]["image"],
+        sidecar_of(&changed.object["spec"]["template"]["spec"])["image"],
         "registry.example/sidecar:9"
     );
 }
@@ -1340,7 +1356,7 @@ fn status_of(obj: &Value) -> status::Status {
 fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_change() {
     let (obj, ns) = sts_fixture();
     let m = check_round_trip(&obj, Some(&ns), &Profile::default());
-    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0];
+    let sidecar = sidecar_of(&m.object["spec"]["template"]["spec"]);
     assert_eq!(sidecar["name"], "trainwire-sidecar");
     assert_eq!(
         sidecar["startupProbe"],
@@ -1353,7 +1369,10 @@ fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_c
     // What an engine without the probe wrote: its sidecar, its fingerprint.
     let mut old = m.object.clone();
     let old_sidecar = {
-        let s = &mut old["spec"]["template"]["spec"]["initContainers"][0];
+        let s = old["spec"]["template"]["spec"]["initContainers"]
+            .as_array_mut()
+            .and_then(|c| c.iter_mut().find(|c| c["name"] == "trainwire-sidecar"))
+            .expect("sidecar");
         s.as_object_mut().expect("sidecar").remove("startupProbe");
         s.clone()
     };
@@ -1374,8 +1393,12 @@ fn the_sidecar_has_a_startup_probe_and_old_injections_keep_theirs_until_a_real_c
     let inits = changed.object["spec"]["template"]["spec"]["initContainers"]
         .as_array()
         .expect("init containers");
-    assert_eq!(inits.len(), 1, "{inits:?}");
-    assert_eq!(inits[0]["startupProbe"], sidecar["startupProbe"]);
+    // The rendezvous handler's installer and the sidecar.
+    assert_eq!(inits.len(), 2, "{inits:?}");
+    assert_eq!(
+        sidecar_of(&changed.object["spec"]["template"]["spec"])["startupProbe"],
+        sidecar["startupProbe"]
+    );
 }
 
 /// Found by fuzzing `inject`: a workload whose name is not a DNS-1123 label
@@ -1426,7 +1449,7 @@ fn a_statefulset_created_at_zero_replicas_never_gets_a_world_of_zero() {
     for var in ["PET_NNODES", "WORLD_SIZE", "NNODES"] {
         assert_eq!(trainer_value(&m.object, var), None, "{var}");
     }
-    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0];
+    let sidecar = sidecar_of(&m.object["spec"]["template"]["spec"]);
     assert!(
         !sidecar["env"].to_string().contains("TRAINWIRE_NNODES"),
         "{sidecar}"
@@ -1497,7 +1520,7 @@ fn enforced_settings_compare_by_value(#[case] p: Profile, #[case] obj: Value) {
 fn the_sidecar_gets_the_max_age_in_the_contract_grammar() {
     let obj = with_checkpoint(&[("trainwire.dev/checkpoint-max-age", "5400s")]);
     let m = mutated(&obj, None, &Profile::default());
-    let sidecar = &m.object["spec"]["template"]["spec"]["initContainers"][0]["env"];
+    let sidecar = &sidecar_of(&m.object["spec"]["template"]["spec"])["env"];
     let age = sidecar
         .as_array()
         .into_iter()

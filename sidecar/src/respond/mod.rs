@@ -465,7 +465,7 @@ impl Responder {
         ep.confirmed_wall = Some(wall);
         // torch hears it at once: the trainer's handler evicts the lost
         // pod's agent (unless it beat since) and restarts its workers.
-        if let Some(handler) = &self.handler {
+        if let (Some(handler), true) = (&self.handler, handler_hears(&self.shared.config, rank)) {
             handler.tell_in_background(rendezvous::LossEntry::new(rank, ep.generation, wall));
         }
         self.shared
@@ -574,6 +574,14 @@ impl Responder {
     }
 }
 
+/// Whether the trainer's rendezvous handler is told of `rank`'s loss: not
+/// of the pod that ran the rendezvous store (pod 0 without a dedicated
+/// store), whose state went with it; the survivors' agents are restarted
+/// against the replacement's store instead.
+fn handler_hears(config: &crate::config::Config, rank: u32) -> bool {
+    Some(rank) != config.rdzv_host_rank
+}
+
 #[cfg(test)]
 mod tests {
     use super::episode::tests::pod;
@@ -655,6 +663,25 @@ mod tests {
             feed(&mut peers, &mut responder, Source::Heartbeat, e).await;
         }
         (responder, peers)
+    }
+
+    /// A confirmed loss is handed to the trainer's rendezvous handler,
+    /// unless the lost pod ran the store (pod 0 without a dedicated store).
+    #[test]
+    fn the_handler_hears_a_loss_unless_the_store_went_with_it() {
+        use crate::env;
+        for (host, rank, told) in [("0", 0, false), ("0", 1, true), ("none", 0, true)] {
+            let config = host_loss_config(
+                "train-{i}.train",
+                "heartbeat",
+                &[(env::RDZV_HOST_RANK, host)],
+            );
+            assert_eq!(
+                handler_hears(&config, rank),
+                told,
+                "store host {host}, rank {rank} lost"
+            );
+        }
     }
 
     /// The default on a real node: `auto` runs the Kubernetes watch and

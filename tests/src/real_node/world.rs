@@ -47,15 +47,18 @@ pub fn prepare_trainer(node: &RealNode) -> Result<(), String> {
     .map_err(|e| format!("host Python policy: {e}"))
 }
 
-/// What kind of world: who the trainer runs as, how many hot spares, and
-/// the StatefulSet's own trainwire annotations beside the defaults
-/// (`inject`, `nnodes: 2`, `rdzv-store: dedicated`, `checkpoint-pvc`).
+/// What kind of world: who the trainer runs as, how many hot spares, where
+/// the rendezvous store runs, and the StatefulSet's own trainwire
+/// annotations beside the defaults (`inject`, `nnodes: 2`, `checkpoint-pvc`).
 #[derive(Debug, Clone, Default)]
 pub struct Shape {
     /// `None`: root (the image's default); else `runAsUser`/`runAsGroup`
     /// and the pod's `fsGroup`.
     pub user: Option<u32>,
     pub spares: u32,
+    /// The store in pod 0 (torchrun's default, trainwire's `rdzv-store`
+    /// default) instead of `rdzv-store: dedicated`.
+    pub store_in_pod0: bool,
     /// `(annotation, value)` pairs.
     pub annotations: Vec<(&'static str, String)>,
 }
@@ -176,8 +179,7 @@ metadata:
   namespace: {ns}
   annotations:
     trainwire.dev/inject: "true"
-    trainwire.dev/nnodes: "2"
-    trainwire.dev/rdzv-store: dedicated
+    trainwire.dev/nnodes: "2"{store}
     trainwire.dev/checkpoint-pvc: ckpt{annotations}
 spec:
   serviceName: {STS}
@@ -205,6 +207,11 @@ spec:
 "#,
             id = node.id,
             ckpt = ckpt.display(),
+            store = if shape.store_in_pod0 {
+                ""
+            } else {
+                "\n    trainwire.dev/rdzv-store: dedicated"
+            },
             replicas = 2 + shape.spares,
         ))?;
         let world = World {
