@@ -21,7 +21,8 @@ pub const PERMISSION_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 /// as a spare is shown within this).
 pub const SPARE_CHECK_INTERVAL: Duration = Duration::from_secs(2);
 /// How often while training is awaited after a loss or a restart of the
-/// trainer, and while new workers are not yet seen training (so that
+/// trainer, while no trainer runs (its start is awaited: a new pod, an
+/// exited trainer), and while new workers are not yet seen training (so that
 /// `trainingSince` is recorded within this of what shows it, ahead of the
 /// next checkpoint, and the collective's bursts are counted at this pace),
 /// for at most [`RESUMPTION_WATCH`] after the loss or the workers' start.
@@ -60,19 +61,29 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
     type Found = (Permission, signal::Activity, TrainerSeen);
     let mut running: Option<tokio::sync::oneshot::Receiver<Found>> = None;
     let mut first = true;
+    // Since when the scans find no trainer (none yet, or it exited): its
+    // start is awaited at the fast pace too, for as long as a resumption.
+    let mut no_trainer_since: Option<std::time::Instant> = None;
     loop {
         if !first {
-            let loss = RecordedLoss::of(&shared.status());
-            let now = SystemTime::now();
-            let next = if resumed.awaits(loss.as_ref(), now)
-                || role.switch.is_some()
-                || training.pending(now, RESUMPTION_WATCH)
-            {
-                RESUMPTION_CHECK_INTERVAL.min(every)
-            } else {
-                every
-            };
-            tokio::time::sleep(next).await;
+            // The pace is judged again at every fast tick: a loss confirmed
+            // (or a trainer gone) during a slow wait makes the next scan
+            // come at once, not up to `every` later.
+            let mut waited = Duration::ZERO;
+            while waited < every {
+                let loss = RecordedLoss::of(&shared.status());
+                let now = SystemTime::now();
+                let fast = resumed.awaits(loss.as_ref(), now)
+                    || role.switch.is_some()
+                    || training.pending(now, RESUMPTION_WATCH)
+                    || no_trainer_since.is_some_and(|s| s.elapsed() < RESUMPTION_WATCH);
+                let tick = RESUMPTION_CHECK_INTERVAL.min(every);
+                tokio::time::sleep(tick).await;
+                waited += tick;
+                if fast {
+                    break;
+                }
+            }
         }
         first = false;
         let pending = match running.take() {
@@ -131,6 +142,13 @@ pub async fn watch_permission(shared: Arc<Shared>, events: EventSink) {
             resumed.observe(&shared, &events, up, now);
         }
         let found = found.map(|r| r.map(|(permission, _, _)| permission));
+        match &found {
+            Ok(Ok(Permission::NoTrainer)) => {
+                no_trainer_since.get_or_insert_with(std::time::Instant::now);
+            }
+            Ok(Ok(_)) => no_trainer_since = None,
+            _ => {}
+        }
         let (state, text) = match found {
             Ok(Ok(Permission::NoTrainer)) => {
                 (PermissionState::NoTrainer, "no trainer running".to_string())
