@@ -224,6 +224,19 @@ pub fn judge(timeout: Duration, ranks: &[RankProgress]) -> Verdict {
     }
 }
 
+/// How long the longest-stopped of `stuck` (state `stopped`) has been so.
+fn stopped_for(stuck: &[StuckWorker], now: SystemTime) -> Option<Duration> {
+    stuck
+        .iter()
+        .filter(|w| w.state == "stopped")
+        .filter_map(|w| w.since.parse::<k8s_openapi::jiff::Timestamp>().ok())
+        .map(|since| {
+            now.duration_since(SystemTime::from(since))
+                .unwrap_or_default()
+        })
+        .max()
+}
+
 /// What `GET /progress` answers: this pod's [`RankProgress`].
 pub fn answer(shared: &Shared) -> RankProgress {
     let now = SystemTime::now();
@@ -337,7 +350,13 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
                 p.world = world;
             }
         }
-        let Some(idle) = idle.filter(|i| *i >= timeout) else {
+        // A local worker stopped (SIGSTOP, `T`) for the timeout stalls the
+        // world whatever the traffic says: bytes still reach a stopped
+        // worker's sockets (a peer's restart closes its connections), and
+        // a peer whose workers restarted first moves again while this one
+        // stays stopped, which torch's agent then waits 30 s to kill.
+        let stopped = stopped_for(&own.stuck, now).filter(|d| *d >= timeout);
+        let Some(idle) = idle.filter(|i| *i >= timeout).or(stopped) else {
             continue;
         };
         if acted.settled(sample.workers, std::time::Instant::now()) {
@@ -351,7 +370,17 @@ pub async fn run(shared: Arc<Shared>, events: EventSink, names: crate::dns::Reso
             unknown: None,
         }];
         ranks.extend(ask_peers(&http, &config).await);
-        let verdict = judge(timeout, &ranks);
+        let verdict = match stopped {
+            Some(stopped) => Verdict::Stalled {
+                idle: stopped,
+                stuck: own
+                    .stuck
+                    .iter()
+                    .map(|w| (config.node_rank, w.clone()))
+                    .collect(),
+            },
+            None => judge(timeout, &ranks),
+        };
         let Verdict::Stalled {
             idle: world_idle,
             stuck,
@@ -972,6 +1001,30 @@ mod tests {
         let own = l.observe(&s(Some(12)), t(40));
         assert_eq!(own.moved_at, Some(t(3)));
         assert_eq!(own.unknown, None);
+    }
+
+    /// A worker stopped for the timeout stalls this pod whatever its
+    /// traffic; an uninterruptible or zombie one does not count here.
+    #[test]
+    fn a_stopped_worker_is_timed_from_when_it_was_seen_stopped() {
+        let now = SystemTime::now();
+        let worker = |state: &str, ago: u64| StuckWorker {
+            pid: 7,
+            state: state.into(),
+            since: rfc3339(now - Duration::from_secs(ago)),
+        };
+        assert_eq!(stopped_for(&[], now), None);
+        assert_eq!(stopped_for(&[worker("uninterruptible", 60)], now), None);
+        let d = stopped_for(
+            &[
+                worker("stopped", 5),
+                worker("stopped", 25),
+                worker("zombie", 90),
+            ],
+            now,
+        )
+        .expect("stopped");
+        assert!((24..=25).contains(&d.as_secs()), "{d:?}");
     }
 
     #[test]
