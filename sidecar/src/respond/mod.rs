@@ -465,7 +465,8 @@ impl Responder {
         ep.confirmed_wall = Some(wall);
         // torch hears it at once: the trainer's handler evicts the lost
         // pod's agent (unless it beat since) and restarts its workers.
-        if let (Some(handler), true) = (&self.handler, handler_hears(&self.shared.config, rank)) {
+        if let (Some(handler), true) = (&self.handler, handler_hears(&self.shared.config, rank, c))
+        {
             handler.tell_in_background(rendezvous::LossEntry::new(rank, ep.generation, wall));
         }
         self.shared
@@ -576,10 +577,13 @@ impl Responder {
 
 /// Whether the trainer's rendezvous handler is told of `rank`'s loss: not
 /// of the pod that ran the rendezvous store (pod 0 without a dedicated
-/// store), whose state went with it; the survivors' agents are restarted
-/// against the replacement's store instead.
-fn handler_hears(config: &crate::config::Config, rank: u32) -> bool {
-    Some(rank) != config.rdzv_host_rank
+/// store), whose state went with it (the survivors' agents are restarted
+/// against the replacement's store instead); not when the loss was
+/// confirmed by the replacement answering, whose agent may have joined
+/// before that confirmation and would be evicted in the lost node's place
+/// (the lost node's keep-alive has expired by then: torch dropped it).
+fn handler_hears(config: &crate::config::Config, rank: u32, c: Confirmation) -> bool {
+    Some(rank) != config.rdzv_host_rank && c != Confirmation::ReplacementAnswered
 }
 
 #[cfg(test)]
@@ -670,16 +674,24 @@ mod tests {
     #[test]
     fn the_handler_hears_a_loss_unless_the_store_went_with_it() {
         use crate::env;
-        for (host, rank, told) in [("0", 0, false), ("0", 1, true), ("none", 0, true)] {
+        let outage = Confirmation::Outage;
+        let replaced = Confirmation::ReplacementAnswered;
+        for (host, rank, c, told) in [
+            ("0", 0, outage, false),
+            ("0", 1, outage, true),
+            ("none", 0, outage, true),
+            ("0", 1, replaced, false),
+            ("none", 0, replaced, false),
+        ] {
             let config = host_loss_config(
                 "train-{i}.train",
                 "heartbeat",
                 &[(env::RDZV_HOST_RANK, host)],
             );
             assert_eq!(
-                handler_hears(&config, rank),
+                handler_hears(&config, rank, c),
                 told,
-                "store host {host}, rank {rank} lost"
+                "store host {host}, rank {rank} lost, {c:?}"
             );
         }
     }
