@@ -76,9 +76,8 @@ def _trainwire_next_sitecustomize() -> None:
 
 def _trainwire_start_forkserver() -> None:
     """In torchrun's agent with forkserver workers: the forkserver now, so
-    that it loads torch while the agent starts (``trainwire_workers``)."""
-    if os.environ.get("PET_RDZV_BACKEND") != "trainwire-c10d":
-        return
+    that it loads torch while the agent starts (``trainwire_workers``, which
+    imports nothing heavy and decides)."""
     try:
         import trainwire_workers
 

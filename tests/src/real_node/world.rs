@@ -1,7 +1,7 @@
 //! A training world on the real node, as a user runs one: an injected
 //! StatefulSet of real `torchrun` + `examples/train.py` (CPU/gloo) in a
 //! namespace of its own, a shared checkpoint claim (hostPath PV + PVC), a
-//! dedicated rendezvous store, the sidecar's ClusterRole bound as
+//! dedicated rendezvous store or the store in pod 0, the sidecar's ClusterRole bound as
 //! docs/deploy.md says; what the pods, their trainers' logs, the sidecars'
 //! `/status` and the workload's `trainwire.dev/world` show.
 //!
