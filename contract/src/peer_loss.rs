@@ -106,8 +106,8 @@ pub struct PeerLossRecord {
 /// `resumedBy` for the sidecars' records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum TrainingSeenBy {
-    /// The workers' connections to their peers carried traffic in
-    /// [`STEP_BURSTS`] scans after their collective formed: the
+    /// The workers' connections to their peers carried traffic, alike in
+    /// the last [`STEP_BURSTS`] scans that saw any, after their collective formed: the
     /// collectives of training steps (gloo, NCCL over sockets). The time is
     /// the scan that saw the last of them.
     CollectiveTraffic,
@@ -151,18 +151,27 @@ impl TrainingSeenBy {
     }
 }
 
-/// How many scans must see the workers' peer connections carry new traffic
-/// after the collective formed before training counts as seen
-/// ([`TrainingSeenBy::CollectiveTraffic`]): a trainer's start-up sends at
-/// most two bursts over them (torch's object broadcast of the checkpoint
-/// choice, DDP's parameter broadcast after the checkpoint load), and a
-/// third when one of them straddles two scans or the mesh's last
-/// connections open after the scan that saw it form; the third can also be
-/// the first step's all-reduce, which DDP starts during the backward pass,
-/// before the step is done and logged. So the fourth: a training step's
-/// all-reduce after the first (on the real node a third dated the
-/// resumption up to 0.15 s before the trainer logged its first step).
-pub const STEP_BURSTS: u32 = 4;
+/// How many of the last scans that saw new bytes on the workers' peer
+/// connections, all alike in size ([`BURST_LIKENESS`]), make training seen
+/// after the collective formed ([`TrainingSeenBy::CollectiveTraffic`]). A training
+/// step moves the same bytes every time (its gradients' all-reduce), a
+/// scan catching one or two of them; a trainer's start-up sends less, and
+/// in pieces of any number: torch's object broadcast of the checkpoint
+/// choice (bytes), DDP's check of the parameters' shapes across ranks
+/// (bytes, sent by each rank as it arrives from its checkpoint load, so in
+/// as many scans as the ranks arrive apart), then DDP's broadcast of the
+/// parameters, as large as a step's. Counting every scan with new bytes
+/// dated a resumption 0.3 s before the first step on the real node, when
+/// the ranks of a replacement came out of their checkpoint load apart; so
+/// the last three must be alike: the parameters' broadcast (or it and the
+/// first step in one scan) and two steps' all-reduces.
+pub const STEP_BURSTS: usize = 3;
+
+/// The [`STEP_BURSTS`] scans are alike when the least of them carried at
+/// least this fraction (one over it) of the most: a scan holds one
+/// training step's all-reduce or two, a start-up's small pieces hold a
+/// hundredth of them or less.
+pub const BURST_LIKENESS: u64 = 4;
 
 /// How long after their start workers that expect peers but hold no TCP
 /// connection at all (not even to the rendezvous store, which torch's

@@ -719,8 +719,8 @@ mod tests {
         use std::collections::BTreeMap;
         use std::time::{Duration, SystemTime};
         use trainwire_contract::peer_loss::{
-            PeerLossRecord, STEP_BURSTS, TRAFFIC_WAIT, TRAINER_RESTARTED, TRAINING_SETTLE,
-            TrainingSeenBy,
+            BURST_LIKENESS, PeerLossRecord, STEP_BURSTS, TRAFFIC_WAIT, TRAINER_RESTARTED,
+            TRAINING_SETTLE, TrainingSeenBy,
         };
 
         /// The sidecar's scans as the permission loop runs them: the
@@ -860,40 +860,51 @@ mod tests {
             assert_eq!(record.suspected_at, Some(text(100)));
         }
 
-        /// With the collective's traffic readable, training is the fourth
-        /// scan whose connections carried new bytes after it formed (the
-        /// start-up's broadcasts are at most two, three when one straddles
-        /// two scans); a collective that stays
-        /// silent (NCCL over RDMA) counts from its forming after the wait.
+        /// With the collective's traffic readable, training is the third
+        /// scan in a row with new bytes alike after it formed: the
+        /// start-up's pieces (the checkpoint choice's broadcast, DDP's
+        /// shape check sent by each rank as it comes out of its checkpoint
+        /// load) are small beside the parameters' broadcast and the steps'
+        /// all-reduces; a collective that stays silent (NCCL over RDMA)
+        /// counts from its forming after the wait.
         #[test]
         fn training_is_the_collectives_traffic_after_it_formed() {
             let l = loss(1, 100);
             let formed = |bytes: &[(u64, u64)]| Collective::Formed {
-                traffic: Some(bytes.iter().copied().collect::<BTreeMap<_, _>>()),
+                traffic: Some(
+                    bytes
+                        .iter()
+                        .map(|(inode, n)| (*inode, crate::collective::Carried::each_way(*n)))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
             };
             let mut r = Scans::default();
             let mut seen = up(7, 0, Some(105));
             seen.collective = Collective::Forming;
             assert_eq!(r.next(Some(&l), &seen, OWN, t(107)), None);
-            // Formed at 108 with the checkpoint choice broadcast; the
-            // parameters' broadcast at 109; nothing while loading; a new
-            // connection's bytes at 111 (the first step); steps at 112
-            // and 113.
+            // Formed at 108; the checkpoint choice's broadcast at 109;
+            // the shape check's pieces at 110 and 111 as the ranks arrive
+            // (a connection opened at 111 counts from the next scan);
+            // nothing at 112; the parameters' broadcast at 113; the first
+            // step at 114, the second at 115. Every scan with new bytes
+            // counted, the fourth (113) would precede the first step.
             let scans = [
                 (108, vec![(1, 300)]),
-                (109, vec![(1, 90_000)]),
-                (110, vec![(1, 90_000)]),
-                (111, vec![(1, 90_000), (2, 40)]),
-                (112, vec![(1, 180_000), (2, 40)]),
+                (109, vec![(1, 600)]),
+                (110, vec![(1, 640)]),
+                (111, vec![(1, 700), (2, 40_000)]),
+                (112, vec![(1, 700), (2, 40_000)]),
+                (113, vec![(1, 60_700), (2, 40_000)]),
+                (114, vec![(1, 150_700), (2, 40_000)]),
             ];
             for (at, bytes) in scans {
                 seen.collective = formed(&bytes);
                 assert_eq!(r.next(Some(&l), &seen, OWN, t(at)), None, "at {at}");
             }
-            seen.collective = formed(&[(1, 270_000), (2, 40)]);
-            let record = r.next(Some(&l), &seen, OWN, t(113)).expect("the record");
-            assert_eq!(STEP_BURSTS, 4);
-            assert_eq!(record.training_since, Some(text(113)));
+            seen.collective = formed(&[(1, 240_700), (2, 40_000)]);
+            let record = r.next(Some(&l), &seen, OWN, t(115)).expect("the record");
+            assert_eq!((STEP_BURSTS, BURST_LIKENESS), (3, 4));
+            assert_eq!(record.training_since, Some(text(115)));
             assert_eq!(
                 record.training_seen_by.as_deref(),
                 Some("collective-traffic")

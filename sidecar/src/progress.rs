@@ -74,7 +74,7 @@ pub struct Sample {
     pub started: Option<SystemTime>,
     /// The bytes each of their collective connections carried; `None` when
     /// unreadable or not formed.
-    pub traffic: Option<BTreeMap<u64, u64>>,
+    pub traffic: Option<crate::collective::Traffic>,
     /// Their process states.
     pub states: Vec<(i32, char)>,
     /// The collective operations NCCL's RAS service counts for the job
@@ -88,7 +88,7 @@ pub struct Sample {
 #[derive(Debug, Default)]
 pub struct Local {
     workers: Option<u64>,
-    last: Option<BTreeMap<u64, u64>>,
+    last: Option<crate::collective::Traffic>,
     last_collectives: Option<u64>,
     moved_at: Option<SystemTime>,
     /// Since when each worker has been in a state other than running.
@@ -127,9 +127,11 @@ impl Local {
         if let Some(carried) = &s.traffic {
             let grew = match &self.last {
                 None => false,
-                Some(before) => carried
-                    .iter()
-                    .any(|(inode, bytes)| before.get(inode).map_or(*bytes > 0, |b| bytes > b)),
+                Some(before) => carried.iter().any(|(inode, c)| {
+                    before
+                        .get(inode)
+                        .map_or(c.total() > 0, |b| c.total() > b.total())
+                }),
             };
             if grew {
                 self.moved_at = Some(now);
@@ -956,8 +958,16 @@ mod tests {
     #[test]
     fn traffic_growth_new_workers_and_checkpoints_are_progress() {
         let mut l = Local::default();
-        let traffic = |b: u64| Some(BTreeMap::from([(1, b)]));
-        let s = |b: Option<BTreeMap<u64, u64>>| Sample {
+        let traffic = |b: u64| {
+            Some(BTreeMap::from([(
+                1,
+                crate::collective::Carried {
+                    sent: b,
+                    received: 0,
+                },
+            )]))
+        };
+        let s = |b: Option<crate::collective::Traffic>| Sample {
             workers: Some(100),
             started: Some(t(0)),
             traffic: b,
@@ -1163,7 +1173,7 @@ mod tests {
                     let own = locals[rank].observe(&Sample {
                         workers: Some(1),
                         started: Some(t(0)),
-                        traffic: readable.then(|| BTreeMap::from([(9, bytes[rank])])),
+                        traffic: readable.then(|| BTreeMap::from([(9, crate::collective::Carried::each_way(bytes[rank]))])),
                         ..Sample::default()
                     }, now);
                     reports.push(RankProgress {

@@ -40,14 +40,15 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use trainwire_contract::peer_loss::{
-    STEP_BURSTS, TRAFFIC_WAIT, TRAINING_SETTLE, TrainingSeenBy, UNCONNECTED_WAIT,
+    BURST_LIKENESS, STEP_BURSTS, TRAFFIC_WAIT, TRAINING_SETTLE, TrainingSeenBy, UNCONNECTED_WAIT,
 };
 
 mod sockets;
 
 use sockets::canonical;
 pub use sockets::{
-    SocketRow, namespace_sockets, parse_status_uid, parse_tcp_table, process_uid, socket_inodes,
+    Carried, SocketRow, namespace_sockets, parse_status_uid, parse_tcp_table, process_uid,
+    socket_inodes,
 };
 
 /// What tells the collective's sockets apart from the others of the pod
@@ -74,7 +75,7 @@ pub struct Scope {
 pub struct Chosen {
     /// The collective's connections, by inode, with the bytes each carried
     /// when known.
-    pub peers: BTreeMap<u64, Option<u64>>,
+    pub peers: BTreeMap<u64, Option<Carried>>,
     /// Whether the workers hold any established TCP connection at all (to
     /// the store, on the loopback too).
     pub any: bool,
@@ -248,6 +249,9 @@ pub fn worker_env(proc_root: &Path, pid: i32) -> Option<WorkerEnv> {
     Some(WorkerEnv::parse(&bytes))
 }
 
+/// The bytes each of the collective's connections carried, by inode.
+pub type Traffic = BTreeMap<u64, Carried>;
+
 /// What one scan saw of the workers' collective.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Collective {
@@ -267,7 +271,7 @@ pub enum Collective {
     Unconnected,
     /// They hold connections to peers; the bytes each carried, when the
     /// kernel's socket diagnostics tell.
-    Formed { traffic: Option<BTreeMap<u64, u64>> },
+    Formed { traffic: Option<Traffic> },
 }
 
 /// How one scan tells the sidecar's own sockets and the store's apart.
@@ -351,7 +355,7 @@ pub fn scan_rows(
     };
     let chosen = select(rows, &scope);
     let collective = if !chosen.peers.is_empty() {
-        let traffic: BTreeMap<u64, u64> = chosen
+        let traffic: Traffic = chosen
             .peers
             .iter()
             .filter_map(|(inode, bytes)| Some((*inode, (*bytes)?)))
@@ -452,9 +456,11 @@ pub fn torch_loaded(proc_root: &Path, pid: i32) -> Option<bool> {
 /// Follows one set of workers (their start in clock ticks) from scan to
 /// scan to the observation that they train, then keeps it for them:
 ///
-/// - their collective formed and its connections carried new traffic in
-///   [`STEP_BURSTS`] scans after the one that saw it form: the scan that
-///   saw the last burst, [`TrainingSeenBy::CollectiveTraffic`];
+/// - their collective formed, and the last [`STEP_BURSTS`] scans whose
+///   connections carried new bytes since (a connection's bytes count from
+///   the scan after the one that first saw it) carried alike
+///   ([`BURST_LIKENESS`]): the scan that saw the last of them,
+///   [`TrainingSeenBy::CollectiveTraffic`];
 /// - formed, and no traffic seen in [`TRAFFIC_WAIT`] or none readable:
 ///   when it formed, [`TrainingSeenBy::CollectiveFormed`];
 /// - their sockets unreadable, or no peers expected: their start, once
@@ -466,8 +472,10 @@ pub struct Watch {
     workers: Option<u64>,
     started: Option<SystemTime>,
     formed_at: Option<SystemTime>,
-    last: Option<BTreeMap<u64, u64>>,
-    bursts: u32,
+    last: Option<Traffic>,
+    /// The new bytes of the last scans that saw some, oldest first (at
+    /// most [`STEP_BURSTS`]).
+    bursts: std::collections::VecDeque<u64>,
     seen: Option<(SystemTime, TrainingSeenBy)>,
 }
 
@@ -503,10 +511,29 @@ impl Watch {
             self.formed_at.get_or_insert(now);
             if let Some(carried) = traffic {
                 if let Some(before) = &self.last {
-                    let grew = carried
+                    // A connection first seen in this scan (the mesh's
+                    // last ones, opened with their handshake) counts from
+                    // the next.
+                    let (sent, received) = carried
                         .iter()
-                        .any(|(inode, bytes)| before.get(inode).map_or(*bytes > 0, |b| bytes > b));
-                    self.bursts += u32::from(grew);
+                        .filter_map(|(inode, now)| Some((now, before.get(inode)?)))
+                        .fold((0u64, 0u64), |(s, r), (now, then)| {
+                            (
+                                s.saturating_add(now.sent.saturating_sub(then.sent)),
+                                r.saturating_add(now.received.saturating_sub(then.received)),
+                            )
+                        });
+                    // A burst goes both ways: a step's all-reduce sends
+                    // and receives on every pod; a broadcast, and a rank
+                    // sending its part of a gather while others have not
+                    // come yet, go one way.
+                    let grew = sent.min(received);
+                    if grew > 0 {
+                        if self.bursts.len() == STEP_BURSTS {
+                            self.bursts.pop_front();
+                        }
+                        self.bursts.push_back(grew);
+                    }
                 }
                 self.last = Some(carried.clone());
             }
@@ -533,9 +560,7 @@ impl Watch {
             (Collective::Formed { traffic: None }, Some(formed)) => {
                 Some((formed, TrainingSeenBy::CollectiveFormed))
             }
-            (_, Some(_)) if self.bursts >= STEP_BURSTS => {
-                Some((now, TrainingSeenBy::CollectiveTraffic))
-            }
+            (_, Some(_)) if self.steps_seen() => Some((now, TrainingSeenBy::CollectiveTraffic)),
             (_, Some(formed))
                 if now
                     .duration_since(formed)
@@ -546,6 +571,14 @@ impl Watch {
             (_, Some(_)) => None,
         };
         self.seen
+    }
+
+    /// Whether the last [`STEP_BURSTS`] scans with new bytes carried alike:
+    /// training steps, not a start-up's pieces.
+    fn steps_seen(&self) -> bool {
+        let least = self.bursts.iter().min().copied().unwrap_or(0);
+        let most = self.bursts.iter().max().copied().unwrap_or(0);
+        self.bursts.len() >= STEP_BURSTS && least.saturating_mul(BURST_LIKENESS) >= most
     }
 
     /// Whether these workers are not seen training yet, and started less
@@ -573,7 +606,7 @@ mod tests {
             established: true,
             uid,
             inode,
-            carried: Some(inode * 10),
+            carried: Some(Carried::each_way(inode * 10)),
         }
     }
 
@@ -630,7 +663,13 @@ mod tests {
     fn the_collective_is_chosen_among_the_pods_sockets() {
         let rows = pod_sockets();
         let chosen = select(&rows, &pod_scope());
-        assert_eq!(chosen.peers, BTreeMap::from([(1, Some(10)), (2, Some(20))]));
+        assert_eq!(
+            chosen.peers,
+            BTreeMap::from([
+                (1, Some(Carried::each_way(10))),
+                (2, Some(Carried::each_way(20)))
+            ])
+        );
         assert!(chosen.any);
         // Without the owner's UID, another container's connection counts
         // as well (nothing tells it apart).
@@ -671,7 +710,10 @@ mod tests {
             ..pod_scope()
         };
         let chosen = select(&rows, &readable);
-        assert_eq!(chosen.peers, BTreeMap::from([(2, Some(20))]));
+        assert_eq!(
+            chosen.peers,
+            BTreeMap::from([(2, Some(Carried::each_way(20)))])
+        );
         assert!(chosen.any);
         // Only the store and the loopback: forming, not formed.
         let forming = Scope {
@@ -777,7 +819,11 @@ mod tests {
         let mine = socket_inodes(Path::new("/proc"), "self").expect("own fds");
         assert!(mine.contains(&found.inode), "{found:?}");
         let before = found.carried.expect("tcp_info bytes");
-        assert!(before <= 1, "{before}");
+        assert!(before.sent <= 1 && before.received <= 1, "{before:?}");
+        let after = Carried {
+            sent: before.sent + 5000,
+            received: before.received + 300,
+        };
         client.write_all(&[7u8; 5000]).expect("write");
         let mut got = vec![0u8; 5000];
         server.read_exact(&mut got).expect("read");
@@ -788,12 +834,12 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let carried = loop {
             let c = find().and_then(|r| r.carried);
-            if c == Some(before + 5300) || std::time::Instant::now() > deadline {
+            if c == Some(after) || std::time::Instant::now() > deadline {
                 break c;
             }
             std::thread::yield_now();
         };
-        assert_eq!(carried, Some(before + 5300));
+        assert_eq!(carried, Some(after));
         // This process as the worker, its connection not on the loopback
         // (as a peer pod's would be): formed, with its traffic.
         let me = std::process::id() as i32;
@@ -816,7 +862,7 @@ mod tests {
         assert_eq!(
             collective,
             Collective::Formed {
-                traffic: Some(BTreeMap::from([(found.inode, before + 5300)]))
+                traffic: Some(BTreeMap::from([(found.inode, after)]))
             }
         );
         // The same connection as the sidecar's own: nothing of the workers'.
@@ -977,6 +1023,61 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A start-up sends its pieces one way (bytes each: a broadcast, a
+        /// rank's part of a gather while others have not come) in any
+        /// number of scans, apart or not, and small ones both ways (the
+        /// gather's completion, in one scan or two); then steps both ways,
+        /// one or two a scan: training is seen at the third step's scan,
+        /// never during the start-up.
+        #[test]
+        fn a_start_up_in_pieces_is_not_training_and_steps_are(
+            pieces in proptest::collection::vec((1u64..2_000, proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()), 0..12),
+            completion in proptest::collection::vec(1u64..2_000, 0..3),
+            step in 20_000u64..50_000_000,
+            per_scan in proptest::collection::vec(1u64..3, 3),
+        ) {
+            let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+            let mut w = Watch::default();
+            let mut now = start + TRAINING_SETTLE;
+            let mut carried = Carried::each_way(100);
+            let scan = |w: &mut Watch, carried: Carried, now: SystemTime| {
+                let c = Collective::Formed { traffic: Some(BTreeMap::from([(1, carried)])) };
+                w.observe(Some(1), Some(start), &c, now)
+            };
+            let tick = std::time::Duration::from_millis(250);
+            proptest::prop_assert_eq!(scan(&mut w, carried, now), None);
+            for (bytes, sent, quiet_after) in pieces {
+                now += tick;
+                if sent {
+                    carried.sent += bytes;
+                } else {
+                    carried.received += bytes;
+                }
+                proptest::prop_assert_eq!(scan(&mut w, carried, now), None);
+                if quiet_after {
+                    now += tick;
+                    proptest::prop_assert_eq!(scan(&mut w, carried, now), None);
+                }
+            }
+            for bytes in completion {
+                now += tick;
+                carried.sent += bytes;
+                carried.received += bytes;
+                proptest::prop_assert_eq!(scan(&mut w, carried, now), None);
+            }
+            for (i, n) in per_scan.iter().enumerate() {
+                now += tick;
+                carried.sent += step * n;
+                carried.received += step * n;
+                let seen = scan(&mut w, carried, now);
+                if i + 1 < STEP_BURSTS {
+                    proptest::prop_assert_eq!(seen, None);
+                } else {
+                    proptest::prop_assert_eq!(seen, Some((now, TrainingSeenBy::CollectiveTraffic)));
+                }
+            }
+        }
+
         /// Arbitrary environments and scan sequences: no panic, and what
         /// the watch says is never before the workers started.
         #[test]
@@ -995,7 +1096,7 @@ mod tests {
                     1 => Collective::NotExpected,
                     2 => Collective::Forming,
                     3 if bytes % 2 == 0 => Collective::Unconnected,
-                    _ => Collective::Formed { traffic: Some(BTreeMap::from([(1, bytes)])) },
+                    _ => Collective::Formed { traffic: Some(BTreeMap::from([(1, Carried::each_way(bytes))])) },
                 };
                 if let Some((at, _)) = w.observe(Some(1), Some(start), &c, now) {
                     proptest::prop_assert!(at >= start && at <= now);
@@ -1136,7 +1237,7 @@ mod tests {
                     established,
                     uid,
                     inode,
-                    carried: Some(inode),
+                    carried: Some(Carried::each_way(inode)),
                 })
                 .collect();
             let scope = Scope {

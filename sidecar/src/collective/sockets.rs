@@ -18,10 +18,34 @@ pub struct SocketRow {
     /// The socket's owner (`idiag_uid`): the user that created it.
     pub uid: u32,
     pub inode: u64,
-    /// The bytes it carried, sent and acknowledged plus received
-    /// (`tcpi_bytes_acked + tcpi_bytes_received`); `None` when the source
-    /// does not say (`/proc/net/tcp`, a kernel older than 4.1).
-    pub carried: Option<u64>,
+    /// The bytes it carried each way; `None` when the source does not say
+    /// (`/proc/net/tcp`, a kernel older than 4.1).
+    pub carried: Option<Carried>,
+}
+
+/// The bytes a connection carried each way, from its `tcp_info`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Carried {
+    /// Sent and acknowledged (`tcpi_bytes_acked`).
+    pub sent: u64,
+    /// Received (`tcpi_bytes_received`).
+    pub received: u64,
+}
+
+impl Carried {
+    /// `n` bytes each way.
+    #[cfg(test)]
+    pub fn each_way(n: u64) -> Carried {
+        Carried {
+            sent: n,
+            received: n,
+        }
+    }
+
+    /// Both ways together.
+    pub fn total(self) -> u64 {
+        self.sent.saturating_add(self.received)
+    }
 }
 
 /// An address with an IPv4-mapped IPv6 address (`::ffff:10.0.0.1`, a dual
@@ -279,13 +303,16 @@ mod diag {
         Ok(Next::More)
     }
 
-    /// `tcpi_bytes_acked + tcpi_bytes_received` of a `tcp_info`; `None`
-    /// from a kernel older than the fields.
-    pub fn carried_bytes(info: &[u8]) -> Option<u64> {
+    /// `tcpi_bytes_acked` and `tcpi_bytes_received` of a `tcp_info`;
+    /// `None` from a kernel older than the fields.
+    pub fn carried_bytes(info: &[u8]) -> Option<super::Carried> {
         let field = |at: usize| -> Option<u64> {
             Some(u64::from_ne_bytes(info.get(at..at + 8)?.try_into().ok()?))
         };
-        Some(field(BYTES_ACKED)?.saturating_add(field(BYTES_RECEIVED)?))
+        Some(super::Carried {
+            sent: field(BYTES_ACKED)?,
+            received: field(BYTES_RECEIVED)?,
+        })
     }
 }
 
@@ -330,7 +357,13 @@ mod tests {
         let mut info = vec![0u8; 232];
         info[120..128].copy_from_slice(&1000u64.to_ne_bytes());
         info[128..136].copy_from_slice(&234u64.to_ne_bytes());
-        assert_eq!(diag::carried_bytes(&info), Some(1234));
+        assert_eq!(
+            diag::carried_bytes(&info),
+            Some(Carried {
+                sent: 1000,
+                received: 234
+            })
+        );
         // An older kernel's shorter struct.
         assert_eq!(diag::carried_bytes(&info[..104]), None);
     }
