@@ -23,12 +23,15 @@ What it shows:
 * Resume on start: every rank loads the newest complete checkpoint (step,
   model, optimizer) that rank 0 picked, so after torchrun restarts the workers
   (a node was lost and replaced) training continues where it stopped.
-* Parseable log lines, one per event, all starting with ``[trainwire-train]``::
+* Parseable log lines, one per event, all starting with ``[trainwire-train]``
+  and ending with the time the trainer wrote them (``at``, seconds since the
+  epoch: a container runtime stamps a line when it reads it, late on a busy
+  node)::
 
-    [trainwire-train] start rank=0 world_size=2 backend=gloo resumed_from=120 checkpoint=/ckpt/ckpt-00000120.pt
-    [trainwire-train] step=130 loss=0.012345 resumed_from=120 world_size=2
-    [trainwire-train] checkpoint step=140 path=/ckpt/ckpt-00000140.pt
-    [trainwire-train] done step=200 resumed_from=120
+    [trainwire-train] start rank=0 world_size=2 backend=gloo resumed_from=120 checkpoint=/ckpt/ckpt-00000120.pt at=1764910087.123
+    [trainwire-train] step=130 loss=0.012345 resumed_from=120 world_size=2 at=1764910088.350
+    [trainwire-train] checkpoint step=140 path=/ckpt/ckpt-00000140.pt at=1764910090.871
+    [trainwire-train] done step=200 resumed_from=120 at=1764910105.002
 
 Every flag can also be set from the environment (``TRAIN_STEPS``,
 ``TRAIN_CHECKPOINT_INTERVAL``, ``TRAIN_SLEEP``, ...), so a manifest can tune
@@ -58,8 +61,9 @@ def log(msg: str) -> None:
     """One whole line per write(2): the ranks of a node share torchrun's
     stdout, and ``print`` under ``python -u`` (as torchrun starts workers)
     writes the text and the newline separately, so lines of two ranks could
-    interleave. A single write of less than PIPE_BUF bytes cannot."""
-    line = f"{LOG_PREFIX} {msg}\n".encode()
+    interleave. A single write of less than PIPE_BUF bytes cannot. It ends
+    with the time it is written (``at=``)."""
+    line = f"{LOG_PREFIX} {msg} at={time.time():.3f}\n".encode()
     try:
         sys.stdout.flush()
         os.write(sys.stdout.fileno(), line)

@@ -24,10 +24,10 @@ What it shows:
   has no elastic agent: a lost worker means the whole world starts again.
 * The same parseable log lines as ``examples/train.py``::
 
-    [trainwire-train] start rank=0 world_size=2 backend=tensorflow resumed_from=20 checkpoint=/ckpt/ckpt-2
-    [trainwire-train] step=30 loss=0.012345 resumed_from=20 world_size=2
-    [trainwire-train] checkpoint step=30 path=/ckpt/ckpt-3
-    [trainwire-train] done step=60 resumed_from=20
+    [trainwire-train] start rank=0 world_size=2 backend=tensorflow resumed_from=20 checkpoint=/ckpt/ckpt-2 at=1764910087.123
+    [trainwire-train] step=30 loss=0.012345 resumed_from=20 world_size=2 at=1764910088.350
+    [trainwire-train] checkpoint step=30 path=/ckpt/ckpt-3 at=1764910088.412
+    [trainwire-train] done step=60 resumed_from=20 at=1764910095.002
 
 Every flag can also be set from the environment (``TRAIN_STEPS``,
 ``TRAIN_CHECKPOINT_INTERVAL``, ``TRAIN_SLEEP``, ...).
@@ -49,8 +49,9 @@ LOG_PREFIX = "[trainwire-train]"
 
 
 def log(msg: str) -> None:
-    """One whole line per write(2), as in examples/train.py."""
-    line = f"{LOG_PREFIX} {msg}\n".encode()
+    """One whole line per write(2), ending with the time it is written, as
+    in examples/train.py."""
+    line = f"{LOG_PREFIX} {msg} at={time.time():.3f}\n".encode()
     try:
         sys.stdout.flush()
         os.write(sys.stdout.fileno(), line)

@@ -491,8 +491,10 @@ spec:
             .max()
     }
 
-    /// The first step of workers started after `after`, and the `start`
-    /// line of those workers.
+    /// The first step of workers started after `after` (when the trainer
+    /// wrote it, its `at=`: the runtime stamps a line when it reads it, up
+    /// to a second later on these two busy cores), and the `start` line of
+    /// those workers.
     pub fn first_start_after(&self, after: SystemTime) -> Option<(SystemTime, String)> {
         let lines = self.node.log_lines(&self.ns, STS, "trainer");
         let (start, _, start_line) = lines
@@ -501,7 +503,7 @@ spec:
         lines
             .iter()
             .find(|(t, _, l)| t >= start && l.starts_with("[trainwire-train] step="))
-            .map(|(t, _, _)| (*t, start_line.clone()))
+            .map(|(t, _, l)| (written_at(l).unwrap_or(*t), start_line.clone()))
     }
 
     /// The first step of workers started after `after`.
@@ -638,5 +640,36 @@ pub fn run(program: &str, args: &[&str]) -> Result<(), String> {
             args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         ))
+    }
+}
+
+/// When `examples/train.py` wrote a line: its `at=` (seconds since the
+/// epoch).
+pub fn written_at(line: &str) -> Option<SystemTime> {
+    let event = crate::torch::TrainEvent::parse(line)?;
+    let secs: f64 = event.get("at")?.parse().ok()?;
+    std::time::UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(secs).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trainer_line_says_when_it_was_written() {
+        let at = written_at("[trainwire-train] step=3 loss=0.5 world_size=2 at=1764910088.350")
+            .expect("a time");
+        let want = std::time::UNIX_EPOCH + Duration::from_millis(1_764_910_088_350);
+        let off = at.duration_since(want).unwrap_or_else(|e| e.duration());
+        assert!(off < Duration::from_micros(1), "{at:?}");
+        for line in [
+            "[trainwire-train] step=3 loss=0.5",
+            "[trainwire-train] step=3 at=-1",
+            "[trainwire-train] step=3 at=1e400",
+            "[trainwire-train] step=3 at=NaN",
+            "other at=5",
+        ] {
+            assert_eq!(written_at(line), None, "{line}");
+        }
     }
 }
