@@ -162,6 +162,10 @@ pub struct AgentNode {
     /// Whether the handler hears the sidecar's losses.
     #[serde(default)]
     pub fast: bool,
+    /// The port of the store the round's workers meet at (torch's
+    /// `bootstrap_store_info.master_port`, their `MASTER_PORT`).
+    #[serde(default)]
+    pub workers_store_port: Option<u16>,
 }
 
 /// Parses [`NODE_FILE`]'s bytes (no fence).

@@ -195,6 +195,10 @@ class Eviction(unittest.TestCase):
             self.assertEqual(doc["group_rank"], results[h].rank)
             self.assertEqual(doc["world_size"], 2)
             self.assertEqual(doc["round"], state.round)
+            # The store the workers meet at (their MASTER_PORT): the
+            # sidecar leaves its connections out of their collective.
+            self.assertEqual(doc["workers_store_port"], results[h].bootstrap_store_info.master_port)
+            self.assertIsInstance(doc["workers_store_port"], int)
             # The fence a reader checks: this agent's pid and start time.
             self.assertEqual(doc["pid"], os.getpid())
             self.assertEqual(doc["pid_start_ticks"], tw.start_ticks(os.getpid()))

@@ -272,6 +272,7 @@ class NodeFile:
             "round": None,
             "group_rank": None,
             "world_size": None,
+            "workers_store_port": None,
         }
 
     def write(self, **fields) -> None:
@@ -283,13 +284,17 @@ class NodeFile:
 
     def round_done(self, info, round_: int | None) -> None:
         """What the agent got from a completed rendezvous (torch's
-        ``RendezvousInfo``: this node's group rank, the nodes in the round)."""
+        ``RendezvousInfo``: this node's group rank, the nodes in the round,
+        the port of the store its workers meet at, which the sidecar must
+        not take for their collective)."""
         rank = getattr(info, "rank", None)
         size = getattr(info, "world_size", None)
+        port = getattr(getattr(info, "bootstrap_store_info", None), "master_port", None)
         self.write(
             round=round_ if isinstance(round_, int) else None,
             group_rank=rank if isinstance(rank, int) else None,
             world_size=size if isinstance(size, int) else None,
+            workers_store_port=port if isinstance(port, int) and 0 < port < 65536 else None,
         )
 
 

@@ -141,6 +141,11 @@ pub struct WorkerEnv {
     pub local_world_size: Option<u32>,
     /// `TF_CONFIG`: a TensorFlow cluster member.
     pub tf_config: bool,
+    /// `MASTER_PORT`: the port of the store the workers' process group
+    /// meets at (torchrun's agent of node rank 0 serves it, on a free port
+    /// it picks): its request-and-answer traffic goes both ways, over and
+    /// over, from before the collective forms, and is not the collective.
+    pub store_port: Option<u16>,
 }
 
 impl WorkerEnv {
@@ -160,7 +165,12 @@ impl WorkerEnv {
                 b"WORLD_SIZE" => env.world_size = number(),
                 b"LOCAL_WORLD_SIZE" => env.local_world_size = number(),
                 b"MASTER_ADDR" => addr = !value.is_empty(),
-                b"MASTER_PORT" => port = !value.is_empty(),
+                b"MASTER_PORT" => {
+                    port = !value.is_empty();
+                    env.store_port = std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok());
+                }
                 b"TF_CONFIG" => env.tf_config = !value.is_empty(),
                 _ => {}
             }
@@ -195,6 +205,7 @@ impl WorkerEnv {
             world_size: node.world_size,
             local_world_size: node.world_size.map(|_| 1),
             tf_config: false,
+            store_port: node.workers_store_port,
         }
     }
 }
@@ -338,6 +349,14 @@ pub fn scan_rows(
         .iter()
         .find_map(|e| e.group_rank)
         .or_else(|| all.agent.as_ref().and_then(|a| a.group_rank));
+    // The workers' store is not their collective: the port their
+    // environment names, or the one the agent's handler wrote (a root
+    // trainer's environment is not readable by another user).
+    scope.store_ports.extend(
+        envs.iter()
+            .chain(all.agent.as_ref())
+            .filter_map(|e| e.store_port),
+    );
     // Forked workers' world is the agent's round.
     if workers.iter().any(|w| all.forked.contains(w)) {
         envs.extend(all.agent.clone());
@@ -1141,6 +1160,7 @@ mod tests {
             group_rank: Some(1),
             world_size: Some(2),
             fast: true,
+            workers_store_port: None,
         };
         let rows: Vec<SocketRow> = Vec::new();
         let forked = Workers {
@@ -1189,6 +1209,79 @@ mod tests {
         assert_eq!(
             scan_rows(root.path(), &unreadable, Some(&rows), Scope::default()).1,
             Some(1)
+        );
+    }
+
+    /// The store the workers' process group meets at (node rank 0's
+    /// agent serves it on a free port, in another pod for the others)
+    /// carries requests and answers both ways from before the collective
+    /// forms: by the port their environment names, or the agent's handler
+    /// wrote when their environment is not readable, it is left out.
+    #[test]
+    fn the_workers_store_is_not_their_collective() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("42");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(
+            dir.join("environ"),
+            b"MASTER_ADDR=train-0\0MASTER_PORT=41234\0WORLD_SIZE=4\0LOCAL_WORLD_SIZE=2\0",
+        )
+        .expect("write");
+        let gloo = row((POD, 41000), (PEER, 52000), 0, 1);
+        let store = row((POD, 43000), (PEER, 41234), 0, 2);
+        let node = crate::rendezvous::AgentNode {
+            pid: 7,
+            pid_start_ticks: 1,
+            round: Some(1),
+            group_rank: Some(1),
+            world_size: Some(2),
+            fast: true,
+            workers_store_port: Some(41234),
+        };
+        let readable = Workers::plain(vec![42]);
+        // Environment unreadable (a root trainer, another user's sidecar).
+        let unreadable = Workers {
+            pids: vec![44],
+            forked: BTreeSet::new(),
+            agent: Some(WorkerEnv::of_agent(&node)),
+        };
+        for workers in [&readable, &unreadable] {
+            let scan = |rows: &[SocketRow]| {
+                scan_rows(root.path(), workers, Some(rows), Scope::default()).0
+            };
+            assert_eq!(
+                scan(std::slice::from_ref(&store)),
+                Collective::Forming,
+                "{workers:?}"
+            );
+            assert_eq!(
+                scan(&[gloo.clone(), store.clone()]),
+                Collective::Formed {
+                    traffic: Some(BTreeMap::from([(1, Carried::each_way(10))]))
+                },
+                "{workers:?}"
+            );
+        }
+        // Neither tells it: the store's connection is taken for the
+        // collective's (torch's own handler, a root trainer).
+        let untold = Workers {
+            agent: Some(WorkerEnv::of_agent(&crate::rendezvous::AgentNode {
+                workers_store_port: None,
+                ..node
+            })),
+            ..unreadable
+        };
+        assert_eq!(
+            scan_rows(
+                root.path(),
+                &untold,
+                Some(std::slice::from_ref(&store)),
+                Scope::default()
+            )
+            .0,
+            Collective::Formed {
+                traffic: Some(BTreeMap::from([(2, Carried::each_way(20))]))
+            }
         );
     }
 
