@@ -167,7 +167,9 @@ while True:
         got += len(c.recv(65536))
     time.sleep(0.2)
 '''
-env = dict(os.environ, MASTER_ADDR=peer, MASTER_PORT=port, WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
+# torch's variables as torchrun gives them: MASTER_PORT names the store the
+# workers meet at, never their collective's port.
+env = dict(os.environ, MASTER_ADDR=peer, MASTER_PORT=str(int(port) + 1), WORLD_SIZE="4", LOCAL_WORLD_SIZE="2")
 workers = [
     subprocess.Popen([sys.executable, "-c", WORKER, role, peer, port], start_new_session=True, env=dict(env, GROUP_RANK="0"))
     for role in ("serve", "talk")
