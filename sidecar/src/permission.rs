@@ -445,12 +445,30 @@ struct Role {
 #[derive(Debug, Clone, Copy)]
 struct Switch {
     seen: std::time::Instant,
+    /// When the switch was seen, in wall-clock time.
+    seen_at: SystemTime,
     training: Option<(SystemTime, TrainingSeenBy)>,
 }
 
 /// How long a spare's switch to training waits for its sidecar to count
 /// the loss it answers (a switch with no loss is the world forming).
 const TAKEOVER_WINDOW: Duration = Duration::from_secs(60);
+
+/// How long before its sidecar suspected the loss a spare's switch to
+/// training may come and still answer it: torchrun can take the spare in
+/// before the spare's own sidecar counts the loss (a survivor's workers
+/// fail on the dead peer's closed connections at once; the watch says it
+/// within about a second). A switch longer before is the world forming,
+/// whose training a slow first observation could otherwise date after
+/// the loss (on the real node: `resumedAt` 0.8 s before the first step).
+const TAKEOVER_LEAD: Duration = Duration::from_secs(5);
+
+/// Whether a spare's switch to training seen at `switch` can answer the
+/// loss its sidecar suspected at `suspected`: not more than
+/// [`TAKEOVER_LEAD`] before (unknown: it may).
+fn answers(switch: SystemTime, suspected: Option<SystemTime>) -> bool {
+    suspected.is_none_or(|s| switch + TAKEOVER_LEAD >= s)
+}
 
 impl Role {
     fn observe(
@@ -492,6 +510,7 @@ impl Role {
         if spares > 0 && self.last == Some(signal::Activity::Waiting) && training {
             self.switch = Some(Switch {
                 seen: std::time::Instant::now(),
+                seen_at: SystemTime::now(),
                 training: None,
             });
         }
@@ -508,8 +527,16 @@ impl Role {
         {
             sw.training = seen.training;
         }
+        let suspected = shared
+            .status()
+            .last_loss
+            .as_ref()
+            .filter(|l| l.generation == generation)
+            .and_then(|l| l.suspected_at.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .map(SystemTime::from);
         let took_over = self
             .switch
+            .filter(|s| answers(s.seen_at, suspected))
             .and_then(|s| s.training)
             .filter(|_| generation > self.took_over);
         if took_over.is_some() {
@@ -858,6 +885,24 @@ mod tests {
             let record = r.next(Some(&l), &seen, OWN, t(130)).expect("the record");
             assert_eq!(record.training_since, Some(text(107)));
             assert_eq!(record.suspected_at, Some(text(100)));
+        }
+
+        /// A spare's switch to training answers a loss its sidecar
+        /// suspected at most TAKEOVER_LEAD after it (torchrun may take the
+        /// spare in first), never one that came long after: that switch
+        /// was the world forming.
+        #[test]
+        fn a_switch_long_before_the_loss_is_the_world_forming() {
+            let suspected = Some(t(100));
+            assert!(super::super::answers(t(100), suspected));
+            assert!(super::super::answers(t(120), suspected));
+            assert!(super::super::answers(
+                t(100) - super::super::TAKEOVER_LEAD,
+                suspected
+            ));
+            assert!(!super::super::answers(t(94), suspected));
+            assert!(!super::super::answers(t(80), suspected));
+            assert!(super::super::answers(t(80), None));
         }
 
         /// With the collective's traffic readable, training is the third
