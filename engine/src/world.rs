@@ -268,7 +268,12 @@ fn add_loss(status: &mut WorldStatus, seen: Seen, memory: &mut Memory) -> bool {
         {
             l.actions.push(a);
         }
-        if is_open {
+        // A consequence (another rank's trainer exit, a survivor's report
+        // of one) extends the disruption; news of the same loss (a
+        // sidecar's late report of it, its pod object gone) does not:
+        // training seen after the loss and before that news counts (torch
+        // may take a spare in before the sidecars confirm the loss).
+        if is_open && !same_subject(l) {
             memory.disrupted_until =
                 Some(memory.disrupted_until.map_or(seen.at, |d| d.max(seen.at)));
         }

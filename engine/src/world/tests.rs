@@ -127,6 +127,41 @@ fn took_over(mut p: PodView, generation: u64, lost_rank: u32, when: i64) -> PodV
     p
 }
 
+/// torch takes the spare in before the news of the loss is all in: rank 0
+/// is deleted at 100, the spare trains from 102, and the old pod object is
+/// gone and a survivor's sidecar reports the loss only at 105. News of the
+/// same loss does not move the resumption
+/// past the training seen before it (the real node: torch's own recovery
+/// at +0.6 s, the sidecars' confirmation at +1.5 s).
+#[test]
+fn news_of_the_same_loss_after_the_take_over_does_not_hide_it() {
+    let w = WorldOf {
+        expected: 3,
+        spares: 1,
+        ..WorldOf::default()
+    };
+    let (a, b, c) = (
+        || pod(0, "a", Some(1)),
+        || pod(1, "b", Some(1)),
+        || pod(2, "c", Some(1)),
+    );
+    let s = run(
+        &w,
+        vec![
+            (0, vec![a(), b(), c()]),
+            (101, vec![deleted(a(), 100), b(), c()]),
+            (
+                106,
+                vec![reported(b(), 1, 0, 105), took_over(c(), 1, 0, 102)],
+            ),
+        ],
+    );
+    let loss = s[2].last_loss.clone().unwrap_or_default();
+    assert_eq!((loss.rank, loss.generation), (0, 1));
+    assert_eq!(s[2].phase, Phase::Running, "{:?}", s[2]);
+    assert_eq!(loss.resumed_at, Some(at(102).to_string()));
+}
+
 /// A world of 2 with one hot spare (3 pods): rank 0 is deleted at 100, the
 /// spare (rank 2) says at 112 that it trains in its place: resumed at 112
 /// (12 s), Running while the replacement is still pending; the world
