@@ -906,7 +906,7 @@ mod tests {
         }
 
         /// With the collective's traffic readable, training is the third
-        /// scan in a row with new bytes alike after it formed: the
+        /// of the scans with new bytes both ways, alike, after it formed: the
         /// start-up's pieces (the checkpoint choice's broadcast, DDP's
         /// shape check sent by each rank as it comes out of its checkpoint
         /// load) are small beside the parameters' broadcast and the steps'

@@ -129,21 +129,28 @@ fn took_over(mut p: PodView, generation: u64, lost_rank: u32, when: i64) -> PodV
 
 /// torch takes the spare in before the news of the loss is all in: rank 0
 /// is deleted at 100, the spare trains from 102, and the old pod object is
-/// gone and a survivor's sidecar reports the loss only at 105. News of the
-/// same loss does not move the resumption
-/// past the training seen before it (the real node: torch's own recovery
+/// gone and a survivor's sidecar's report of the loss (at 105) are seen
+/// only at 106. News of the same loss does not move the resumption past
+/// the training seen before it (the real node: torch's own recovery
 /// at +0.6 s, the sidecars' confirmation at +1.5 s).
-#[test]
-fn news_of_the_same_loss_after_the_take_over_does_not_hide_it() {
-    let w = WorldOf {
+/// Two training pods and one hot spare.
+fn spared_world() -> WorldOf {
+    WorldOf {
         expected: 3,
         spares: 1,
         ..WorldOf::default()
-    };
-    let (a, b, c) = (
-        || pod(0, "a", Some(1)),
-        || pod(1, "b", Some(1)),
-        || pod(2, "c", Some(1)),
+    }
+}
+
+#[test]
+fn news_of_the_same_loss_after_the_take_over_does_not_hide_it() {
+    let (w, (a, b, c)) = (
+        spared_world(),
+        (
+            || pod(0, "a", Some(1)),
+            || pod(1, "b", Some(1)),
+            || pod(2, "c", Some(1)),
+        ),
     );
     let s = run(
         &w,
@@ -168,11 +175,7 @@ fn news_of_the_same_loss_after_the_take_over_does_not_hide_it() {
 /// stays Running with 2 of 3 Ready; 1 of 3 Ready is not enough.
 #[test]
 fn a_spare_taking_over_resumes_the_world_before_the_replacement() {
-    let w = WorldOf {
-        expected: 3,
-        spares: 1,
-        ..WorldOf::default()
-    };
+    let w = spared_world();
     let (a, b, c) = (
         || pod(0, "a", Some(1)),
         || pod(1, "b", Some(1)),
